@@ -1,0 +1,149 @@
+#include "common/dtype.h"
+
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace sonde {
+
+size_t DTypeSize(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_F64:
+    case v1::DTYPE_I64:
+      return 8;
+    case v1::DTYPE_F32:
+    case v1::DTYPE_I32:
+      return 4;
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+    case v1::DTYPE_I16:
+      return 2;
+    case v1::DTYPE_I8:
+    case v1::DTYPE_U8:
+    case v1::DTYPE_BOOL:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+absl::string_view DTypeName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_F32: return "float32";
+    case v1::DTYPE_F16: return "float16";
+    case v1::DTYPE_BF16: return "bfloat16";
+    case v1::DTYPE_F64: return "float64";
+    case v1::DTYPE_I8: return "int8";
+    case v1::DTYPE_I16: return "int16";
+    case v1::DTYPE_I32: return "int32";
+    case v1::DTYPE_I64: return "int64";
+    case v1::DTYPE_U8: return "uint8";
+    case v1::DTYPE_BOOL: return "bool";
+    default: return "unspecified";
+  }
+}
+
+absl::StatusOr<v1::DType> ParseDType(absl::string_view name) {
+  const std::string n = absl::AsciiStrToLower(name);
+  for (int d = v1::DType_MIN; d <= v1::DType_MAX; ++d) {
+    auto dtype = static_cast<v1::DType>(d);
+    if (dtype == v1::DTYPE_UNSPECIFIED) continue;
+    std::string short_name = absl::AsciiStrToLower(v1::DType_Name(dtype).substr(6));
+    if (n == DTypeName(dtype) || n == short_name) return dtype;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
+}
+
+absl::string_view ModeName(v1::Mode mode) {
+  switch (mode) {
+    case v1::MODE_TRAIN: return "TRAIN";
+    case v1::MODE_EVAL: return "EVAL";
+    case v1::MODE_PREDICT: return "PREDICT";
+    case v1::MODE_GLOBAL: return "GLOBAL";
+    default: return "UNSPECIFIED";
+  }
+}
+
+absl::StatusOr<v1::Mode> ParseMode(absl::string_view name) {
+  const std::string n = absl::AsciiStrToUpper(name);
+  if (n == "TRAIN") return v1::MODE_TRAIN;
+  if (n == "EVAL") return v1::MODE_EVAL;
+  if (n == "PREDICT") return v1::MODE_PREDICT;
+  if (n == "GLOBAL") return v1::MODE_GLOBAL;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown mode '", name, "' (expected TRAIN, EVAL, PREDICT or GLOBAL)"));
+}
+
+absl::StatusOr<uint64_t> ElementCount(absl::Span<const int64_t> shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ShapeString(shape), " has a negative dimension"));
+    }
+    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ShapeString(shape), " overflows 64 bits"));
+    }
+    n *= static_cast<uint64_t>(d);
+  }
+  return n;
+}
+
+absl::StatusOr<uint64_t> TensorBytes(v1::DType dtype,
+                                     absl::Span<const int64_t> shape) {
+  const size_t size = DTypeSize(dtype);
+  if (size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype ", static_cast<int>(dtype)));
+  }
+  auto n = ElementCount(shape);
+  if (!n.ok()) return n.status();
+  if (*n > std::numeric_limits<uint64_t>::max() / size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", ShapeString(shape), " overflows 64 bits"));
+  }
+  return *n * size;
+}
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // Inf or NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;  // +-0
+  } else {
+    // Subnormal half: normalise into a float.
+    exp = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --exp;
+    }
+    mant &= 0x3ffu;
+    bits = sign | (exp << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace sonde

@@ -1,0 +1,72 @@
+#include "common/dtype.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::StatusIs;
+
+TEST(DType, SizesMatchElementWidths) {
+  EXPECT_EQ(DTypeSize(v1::DTYPE_F32), 4u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_F16), 2u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_BF16), 2u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_F64), 8u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_I8), 1u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_I64), 8u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_BOOL), 1u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_UNSPECIFIED), 0u);
+  EXPECT_EQ(DTypeSize(static_cast<v1::DType>(99)), 0u);
+}
+
+TEST(DType, ParsesNumpyAndShortNames) {
+  EXPECT_EQ(*ParseDType("float32"), v1::DTYPE_F32);
+  EXPECT_EQ(*ParseDType("F16"), v1::DTYPE_F16);
+  EXPECT_EQ(*ParseDType("bf16"), v1::DTYPE_BF16);
+  EXPECT_EQ(*ParseDType("int64"), v1::DTYPE_I64);
+  EXPECT_THAT(ParseDType("complex64"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "complex64"));
+}
+
+TEST(DType, TensorBytesChecksShapes) {
+  EXPECT_EQ(*TensorBytes(v1::DTYPE_F32, {}), 4u);  // scalar
+  EXPECT_EQ(*TensorBytes(v1::DTYPE_F32, {2, 3}), 24u);
+  EXPECT_EQ(*TensorBytes(v1::DTYPE_F64, {0, 5}), 0u);
+  EXPECT_THAT(TensorBytes(v1::DTYPE_F32, {2, -1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "negative"));
+  EXPECT_THAT(TensorBytes(v1::DTYPE_F32, {int64_t{1} << 40, int64_t{1} << 40}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "overflows"));
+  EXPECT_THAT(TensorBytes(v1::DTYPE_UNSPECIFIED, {1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "dtype"));
+}
+
+TEST(DType, HalfConversionIsExact) {
+  EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(HalfToFloat(0xc000), -2.0f);
+  EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(HalfToFloat(0x7c00), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(HalfToFloat(0x7e00)));
+  EXPECT_TRUE(std::signbit(HalfToFloat(0x8000)));
+}
+
+TEST(DType, BFloat16ConversionIsExact) {
+  EXPECT_EQ(BFloat16ToFloat(0x3f80), 1.0f);
+  EXPECT_EQ(BFloat16ToFloat(0xc2f7), -123.5f);
+  EXPECT_EQ(BFloat16ToFloat(0xff80), -std::numeric_limits<float>::infinity());
+}
+
+TEST(Mode, NamesRoundTrip) {
+  for (auto m : {v1::MODE_TRAIN, v1::MODE_EVAL, v1::MODE_PREDICT, v1::MODE_GLOBAL}) {
+    EXPECT_EQ(*ParseMode(ModeName(m)), m);
+  }
+  EXPECT_EQ(*ParseMode("train"), v1::MODE_TRAIN);
+  EXPECT_THAT(ParseMode("test"), StatusIs(absl::StatusCode::kInvalidArgument, "test"));
+}
+
+}  // namespace
+}  // namespace sonde
