@@ -1,0 +1,119 @@
+#include "storage/keys.h"
+
+#include <algorithm>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde::storage {
+namespace {
+
+using ::sonde::testing::StatusIs;
+
+TEST(Keys, IntegersRoundTrip) {
+  for (int64_t v : {std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{0},
+                    int64_t{1}, int64_t{1} << 40, std::numeric_limits<int64_t>::max()}) {
+    std::string s;
+    AppendI64(s, v);
+    absl::string_view in(s);
+    EXPECT_EQ(*ConsumeI64(in), v);
+    EXPECT_TRUE(in.empty());
+  }
+  std::string s;
+  AppendU64(s, 0x0102030405060708ull);
+  EXPECT_EQ(s, std::string("\x01\x02\x03\x04\x05\x06\x07\x08", 8));
+  AppendI32(s, -7);
+  AppendU32(s, 9);
+  absl::string_view in(s);
+  EXPECT_EQ(*ConsumeU64(in), 0x0102030405060708ull);
+  EXPECT_EQ(*ConsumeI32(in), -7);
+  EXPECT_EQ(*ConsumeU32(in), 9u);
+  EXPECT_THAT(ConsumeU32(in), StatusIs(absl::StatusCode::kDataLoss, "truncated"));
+}
+
+TEST(Keys, ByteOrderEqualsNumericOrder) {
+  std::mt19937_64 rng(1);
+  std::vector<int64_t> values = {std::numeric_limits<int64_t>::min(), -1, 0, 1, 255, 256};
+  for (int i = 0; i < 200; ++i) values.push_back(static_cast<int64_t>(rng()));
+  std::vector<std::string> encoded;
+  for (int64_t v : values) {
+    std::string s;
+    AppendI64(s, v);
+    encoded.push_back(s);
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    for (size_t j = 0; j < values.size(); ++j) {
+      EXPECT_EQ(values[i] < values[j], encoded[i] < encoded[j]);
+    }
+  }
+}
+
+TEST(Keys, StatsKeyRoundTrips) {
+  TensorKey k{42, 1, 120, "gradient/fc1.weight", 3};
+  auto back = DecodeStatsKey(StatsKey(k));
+  SONDE_ASSERT_OK(back);
+  EXPECT_EQ(back->job_id, 42u);
+  EXPECT_EQ(back->mode, 1);
+  EXPECT_EQ(back->mode_step, 120);
+  EXPECT_EQ(back->name, "gradient/fc1.weight");
+  EXPECT_EQ(back->worker, 3);
+  EXPECT_THAT(DecodeStatsKey(StatsKey(k).substr(0, 12)),
+              StatusIs(absl::StatusCode::kDataLoss, "truncated"));
+}
+
+TEST(Keys, StepScanReturnsStepsInOrderAndStaysInsideItsStep) {
+  std::vector<std::string> keys;
+  for (int64_t step : {10, 2, 100, 1, 1000000}) {
+    keys.push_back(StatsKey({7, 1, step, "w", 0}));
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<int64_t> order;
+  for (auto& k : keys) order.push_back(DecodeStatsKey(k)->mode_step);
+  EXPECT_EQ(order, (std::vector<int64_t>{1, 2, 10, 100, 1000000}));
+  const std::string prefix = StatsStepPrefix(7, 1, 10);
+  EXPECT_EQ(StatsKey({7, 1, 10, "w", 0}).rfind(prefix, 0), 0u);
+  EXPECT_NE(StatsKey({7, 1, 100, "w", 0}).rfind(prefix, 0), 0u);
+}
+
+TEST(Keys, TensorNamePrefixesDoNotCollide) {
+  // "fc1" must not be a key prefix of "fc10", whatever follows.
+  const std::string fc1 = SeriesPrefix(1, "fc1", 1);
+  const std::string fc10 = SeriesKey({1, 1, 5, "fc10", 0});
+  EXPECT_NE(fc10.rfind(fc1, 0), 0u);
+  EXPECT_NE(TensorNameKey(1, "fc10").rfind(TensorNameKey(1, "fc1"), 0), 0u);
+}
+
+TEST(Keys, JobsAreIsolatedByFixedWidthIds) {
+  // Job 1's prefix never matches job 256's keys, whatever the names.
+  EXPECT_NE(StatsKey({256, 1, 0, "x", 0}).rfind(StatsStepPrefix(1, 1, 0), 0), 0u);
+  EXPECT_NE(RuleResultKey(256, "r").rfind(RuleResultPrefix(1), 0), 0u);
+  EXPECT_EQ(RuleResultPrefix(1).size(), 9u);
+}
+
+TEST(Keys, SeriesScanBoundsAreOrdered) {
+  EXPECT_LT(SeriesSeek(1, "w", 1, 5), SeriesKey({1, 1, 5, "w", 0}));
+  EXPECT_LT(SeriesKey({1, 1, 5, "w", 99}), SeriesSeek(1, "w", 1, 6));
+  EXPECT_LT(SeriesKey({1, 1, 5, "w", 0}), PrefixEnd(SeriesPrefix(1, "w", 1)));
+}
+
+TEST(Keys, PrefixEnd) {
+  EXPECT_EQ(PrefixEnd("ab"), "ac");
+  EXPECT_EQ(PrefixEnd(std::string("a\xff", 2)), "b");
+  EXPECT_EQ(PrefixEnd(std::string("\xff\xff", 2)), "");
+}
+
+TEST(Keys, ValidateKeyName) {
+  SONDE_EXPECT_OK(ValidateKeyName("tensor name", "fc1.weight"));
+  EXPECT_THAT(ValidateKeyName("tensor name", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tensor name is empty"));
+  EXPECT_THAT(ValidateKeyName("tensor name", std::string("a\0b", 3)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "NUL"));
+  EXPECT_THAT(ValidateKeyName("job name", std::string(2000, 'x')),
+              StatusIs(absl::StatusCode::kInvalidArgument, "2000 bytes"));
+}
+
+}  // namespace
+}  // namespace sonde::storage

@@ -1,0 +1,428 @@
+#include "storage/store.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "rocksdb/table.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/write_batch.h"
+#include "storage/keys.h"
+
+namespace sonde::storage {
+namespace {
+
+const char* const kFamilyNames[] = {"jobs", "stats", "series", "payloads", "rules"};
+constexpr char kNextJobIdKey[] = "I";
+
+// The one place rocksdb::Status becomes absl::Status; codes chosen on purpose.
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsIOError()) {
+    if (s.subcode() == rocksdb::Status::kNoSpace) return absl::ResourceExhaustedError(msg);
+    return absl::UnavailableError(msg);
+  }
+  if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  return absl::InternalError(msg);
+}
+
+template <typename Message>
+absl::StatusOr<Message> Parse(absl::string_view bytes, absl::string_view what) {
+  Message m;
+  if (!m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError(absl::StrCat("cannot parse stored ", what));
+  }
+  return m;
+}
+
+std::string EncodeU64(uint64_t v) {
+  std::string s;
+  AppendU64(s, v);
+  return s;
+}
+
+void MergeStepInfo(v1::StepInfo& into, const v1::StepInfo& w) {
+  for (int32_t worker : w.workers()) into.add_workers(worker);
+  into.set_duration_seconds(std::max(into.duration_seconds(), w.duration_seconds()));
+  into.set_tensor_count(into.tensor_count() + w.tensor_count());
+}
+
+}  // namespace
+
+uint8_t ModeKeyByte(v1::Mode mode) {
+  return static_cast<uint8_t>(mode == v1::MODE_UNSPECIFIED ? v1::MODE_GLOBAL : mode);
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const Options& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("store path is empty");
+  if (options.payload_piece_bytes == 0) {
+    return absl::InvalidArgumentError("payload_piece_bytes must be positive");
+  }
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.IncreaseParallelism(2);
+  db_options.max_background_jobs = 2;
+
+  rocksdb::ColumnFamilyOptions cf_options;
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  cf_options.OptimizeLevelStyleCompaction();
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  families.emplace_back(rocksdb::kDefaultColumnFamilyName, cf_options);
+  for (const char* name : kFamilyNames) families.emplace_back(name, cf_options);
+
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  SONDE_RETURN_IF_ERROR(FromRocks(
+      rocksdb::DB::Open(db_options, options.path, families, &handles, &raw),
+      absl::StrCat("opening RocksDB at '", options.path, "'")));
+  std::unique_ptr<rocksdb::DB> db(raw);
+  // handles[0] is "default", which Sonde does not use.
+  db->DestroyColumnFamilyHandle(handles[0]);
+  handles.erase(handles.begin());
+  return std::unique_ptr<Store>(new Store(options, std::move(db), std::move(handles)));
+}
+
+Store::Store(const Options& options, std::unique_ptr<rocksdb::DB> db,
+             std::vector<rocksdb::ColumnFamilyHandle*> handles)
+    : options_(options), db_(std::move(db)), handles_(std::move(handles)) {}
+
+Store::~Store() {
+  if (db_ == nullptr) return;
+  db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
+  for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
+  db_->Close().PermitUncheckedError();
+}
+
+absl::Status Store::ScanPrefix(
+    Family family, absl::string_view prefix,
+    const std::function<absl::Status(absl::string_view, absl::string_view)>& fn) {
+  rocksdb::ReadOptions ro;
+  const std::string end = PrefixEnd(prefix);
+  rocksdb::Slice upper(end);
+  if (!end.empty()) ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[family]));
+  for (it->Seek(rocksdb::Slice(prefix.data(), prefix.size())); it->Valid(); it->Next()) {
+    const rocksdb::Slice k = it->key();
+    if (!k.starts_with(rocksdb::Slice(prefix.data(), prefix.size()))) break;
+    SONDE_RETURN_IF_ERROR(fn(absl::string_view(k.data(), k.size()),
+                             absl::string_view(it->value().data(), it->value().size())));
+  }
+  return FromRocks(it->status(), "scanning");
+}
+
+absl::StatusOr<v1::JobInfo> Store::CreateJob(const v1::JobInfo& info) {
+  SONDE_RETURN_IF_ERROR(ValidateKeyName("job name", info.job()));
+  absl::MutexLock lock(&create_mu_);
+  auto existing = GetJob(info.job());
+  if (existing.ok() || existing.status().code() != absl::StatusCode::kNotFound) {
+    return existing;
+  }
+  std::string next;
+  uint64_t id = 1;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), handles_[kJobs], kNextJobIdKey, &next);
+  if (s.ok()) {
+    absl::string_view v(next);
+    SONDE_ASSIGN_OR_RETURN(id, ConsumeU64(v));
+  } else if (!s.IsNotFound()) {
+    return FromRocks(s, "reading the next job id");
+  }
+  v1::JobInfo stored = info;
+  stored.set_job_id(id);
+  rocksdb::WriteBatch batch;
+  batch.Put(handles_[kJobs], kNextJobIdKey, EncodeU64(id + 1));
+  batch.Put(handles_[kJobs], JobNameKey(info.job()), EncodeU64(id));
+  batch.Put(handles_[kJobs], JobInfoKey(id), stored.SerializeAsString());
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  SONDE_RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "creating job"));
+  return stored;
+}
+
+absl::StatusOr<v1::JobInfo> Store::GetJob(absl::string_view name) {
+  std::string id_bytes;
+  rocksdb::Status s =
+      db_->Get(rocksdb::ReadOptions(), handles_[kJobs], JobNameKey(name), &id_bytes);
+  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no job named '", name, "'"));
+  SONDE_RETURN_IF_ERROR(FromRocks(s, "reading job id"));
+  absl::string_view v(id_bytes);
+  SONDE_ASSIGN_OR_RETURN(uint64_t id, ConsumeU64(v));
+  std::string info;
+  SONDE_RETURN_IF_ERROR(FromRocks(
+      db_->Get(rocksdb::ReadOptions(), handles_[kJobs], JobInfoKey(id), &info),
+      absl::StrCat("reading job '", name, "'")));
+  return Parse<v1::JobInfo>(info, "job record");
+}
+
+absl::StatusOr<std::vector<v1::JobInfo>> Store::ListJobs() {
+  std::vector<v1::JobInfo> jobs;
+  SONDE_RETURN_IF_ERROR(ScanPrefix(
+      kJobs, JobInfoPrefix(), [&](absl::string_view, absl::string_view value) {
+        SONDE_ASSIGN_OR_RETURN(auto job, Parse<v1::JobInfo>(value, "job record"));
+        jobs.push_back(std::move(job));
+        return absl::OkStatus();
+      }));
+  return jobs;
+}
+
+absl::Status Store::PutJob(const v1::JobInfo& info) {
+  if (info.job_id() == 0) return absl::InvalidArgumentError("job record has no id");
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  return FromRocks(db_->Put(wo, handles_[kJobs], JobInfoKey(info.job_id()),
+                            info.SerializeAsString()),
+                   "writing job record");
+}
+
+absl::Status Store::CommitStep(const StepWrite& w) {
+  rocksdb::WriteBatch batch;
+  const uint8_t mode = ModeKeyByte(w.step.mode());
+  const int64_t mode_step = w.step.mode_step();
+  for (const TensorWrite& t : w.tensors) {
+    SONDE_RETURN_IF_ERROR(ValidateKeyName("tensor name", t.record.tensor_name()));
+    TensorKey key{w.job_id, mode, mode_step, t.record.tensor_name(), w.worker};
+    v1::TensorRecord record = t.record;
+    record.set_worker(w.worker);
+    uint32_t pieces = 0;
+    if (record.has_values()) {
+      record.set_total_bytes(t.bytes.size());
+      for (uint64_t off = 0; off < t.bytes.size() || pieces == 0;
+           off += options_.payload_piece_bytes) {
+        const uint64_t n = std::min<uint64_t>(options_.payload_piece_bytes,
+                                              t.bytes.size() - off);
+        batch.Put(handles_[kPayloads], PayloadKey(key, pieces),
+                  rocksdb::Slice(t.bytes.data() + off, n));
+        ++pieces;
+        if (t.bytes.empty()) break;
+      }
+    }
+    record.set_chunk_count(pieces);
+    batch.Put(handles_[kStats], StatsKey(key), record.SerializeAsString());
+    v1::SeriesPoint point;
+    point.set_step(record.step());
+    point.set_mode(record.mode());
+    point.set_mode_step(record.mode_step());
+    point.set_worker(w.worker);
+    *point.mutable_statistics() = record.statistics();
+    batch.Put(handles_[kSeries], SeriesKey(key), point.SerializeAsString());
+    v1::TensorInfo info;
+    info.set_name(record.tensor_name());
+    *info.mutable_collections() = record.collections();
+    info.set_dtype(record.dtype());
+    *info.mutable_shape() = record.shape();
+    batch.Put(handles_[kJobs], TensorNameKey(w.job_id, record.tensor_name()),
+              info.SerializeAsString());
+  }
+  v1::StepInfo step = w.step;
+  step.clear_workers();
+  step.add_workers(w.worker);
+  const std::string step_bytes = step.SerializeAsString();
+  batch.Put(handles_[kJobs], StepKey(w.job_id, mode, mode_step, w.worker), step_bytes);
+  batch.Put(handles_[kJobs], GlobalStepKey(w.job_id, step.step(), w.worker), step_bytes);
+  if (w.job.has_value()) {
+    batch.Put(handles_[kJobs], JobInfoKey(w.job_id), w.job->SerializeAsString());
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  return FromRocks(db_->Write(wo, &batch),
+                   absl::StrCat("committing step ", step.step()));
+}
+
+absl::StatusOr<std::vector<v1::StepInfo>> Store::ListSteps(uint64_t job_id, v1::Mode mode) {
+  std::vector<v1::StepInfo> steps;
+  auto scan_mode = [&](uint8_t m) -> absl::Status {
+    return ScanPrefix(kJobs, StepPrefix(job_id, m),
+                      [&](absl::string_view, absl::string_view value) {
+                        SONDE_ASSIGN_OR_RETURN(auto s, Parse<v1::StepInfo>(value, "step"));
+                        if (!steps.empty() && steps.back().mode() == s.mode() &&
+                            steps.back().mode_step() == s.mode_step()) {
+                          MergeStepInfo(steps.back(), s);
+                        } else {
+                          steps.push_back(std::move(s));
+                        }
+                        return absl::OkStatus();
+                      });
+  };
+  if (mode == v1::MODE_UNSPECIFIED) {
+    for (int m = v1::MODE_TRAIN; m <= v1::MODE_GLOBAL; ++m) {
+      SONDE_RETURN_IF_ERROR(scan_mode(static_cast<uint8_t>(m)));
+    }
+    std::stable_sort(steps.begin(), steps.end(),
+                     [](const v1::StepInfo& a, const v1::StepInfo& b) {
+                       return a.step() < b.step();
+                     });
+  } else {
+    SONDE_RETURN_IF_ERROR(scan_mode(ModeKeyByte(mode)));
+  }
+  return steps;
+}
+
+absl::StatusOr<v1::StepInfo> Store::FindGlobalStep(uint64_t job_id, int64_t step) {
+  std::optional<v1::StepInfo> found;
+  SONDE_RETURN_IF_ERROR(ScanPrefix(
+      kJobs, GlobalStepPrefix(job_id, step), [&](absl::string_view, absl::string_view value) {
+        SONDE_ASSIGN_OR_RETURN(auto s, Parse<v1::StepInfo>(value, "step"));
+        if (found.has_value()) {
+          MergeStepInfo(*found, s);
+        } else {
+          found = std::move(s);
+        }
+        return absl::OkStatus();
+      }));
+  if (!found.has_value()) {
+    return absl::NotFoundError(absl::StrCat("no data stored at global step ", step));
+  }
+  return *found;
+}
+
+absl::StatusOr<std::vector<v1::TensorRecord>> Store::TensorsAtStep(uint64_t job_id,
+                                                                   v1::Mode mode,
+                                                                   int64_t mode_step) {
+  std::vector<v1::TensorRecord> records;
+  SONDE_RETURN_IF_ERROR(ScanPrefix(
+      kStats, StatsStepPrefix(job_id, ModeKeyByte(mode), mode_step),
+      [&](absl::string_view, absl::string_view value) {
+        SONDE_ASSIGN_OR_RETURN(auto r, Parse<v1::TensorRecord>(value, "tensor record"));
+        records.push_back(std::move(r));
+        return absl::OkStatus();
+      }));
+  return records;
+}
+
+absl::StatusOr<std::vector<v1::TensorInfo>> Store::ListTensors(uint64_t job_id) {
+  std::vector<v1::TensorInfo> out;
+  SONDE_RETURN_IF_ERROR(ScanPrefix(
+      kJobs, TensorNamePrefix(job_id), [&](absl::string_view, absl::string_view value) {
+        SONDE_ASSIGN_OR_RETURN(auto t, Parse<v1::TensorInfo>(value, "tensor info"));
+        out.push_back(std::move(t));
+        return absl::OkStatus();
+      }));
+  return out;
+}
+
+absl::StatusOr<v1::TensorRecord> Store::ReadTensor(
+    uint64_t job_id, v1::Mode mode, int64_t mode_step, absl::string_view name,
+    int32_t worker, const std::function<absl::Status(absl::string_view)>& on_piece) {
+  SONDE_RETURN_IF_ERROR(ValidateKeyName("tensor name", name));
+  TensorKey key{job_id, ModeKeyByte(mode), mode_step, std::string(name), worker};
+  // One snapshot so the record and its pieces come from the same commit.
+  const rocksdb::Snapshot* snapshot = db_->GetSnapshot();
+  struct Release {
+    rocksdb::DB* db;
+    const rocksdb::Snapshot* s;
+    ~Release() { db->ReleaseSnapshot(s); }
+  } release{db_.get(), snapshot};
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot;
+  std::string value;
+  rocksdb::Status s = db_->Get(ro, handles_[kStats], StatsKey(key), &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "' has no data at ",
+                                            v1::Mode_Name(mode), " step ", mode_step,
+                                            " of worker ", worker));
+  }
+  SONDE_RETURN_IF_ERROR(FromRocks(s, "reading tensor record"));
+  SONDE_ASSIGN_OR_RETURN(auto record, Parse<v1::TensorRecord>(value, "tensor record"));
+  if (!record.has_values()) return record;
+  uint64_t bytes = 0;
+  for (uint32_t piece = 0; piece < record.chunk_count(); ++piece) {
+    std::string data;
+    rocksdb::Status ps = db_->Get(ro, handles_[kPayloads], PayloadKey(key, piece), &data);
+    if (ps.IsNotFound()) {
+      return absl::DataLossError(absl::StrCat("tensor '", name, "': piece ", piece, " of ",
+                                              record.chunk_count(), " is missing"));
+    }
+    SONDE_RETURN_IF_ERROR(FromRocks(ps, "reading tensor values"));
+    bytes += data.size();
+    SONDE_RETURN_IF_ERROR(on_piece(data));
+  }
+  if (bytes != record.total_bytes()) {
+    return absl::DataLossError(absl::StrCat("tensor '", name, "': stored ", bytes,
+                                            " bytes, record says ", record.total_bytes()));
+  }
+  return record;
+}
+
+absl::StatusOr<std::vector<v1::SeriesPoint>> Store::ReadSeries(
+    uint64_t job_id, absl::string_view name, v1::Mode mode, int64_t from, int64_t to,
+    int32_t worker) {
+  SONDE_RETURN_IF_ERROR(ValidateKeyName("tensor name", name));
+  std::vector<v1::SeriesPoint> points;
+  auto scan_mode = [&](uint8_t m) -> absl::Status {
+    rocksdb::ReadOptions ro;
+    const std::string start = SeriesSeek(job_id, name, m, from);
+    const std::string end = to >= 0 ? SeriesSeek(job_id, name, m, to)
+                                    : PrefixEnd(SeriesPrefix(job_id, name, m));
+    rocksdb::Slice upper(end);
+    ro.iterate_upper_bound = &upper;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[kSeries]));
+    for (it->Seek(start); it->Valid(); it->Next()) {
+      SONDE_ASSIGN_OR_RETURN(
+          auto p, Parse<v1::SeriesPoint>(
+                      absl::string_view(it->value().data(), it->value().size()), "series"));
+      if (worker >= 0 && p.worker() != worker) continue;
+      points.push_back(std::move(p));
+    }
+    return FromRocks(it->status(), "scanning series");
+  };
+  if (mode == v1::MODE_UNSPECIFIED) {
+    for (int m = v1::MODE_TRAIN; m <= v1::MODE_GLOBAL; ++m) {
+      SONDE_RETURN_IF_ERROR(scan_mode(static_cast<uint8_t>(m)));
+    }
+    std::stable_sort(points.begin(), points.end(),
+                     [](const v1::SeriesPoint& a, const v1::SeriesPoint& b) {
+                       return a.step() < b.step();
+                     });
+  } else {
+    SONDE_RETURN_IF_ERROR(scan_mode(ModeKeyByte(mode)));
+  }
+  return points;
+}
+
+absl::Status Store::PutRuleResult(uint64_t job_id, const v1::RuleResult& result,
+                                  std::optional<std::string> state) {
+  SONDE_RETURN_IF_ERROR(ValidateKeyName("rule name", result.rule()));
+  rocksdb::WriteBatch batch;
+  batch.Put(handles_[kRules], RuleResultKey(job_id, result.rule()),
+            result.SerializeAsString());
+  if (state.has_value()) {
+    batch.Put(handles_[kRules], RuleStateKey(job_id, result.rule()), *state);
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  return FromRocks(db_->Write(wo, &batch), "writing rule result");
+}
+
+absl::StatusOr<std::vector<v1::RuleResult>> Store::RuleResults(uint64_t job_id) {
+  std::vector<v1::RuleResult> out;
+  SONDE_RETURN_IF_ERROR(ScanPrefix(
+      kRules, RuleResultPrefix(job_id), [&](absl::string_view, absl::string_view value) {
+        SONDE_ASSIGN_OR_RETURN(auto r, Parse<v1::RuleResult>(value, "rule result"));
+        out.push_back(std::move(r));
+        return absl::OkStatus();
+      }));
+  return out;
+}
+
+absl::StatusOr<std::optional<std::string>> Store::RuleState(uint64_t job_id,
+                                                            absl::string_view rule) {
+  std::string value;
+  rocksdb::Status s =
+      db_->Get(rocksdb::ReadOptions(), handles_[kRules], RuleStateKey(job_id, rule), &value);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  SONDE_RETURN_IF_ERROR(FromRocks(s, "reading rule state"));
+  return std::optional<std::string>(std::move(value));
+}
+
+}  // namespace sonde::storage

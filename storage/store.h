@@ -1,0 +1,141 @@
+// Sonde's durable store: jobs, per-step tensor records and statistics, raw
+// tensor values, and rule results, in one RocksDB database with a column
+// family each (key layout in storage/keys.h).
+//
+// Durability: one step of one worker is written with one WriteBatch, with the
+// write-ahead log on, so a step is either fully stored or absent after a
+// crash; CommitStep returns only after the batch is in the WAL (and fsynced
+// when Options::sync_writes is set).
+//
+// Thread-safe: RocksDB serialises writers; readers see committed batches.
+// rocksdb::Status never leaves this component.
+#ifndef SONDE_STORAGE_STORE_H_
+#define SONDE_STORAGE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/query.pb.h"
+#include "proto/rule.pb.h"
+#include "proto/tensor.pb.h"
+
+namespace rocksdb {
+class DB;
+class ColumnFamilyHandle;
+}  // namespace rocksdb
+
+namespace sonde::storage {
+
+// One tensor of one step, ready to store.
+struct TensorWrite {
+  v1::TensorRecord record;  // name, worker, step, mode, dtype, shape, stats...
+  std::string bytes;        // raw values; empty when record.has_values is false
+};
+
+// Everything one worker produced for one step, plus the job record as it
+// stands after the step: stored atomically.
+struct StepWrite {
+  uint64_t job_id = 0;
+  v1::StepInfo step;  // step, mode, mode_step, workers = {worker}, duration
+  int32_t worker = 0;
+  std::vector<TensorWrite> tensors;
+  std::optional<v1::JobInfo> job;  // written in the same batch when set
+};
+
+class Store {
+ public:
+  struct Options {
+    // Directory of the database; created if missing. Required.
+    std::string path;
+    // fsync the WAL on every commit. Default false: a commit survives a
+    // process crash (kill -9) but the last commits may be lost on power loss.
+    bool sync_writes = false;
+    // Raw tensor values are split into RocksDB values of at most this many
+    // bytes. Default 1 MiB.
+    uint64_t payload_piece_bytes = 1 << 20;
+    // RocksDB block cache. Default 64 MiB.
+    uint64_t block_cache_bytes = 64 << 20;
+  };
+
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const Options& options);
+  ~Store();
+
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Jobs. CreateJob assigns a new id to a new name and stores `info` with it;
+  // for a known name it returns the existing record untouched.
+  absl::StatusOr<v1::JobInfo> CreateJob(const v1::JobInfo& info);
+  absl::StatusOr<v1::JobInfo> GetJob(absl::string_view name);  // NotFound
+  absl::StatusOr<std::vector<v1::JobInfo>> ListJobs();
+  absl::Status PutJob(const v1::JobInfo& info);
+
+  // Stores one worker's step atomically (see the class comment).
+  absl::Status CommitStep(const StepWrite& write);
+
+  // Steps of one mode (every mode for MODE_UNSPECIFIED), in step order, with
+  // the workers of each step merged into one StepInfo.
+  absl::StatusOr<std::vector<v1::StepInfo>> ListSteps(uint64_t job_id, v1::Mode mode);
+  // The mode and mode step of a global step; NotFound if no worker stored it.
+  absl::StatusOr<v1::StepInfo> FindGlobalStep(uint64_t job_id, int64_t step);
+
+  // Every tensor stored at one step (one range scan).
+  absl::StatusOr<std::vector<v1::TensorRecord>> TensorsAtStep(uint64_t job_id,
+                                                              v1::Mode mode,
+                                                              int64_t mode_step);
+  // Names of every tensor ever stored for the job, with their last known
+  // dtype, shape and collections.
+  absl::StatusOr<std::vector<v1::TensorInfo>> ListTensors(uint64_t job_id);
+
+  // Reads one tensor: its record, then its raw bytes piece by piece through
+  // `on_piece` (not called for statistics-only tensors). NotFound if absent;
+  // DataLoss if pieces are missing.
+  absl::StatusOr<v1::TensorRecord> ReadTensor(
+      uint64_t job_id, v1::Mode mode, int64_t mode_step, absl::string_view name,
+      int32_t worker, const std::function<absl::Status(absl::string_view)>& on_piece);
+
+  // Statistics of one tensor over mode steps [from, to) (to < 0: no end), one
+  // range scan per mode; MODE_UNSPECIFIED reads every mode, ordered by
+  // global step. worker < 0: every worker.
+  absl::StatusOr<std::vector<v1::SeriesPoint>> ReadSeries(uint64_t job_id,
+                                                          absl::string_view name,
+                                                          v1::Mode mode, int64_t from,
+                                                          int64_t to, int32_t worker);
+
+  // Rule results (latest per rule instance) and opaque per-rule state.
+  absl::Status PutRuleResult(uint64_t job_id, const v1::RuleResult& result,
+                             std::optional<std::string> state = std::nullopt);
+  absl::StatusOr<std::vector<v1::RuleResult>> RuleResults(uint64_t job_id);
+  absl::StatusOr<std::optional<std::string>> RuleState(uint64_t job_id,
+                                                       absl::string_view rule);
+
+ private:
+  enum Family { kJobs = 0, kStats, kSeries, kPayloads, kRules, kNumFamilies };
+
+  Store(const Options& options, std::unique_ptr<rocksdb::DB> db,
+        std::vector<rocksdb::ColumnFamilyHandle*> handles);
+
+  absl::Status ScanPrefix(
+      Family family, absl::string_view prefix,
+      const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn);
+
+  Options options_;
+  absl::Mutex create_mu_;  // serialises job-id allocation in CreateJob
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // indexed by Family
+};
+
+// The step mode stored in keys for a mode (MODE_UNSPECIFIED is stored as GLOBAL).
+uint8_t ModeKeyByte(v1::Mode mode);
+
+}  // namespace sonde::storage
+
+#endif  // SONDE_STORAGE_STORE_H_

@@ -1,0 +1,220 @@
+#include "storage/store.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sonde::storage {
+namespace {
+
+using ::sonde::testing::StatusIs;
+using ::sonde::testing::TempDir;
+
+std::unique_ptr<Store> OpenStore(const std::string& path, uint64_t piece = 1 << 20) {
+  Store::Options o;
+  o.path = path;
+  o.payload_piece_bytes = piece;
+  auto s = Store::Open(o);
+  EXPECT_THAT(s, ::sonde::testing::IsOk());
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+TensorWrite Tensor(const std::string& name, int64_t step, std::string bytes) {
+  TensorWrite t;
+  t.record.set_tensor_name(name);
+  t.record.set_step(step);
+  t.record.set_mode(v1::MODE_TRAIN);
+  t.record.set_mode_step(step);
+  t.record.set_dtype(v1::DTYPE_U8);
+  t.record.add_shape(static_cast<int64_t>(bytes.size()));
+  t.record.add_collections("weights");
+  t.record.mutable_statistics()->set_count(bytes.size());
+  t.record.mutable_statistics()->set_mean(static_cast<double>(step));
+  t.record.set_has_values(true);
+  t.bytes = std::move(bytes);
+  return t;
+}
+
+StepWrite Step(uint64_t job_id, int64_t step, int32_t worker = 0) {
+  StepWrite w;
+  w.job_id = job_id;
+  w.worker = worker;
+  w.step.set_step(step);
+  w.step.set_mode(v1::MODE_TRAIN);
+  w.step.set_mode_step(step);
+  w.step.set_duration_seconds(0.5);
+  return w;
+}
+
+std::string ReadAll(Store& store, uint64_t job, int64_t step, const std::string& name,
+                    int32_t worker = 0) {
+  std::string out;
+  auto r = store.ReadTensor(job, v1::MODE_TRAIN, step, name, worker,
+                            [&](absl::string_view piece) {
+                              out.append(piece.data(), piece.size());
+                              return absl::OkStatus();
+                            });
+  EXPECT_THAT(r, ::sonde::testing::IsOk());
+  return out;
+}
+
+TEST(Store, CreateJobAssignsIdsOnceAndKeepsExisting) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  v1::JobInfo a;
+  a.set_job("alpha");
+  auto first = store->CreateJob(a);
+  SONDE_ASSERT_OK(first);
+  EXPECT_EQ(first->job_id(), 1u);
+  a.set_world_size(8);
+  auto again = store->CreateJob(a);
+  SONDE_ASSERT_OK(again);
+  EXPECT_EQ(again->job_id(), 1u);
+  EXPECT_EQ(again->world_size(), 0);  // existing record untouched
+  v1::JobInfo b;
+  b.set_job("beta");
+  EXPECT_EQ(store->CreateJob(b)->job_id(), 2u);
+  EXPECT_EQ(store->ListJobs()->size(), 2u);
+  EXPECT_THAT(store->GetJob("gamma"), StatusIs(absl::StatusCode::kNotFound, "gamma"));
+  v1::JobInfo bad;
+  EXPECT_THAT(store->CreateJob(bad), StatusIs(absl::StatusCode::kInvalidArgument, "empty"));
+}
+
+TEST(Store, CommittedStepReadsBackBitExactAcrossPieces) {
+  TempDir dir;
+  auto store = OpenStore(dir.path(), /*piece=*/1000);
+  v1::JobInfo job;
+  job.set_job("j");
+  const uint64_t id = store->CreateJob(job)->job_id();
+  std::string big(4321, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 13);
+  StepWrite w = Step(id, 5);
+  w.tensors.push_back(Tensor("fc1.weight", 5, big));
+  w.tensors.push_back(Tensor("fc1.bias", 5, "abc"));
+  SONDE_ASSERT_OK(store->CommitStep(w));
+  EXPECT_EQ(ReadAll(*store, id, 5, "fc1.weight"), big);
+  EXPECT_EQ(ReadAll(*store, id, 5, "fc1.bias"), "abc");
+  auto records = store->TensorsAtStep(id, v1::MODE_TRAIN, 5);
+  SONDE_ASSERT_OK(records);
+  ASSERT_EQ(records->size(), 2u);
+  EXPECT_EQ((*records)[0].tensor_name(), "fc1.bias");  // name order within a step
+  EXPECT_EQ((*records)[1].chunk_count(), 5u);          // 4321 bytes in 1000-byte pieces
+  EXPECT_THAT(store->ReadTensor(id, v1::MODE_TRAIN, 6, "fc1.weight", 0,
+                                [](absl::string_view) { return absl::OkStatus(); }),
+              StatusIs(absl::StatusCode::kNotFound, "fc1.weight"));
+}
+
+TEST(Store, SummaryOnlyTensorHasNoPayload) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  StepWrite w = Step(1, 0);
+  TensorWrite t = Tensor("loss", 0, "");
+  t.record.set_has_values(false);
+  w.tensors.push_back(t);
+  SONDE_ASSERT_OK(store->CommitStep(w));
+  int pieces = 0;
+  auto r = store->ReadTensor(1, v1::MODE_TRAIN, 0, "loss", 0, [&](absl::string_view) {
+    ++pieces;
+    return absl::OkStatus();
+  });
+  SONDE_ASSERT_OK(r);
+  EXPECT_FALSE(r->has_values());
+  EXPECT_EQ(pieces, 0);
+}
+
+TEST(Store, SeriesIsARangeOverStepsForOneTensorOnly) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  for (int64_t step = 0; step < 20; ++step) {
+    StepWrite w = Step(1, step);
+    w.tensors.push_back(Tensor("fc1", step, "x"));
+    w.tensors.push_back(Tensor("fc10", step, "y"));
+    SONDE_ASSERT_OK(store->CommitStep(w));
+  }
+  auto points = store->ReadSeries(1, "fc1", v1::MODE_TRAIN, 5, 9, -1);
+  SONDE_ASSERT_OK(points);
+  ASSERT_EQ(points->size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ((*points)[i].step(), 5 + i);
+    EXPECT_EQ((*points)[i].statistics().mean(), 5.0 + i);
+  }
+  auto all = store->ReadSeries(1, "fc1", v1::MODE_UNSPECIFIED, 0, -1, -1);
+  EXPECT_EQ(all->size(), 20u);
+  auto steps = store->ListSteps(1, v1::MODE_TRAIN);
+  ASSERT_EQ(steps->size(), 20u);
+  EXPECT_EQ((*steps)[19].tensor_count(), 0u);
+  EXPECT_EQ(store->ListTensors(1)->size(), 2u);
+}
+
+TEST(Store, WorkersOfOneStepAreKeptApartAndMergedInStepLists) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  for (int32_t worker : {0, 1}) {
+    StepWrite w = Step(1, 3, worker);
+    w.step.set_duration_seconds(worker == 0 ? 0.5 : 2.0);
+    w.tensors.push_back(Tensor("w", 3, worker == 0 ? "zero" : "one"));
+    SONDE_ASSERT_OK(store->CommitStep(w));
+  }
+  EXPECT_EQ(ReadAll(*store, 1, 3, "w", 0), "zero");
+  EXPECT_EQ(ReadAll(*store, 1, 3, "w", 1), "one");
+  auto steps = store->ListSteps(1, v1::MODE_UNSPECIFIED);
+  ASSERT_EQ(steps->size(), 1u);
+  EXPECT_EQ((*steps)[0].workers_size(), 2);
+  EXPECT_EQ((*steps)[0].duration_seconds(), 2.0);
+  auto global = store->FindGlobalStep(1, 3);
+  SONDE_ASSERT_OK(global);
+  EXPECT_EQ(global->mode(), v1::MODE_TRAIN);
+  EXPECT_THAT(store->FindGlobalStep(1, 4), StatusIs(absl::StatusCode::kNotFound, "4"));
+}
+
+TEST(Store, DataSurvivesReopen) {
+  TempDir dir;
+  uint64_t id;
+  {
+    auto store = OpenStore(dir.path());
+    v1::JobInfo job;
+    job.set_job("persist");
+    id = store->CreateJob(job)->job_id();
+    StepWrite w = Step(id, 0);
+    w.tensors.push_back(Tensor("w", 0, "payload"));
+    SONDE_ASSERT_OK(store->CommitStep(w));
+    v1::RuleResult r;
+    r.set_rule("ExplodingTensor");
+    r.set_status(v1::RULE_STATUS_ISSUES_FOUND);
+    SONDE_ASSERT_OK(store->PutRuleResult(id, r, std::string("cursor=0")));
+  }
+  auto store = OpenStore(dir.path());
+  EXPECT_EQ(store->GetJob("persist")->job_id(), id);
+  EXPECT_EQ(ReadAll(*store, id, 0, "w"), "payload");
+  auto rules = store->RuleResults(id);
+  ASSERT_EQ(rules->size(), 1u);
+  EXPECT_EQ((*rules)[0].status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(**store->RuleState(id, "ExplodingTensor"), "cursor=0");
+  EXPECT_FALSE(store->RuleState(id, "Other")->has_value());
+  v1::JobInfo next;
+  next.set_job("next");
+  EXPECT_EQ(store->CreateJob(next)->job_id(), id + 1);  // ids are never reused
+}
+
+TEST(Store, RejectsBadNamesWithoutWritingAnything) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  StepWrite w = Step(1, 0);
+  w.tensors.push_back(Tensor("good", 0, "a"));
+  w.tensors.push_back(Tensor(std::string("bad\0name", 8), 0, "b"));
+  EXPECT_THAT(store->CommitStep(w), StatusIs(absl::StatusCode::kInvalidArgument, "NUL"));
+  EXPECT_TRUE(store->TensorsAtStep(1, v1::MODE_TRAIN, 0)->empty());
+}
+
+TEST(Store, OpenFailsClearlyOnAnUnusablePath) {
+  Store::Options o;
+  o.path = "/proc/definitely/not/writable";
+  EXPECT_FALSE(Store::Open(o).ok());
+  o.path = "";
+  EXPECT_THAT(Store::Open(o), StatusIs(absl::StatusCode::kInvalidArgument, "path"));
+}
+
+}  // namespace
+}  // namespace sonde::storage
