@@ -1,0 +1,51 @@
+// The rule interface. A rule sees every complete step of one job, in step
+// order, each step once, and says whether it found an issue. Rules are plain
+// objects: the RuleRunner owns threading, persistence and actions.
+// A Rule instance is used by one thread at a time.
+#ifndef SONDE_RULES_RULE_H_
+#define SONDE_RULES_RULE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/tensor.pb.h"
+
+namespace sonde::rules {
+
+// Everything known about one complete step (all workers).
+struct StepData {
+  int64_t step = 0;  // global step
+  v1::Mode mode = v1::MODE_GLOBAL;
+  int64_t mode_step = 0;
+  std::vector<v1::TensorRecord> tensors;  // every worker's tensors
+};
+
+// What a rule saw when it found an issue.
+struct Finding {
+  std::string message;               // one line: what was seen
+  std::vector<std::string> tensors;  // tensors involved
+  int32_t worker = 0;
+  double observed = 0;
+  double threshold = 0;
+};
+
+class Rule {
+ public:
+  virtual ~Rule() = default;
+
+  // Evaluates one complete step. A Finding means IssuesFound at this step;
+  // an error status means the rule itself failed (status Error).
+  virtual absl::StatusOr<std::optional<Finding>> OnStep(const StepData& step) = 0;
+
+  // End-of-training evaluation, after the last step.
+  virtual absl::StatusOr<std::optional<Finding>> OnJobEnd() {
+    return std::optional<Finding>();
+  }
+};
+
+}  // namespace sonde::rules
+
+#endif  // SONDE_RULES_RULE_H_

@@ -1,0 +1,35 @@
+// Which tensors a rule looks at: members of named collections and/or names
+// matching a regular expression (searched anywhere in the name, ECMAScript
+// syntax). An empty selector selects every tensor. Not thread-safe (caches
+// match results per name).
+#ifndef SONDE_RULES_TENSOR_SELECTOR_H_
+#define SONDE_RULES_TENSOR_SELECTOR_H_
+
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/tensor.pb.h"
+
+namespace sonde::rules {
+
+class TensorSelector {
+ public:
+  static absl::StatusOr<TensorSelector> Create(std::vector<std::string> collections,
+                                               const std::string& regex);
+
+  bool empty() const { return collections_.empty() && !regex_; }
+  bool Matches(const v1::TensorRecord& record);
+
+ private:
+  std::vector<std::string> collections_;
+  std::shared_ptr<std::regex> regex_;
+  std::map<std::string, bool> regex_cache_;
+};
+
+}  // namespace sonde::rules
+
+#endif  // SONDE_RULES_TENSOR_SELECTOR_H_
