@@ -313,7 +313,7 @@ absl::StatusOr<std::vector<v1::TensorInfo>> Store::ListTensors(uint64_t job_id) 
 
 absl::StatusOr<v1::TensorRecord> Store::ReadTensor(
     uint64_t job_id, v1::Mode mode, int64_t mode_step, absl::string_view name,
-    int32_t worker, const std::function<absl::Status(absl::string_view)>& on_piece) {
+    int32_t worker, const PieceFn& on_piece) {
   SONDE_RETURN_IF_ERROR(ValidateKeyName("tensor name", name));
   TensorKey key{job_id, ModeKeyByte(mode), mode_step, std::string(name), worker};
   // One snapshot so the record and its pieces come from the same commit.
@@ -345,7 +345,7 @@ absl::StatusOr<v1::TensorRecord> Store::ReadTensor(
     }
     SONDE_RETURN_IF_ERROR(FromRocks(ps, "reading tensor values"));
     bytes += data.size();
-    SONDE_RETURN_IF_ERROR(on_piece(data));
+    SONDE_RETURN_IF_ERROR(on_piece(record, data));
   }
   if (bytes != record.total_bytes()) {
     return absl::DataLossError(absl::StrCat("tensor '", name, "': stored ", bytes,

@@ -95,12 +95,14 @@ class Store {
   // dtype, shape and collections.
   absl::StatusOr<std::vector<v1::TensorInfo>> ListTensors(uint64_t job_id);
 
-  // Reads one tensor: its record, then its raw bytes piece by piece through
-  // `on_piece` (not called for statistics-only tensors). NotFound if absent;
+  // Reads one tensor: its raw bytes piece by piece through `on_piece` (with
+  // the record; not called for statistics-only tensors), then returns the
+  // record. Record and pieces come from one snapshot. NotFound if absent;
   // DataLoss if pieces are missing.
-  absl::StatusOr<v1::TensorRecord> ReadTensor(
-      uint64_t job_id, v1::Mode mode, int64_t mode_step, absl::string_view name,
-      int32_t worker, const std::function<absl::Status(absl::string_view)>& on_piece);
+  using PieceFn = std::function<absl::Status(const v1::TensorRecord&, absl::string_view)>;
+  absl::StatusOr<v1::TensorRecord> ReadTensor(uint64_t job_id, v1::Mode mode,
+                                              int64_t mode_step, absl::string_view name,
+                                              int32_t worker, const PieceFn& on_piece);
 
   // Statistics of one tensor over mode steps [from, to) (to < 0: no end), one
   // range scan per mode; MODE_UNSPECIFIED reads every mode, ordered by

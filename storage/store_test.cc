@@ -52,7 +52,7 @@ std::string ReadAll(Store& store, uint64_t job, int64_t step, const std::string&
                     int32_t worker = 0) {
   std::string out;
   auto r = store.ReadTensor(job, v1::MODE_TRAIN, step, name, worker,
-                            [&](absl::string_view piece) {
+                            [&](const v1::TensorRecord&, absl::string_view piece) {
                               out.append(piece.data(), piece.size());
                               return absl::OkStatus();
                             });
@@ -102,7 +102,7 @@ TEST(Store, CommittedStepReadsBackBitExactAcrossPieces) {
   EXPECT_EQ((*records)[0].tensor_name(), "fc1.bias");  // name order within a step
   EXPECT_EQ((*records)[1].chunk_count(), 5u);          // 4321 bytes in 1000-byte pieces
   EXPECT_THAT(store->ReadTensor(id, v1::MODE_TRAIN, 6, "fc1.weight", 0,
-                                [](absl::string_view) { return absl::OkStatus(); }),
+                                [](const v1::TensorRecord&, absl::string_view) { return absl::OkStatus(); }),
               StatusIs(absl::StatusCode::kNotFound, "fc1.weight"));
 }
 
@@ -115,7 +115,7 @@ TEST(Store, SummaryOnlyTensorHasNoPayload) {
   w.tensors.push_back(t);
   SONDE_ASSERT_OK(store->CommitStep(w));
   int pieces = 0;
-  auto r = store->ReadTensor(1, v1::MODE_TRAIN, 0, "loss", 0, [&](absl::string_view) {
+  auto r = store->ReadTensor(1, v1::MODE_TRAIN, 0, "loss", 0, [&](const v1::TensorRecord&, absl::string_view) {
     ++pieces;
     return absl::OkStatus();
   });

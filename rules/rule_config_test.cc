@@ -1,0 +1,57 @@
+#include "rules/rule_config.h"
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde::rules {
+namespace {
+
+using ::sonde::testing::StatusIs;
+
+TEST(RuleFlag, ParsesTypesParametersNamesAndActions) {
+  auto specs = ParseRuleFlag(
+      "ExplodingTensor(actions=StopTraining); LossNotDecreasing(name=loss_fast, num_steps=5)");
+  SONDE_ASSERT_OK(specs);
+  ASSERT_EQ(specs->size(), 2u);
+  EXPECT_EQ((*specs)[0].name(), "ExplodingTensor");
+  ASSERT_EQ((*specs)[0].actions_size(), 1);
+  EXPECT_EQ((*specs)[0].actions(0), "StopTraining");
+  EXPECT_EQ((*specs)[1].name(), "loss_fast");
+  EXPECT_EQ((*specs)[1].parameters().at("num_steps"), "5");
+  EXPECT_TRUE(ParseRuleFlag("")->empty());
+}
+
+TEST(RuleFlag, RejectsMalformedAndUnknown) {
+  EXPECT_THAT(ParseRuleFlag("ExplodingTensor(only_nan"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "missing ')'"));
+  EXPECT_THAT(ParseRuleFlag("ExplodingTensor(only_nan)"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not key=value"));
+  EXPECT_THAT(ParseRuleFlag("Exploding"), StatusIs(absl::StatusCode::kNotFound, "Exploding"));
+  EXPECT_THAT(ParseRuleFlag("ExplodingTensor(actions=Reboot)"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "Reboot"));
+}
+
+TEST(RulesJson, ReadsOurShapeAndSageMakersSpelling) {
+  auto specs = ParseRulesJson(R"({"rules": [
+      {"name": "nan_only", "rule_type": "ExplodingTensor",
+       "rule_parameters": {"only_nan": true}, "actions": ["StopTraining"]},
+      {"RuleConfigurationName": "LossNotDecreasing",
+       "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": 20}}]})");
+  SONDE_ASSERT_OK(specs);
+  ASSERT_EQ(specs->size(), 2u);
+  EXPECT_EQ((*specs)[0].parameters().at("only_nan"), "true");
+  EXPECT_EQ((*specs)[1].rule_type(), "LossNotDecreasing");
+  EXPECT_EQ((*specs)[1].parameters().at("num_steps"), "20");
+}
+
+TEST(RulesJson, RejectsBadDocuments) {
+  EXPECT_THAT(ParseRulesJson("{"), StatusIs(absl::StatusCode::kInvalidArgument, "not valid JSON"));
+  EXPECT_THAT(ParseRulesJson(R"({"rules": [{"rule_type": "ExplodingTensor", "colour": 1}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "colour"));
+  EXPECT_THAT(ParseRulesJson(R"([{"rule_type": "ExplodingTensor",
+                                 "rule_parameters": {"only_nan": "perhaps"}}])"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "perhaps"));
+}
+
+}  // namespace
+}  // namespace sonde::rules

@@ -1,0 +1,98 @@
+#include "server/collector.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "glog/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/collector_service.h"
+#include "server/job_registry.h"
+#include "server/query_service.h"
+#include "storage/store.h"
+
+namespace sonde::server {
+namespace {
+
+// Room for a chunk's payload plus its descriptive fields.
+constexpr int kMessageOverhead = 1 << 20;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptions& options) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir is required");
+  if (options.listen.empty()) return absl::InvalidArgumentError("listen address is empty");
+  if (options.limits.max_chunk_bytes == 0 ||
+      options.limits.max_chunk_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_chunk_bytes must be 1 byte to 1 GiB, got ", options.limits.max_chunk_bytes));
+  }
+  std::unique_ptr<Collector> c(new Collector());
+  c->shutdown_grace_ = options.shutdown_grace;
+  storage::Store::Options store_options;
+  store_options.path = options.data_dir;
+  store_options.sync_writes = options.sync_writes;
+  auto store = storage::Store::Open(store_options);
+  if (!store.ok()) return store.status();
+  c->store_ = std::move(*store);
+  c->storage_pool_ = std::make_unique<ThreadPool>(options.storage_threads, 4096);
+  c->rule_pool_ = std::make_unique<ThreadPool>(options.rule_threads, 4096);
+  c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),
+                                               options.default_rules);
+  c->collector_service_ = std::make_unique<CollectorService>(
+      c->registry_.get(), c->storage_pool_.get(), options.limits);
+  c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  const int max_message =
+      static_cast<int>(options.limits.max_chunk_bytes) + kMessageOverhead;
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  builder.RegisterService(c->collector_service_.get());
+  builder.RegisterService(c->query_service_.get());
+  c->server_ = builder.BuildAndStart();
+  if (c->server_ == nullptr || port == 0) {
+    c->server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen, "'"));
+  }
+  const size_t colon = options.listen.rfind(':');
+  c->address_ = absl::StrCat(options.listen.substr(0, colon), ":", port);
+  c->server_->GetHealthCheckService()->SetServingStatus(true);
+  LOG(INFO) << "collector listening on " << c->address_ << ", data in " << options.data_dir;
+  return c;
+}
+
+Collector::~Collector() { Shutdown(); }
+
+void Collector::Shutdown() {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    collector_service_->FinishAll();
+    query_service_->Close();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + shutdown_grace_));
+    server_->Wait();
+    collector_service_->WaitForStreams();
+  }
+  // Order matters: rules (which write results) before the store closes.
+  if (registry_ != nullptr) registry_->DrainRules();
+  storage_pool_.reset();
+  registry_.reset();
+  rule_pool_.reset();
+  server_.reset();
+  store_.reset();
+  LOG(INFO) << "collector stopped";
+}
+
+}  // namespace sonde::server

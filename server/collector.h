@@ -1,0 +1,87 @@
+// The collector: opens the store, serves the Collector (ingest) and Query
+// services plus gRPC health and reflection on one address, runs rules, and
+// shuts down cleanly. Used by the sonde-collector binary, the demo (as an
+// embedded collector) and tests (on port 0 with a temporary directory).
+// Thread-safe.
+#ifndef SONDE_SERVER_COLLECTOR_H_
+#define SONDE_SERVER_COLLECTOR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/rule.pb.h"
+#include "server/ingest_session.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace sonde::storage {
+class Store;
+}  // namespace sonde::storage
+
+namespace sonde::server {
+
+class CollectorService;
+class JobRegistry;
+class QueryService;
+
+struct CollectorOptions {
+  // host:port to listen on. Port 0 picks a free port (see address()).
+  // Default: loopback only.
+  std::string listen = "127.0.0.1:7070";
+  // Directory of the RocksDB database; created if missing. Required.
+  std::string data_dir;
+  // fsync every commit (see storage::Store::Options). Default false.
+  bool sync_writes = false;
+  // Limits on what one stream may send.
+  IngestLimits limits;
+  // Rules run for every job, besides those a client asks for in its hello.
+  std::vector<v1::RuleSpec> default_rules;
+  // Threads committing steps to RocksDB. Default 2.
+  int storage_threads = 2;
+  // Threads evaluating rules. Default 2.
+  int rule_threads = 2;
+  // How long Shutdown waits for in-flight calls before cancelling them.
+  // Default 2 s.
+  absl::Duration shutdown_grace = absl::Seconds(2);
+};
+
+class Collector {
+ public:
+  // Opens the store and starts serving. InvalidArgument for bad options,
+  // Unavailable if the address cannot be bound, store errors as they come.
+  static absl::StatusOr<std::unique_ptr<Collector>> Start(const CollectorOptions& options);
+  ~Collector();
+
+  // The address actually listened on, e.g. "127.0.0.1:40123".
+  const std::string& address() const { return address_; }
+
+  // Stops accepting, ends open streams (acknowledged data stays stored),
+  // waits for rules to finish what they were given, closes the store.
+  // Idempotent.
+  void Shutdown();
+
+ private:
+  Collector() = default;
+
+  std::string address_;
+  std::unique_ptr<storage::Store> store_;
+  std::unique_ptr<ThreadPool> storage_pool_;
+  std::unique_ptr<ThreadPool> rule_pool_;
+  std::unique_ptr<JobRegistry> registry_;
+  std::unique_ptr<CollectorService> collector_service_;
+  std::unique_ptr<QueryService> query_service_;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Duration shutdown_grace_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace sonde::server
+
+#endif  // SONDE_SERVER_COLLECTOR_H_

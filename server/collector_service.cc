@@ -1,0 +1,175 @@
+#include "server/collector_service.h"
+
+#include <deque>
+#include <utility>
+
+#include "common/grpc_status.h"
+#include "glog/logging.h"
+
+namespace sonde::server {
+
+class IngestReactor final
+    : public grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>,
+      public StreamHandle {
+ public:
+  IngestReactor(CollectorService* service)
+      : service_(service), session_(service->registry_, service->limits_) {}
+
+  void Begin() { Read(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client half-closed or the stream broke. An open step is dropped.
+      FinishOnce(grpc::Status::OK);
+      return;
+    }
+    auto next = session_.OnMessage(in_);
+    if (!next.ok()) {
+      LOG(WARNING) << "ending stream: " << next.status();
+      FinishOnce(ToGrpcStatus(next.status()));
+      return;
+    }
+    switch (*next) {
+      case IngestSession::Next::kRead:
+        Read();
+        return;
+      case IngestSession::Next::kHello:
+        service_->storage_pool_->Schedule([this] {
+          auto joined = session_.Join(this);
+          if (!joined.ok()) {
+            FinishOnce(ToGrpcStatus(joined.status()));
+            return;
+          }
+          v1::ServerMessage ack;
+          *ack.mutable_hello_ack() = joined->ack;
+          Send(ack);
+          if (joined->pending_stop.has_value()) {
+            v1::ServerMessage stop;
+            *stop.mutable_action() = *joined->pending_stop;
+            Send(stop);
+          }
+          Read();
+        });
+        return;
+      case IngestSession::Next::kCommit:
+      case IngestSession::Next::kEndJob: {
+        const bool end = *next == IngestSession::Next::kEndJob;
+        service_->storage_pool_->Schedule([this, end] {
+          auto ack = end ? session_.EndJob() : session_.Commit();
+          if (!ack.ok()) {
+            LOG(WARNING) << "ending stream: " << ack.status();
+            FinishOnce(ToGrpcStatus(ack.status()));
+            return;
+          }
+          v1::ServerMessage msg;
+          *msg.mutable_ack() = *ack;
+          Send(msg);
+          Read();
+        });
+        return;
+      }
+    }
+  }
+
+  void Send(const v1::ServerMessage& message) override {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    out_.push_back(message);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    out_.pop_front();
+    if (!ok) out_.clear();  // the stream is broken; the read side will end it
+    if (!out_.empty() && !finished_) {
+      StartWrite(&out_.front());
+      return;
+    }
+    writing_ = false;
+    if (finishing_ && !finished_) {
+      finished_ = true;
+      Finish(final_status_);
+    }
+  }
+
+  void FinishOnce(grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    final_status_ = std::move(status);
+    if (!writing_) {
+      finished_ = true;
+      Finish(final_status_);
+    }
+  }
+
+  void OnDone() override {
+    // Leaving the job may write the job record: do it on the storage pool.
+    service_->storage_pool_->Schedule([this] {
+      session_.Close(this);
+      service_->Remove(this);
+      delete this;
+    });
+  }
+
+ private:
+  void Read() {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    StartRead(&in_);
+  }
+
+  CollectorService* const service_;
+  IngestSession session_;
+  v1::ClientMessage in_;
+  absl::Mutex mu_;
+  std::deque<v1::ServerMessage> out_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* CollectorService::Stream(
+    grpc::CallbackServerContext* context) {
+  auto* reactor = new IngestReactor(this);
+  bool closing;
+  {
+    absl::MutexLock lock(&mu_);
+    closing = closing_;
+    reactors_.insert(reactor);
+  }
+  if (closing) {
+    reactor->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                     "the collector is shutting down"));
+  } else {
+    reactor->Begin();
+  }
+  return reactor;
+}
+
+void CollectorService::FinishAll() {
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  for (IngestReactor* r : reactors_) {
+    r->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "the collector is shutting down"));
+  }
+}
+
+void CollectorService::Remove(IngestReactor* reactor) {
+  absl::MutexLock lock(&mu_);
+  reactors_.erase(reactor);
+}
+
+void CollectorService::WaitForStreams() {
+  absl::MutexLock lock(&mu_);
+  auto empty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reactors_.empty(); };
+  mu_.Await(absl::Condition(&empty));
+}
+
+}  // namespace sonde::server

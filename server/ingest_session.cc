@@ -1,0 +1,281 @@
+#include "server/ingest_session.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/statistics.h"
+#include "common/status_macros.h"
+#include "storage/keys.h"
+
+namespace sonde::server {
+namespace {
+
+absl::Status Prefixed(const absl::Status& s, absl::string_view where) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(where, s.message()));
+}
+
+absl::Status CheckStatisticsFit(const v1::Statistics& stats, v1::DType dtype,
+                                const google::protobuf::RepeatedField<int64_t>& shape,
+                                const std::string& name) {
+  SONDE_RETURN_IF_ERROR(ValidateStatistics(stats));
+  SONDE_ASSIGN_OR_RETURN(uint64_t elements, ElementCount(shape));
+  if (stats.count() != elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "statistics of tensor '", name, "' count ", stats.count(), " values, shape ",
+        ShapeString(shape), " has ", elements, " (dtype ", DTypeName(dtype), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+IngestSession::~IngestSession() = default;
+
+std::string IngestSession::Where() const {
+  if (!hello_seen_) return "";
+  return absl::StrCat("job '", hello_.job(), "' worker ", hello_.worker(), ": ");
+}
+
+absl::StatusOr<IngestSession::Next> IngestSession::OnMessage(const v1::ClientMessage& m) {
+  if (m.seq() != last_seq_ + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), "message seq ", m.seq(),
+                                                   ", expected ", last_seq_ + 1));
+  }
+  last_seq_ = m.seq();
+  if (!hello_seen_) {
+    if (m.kind_case() != v1::ClientMessage::kHello) {
+      return absl::FailedPreconditionError("the first message of a stream must be a hello");
+    }
+    hello_ = m.hello();
+    hello_seen_ = true;
+    return Next::kHello;
+  }
+  if (ended_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(), "message after the job end"));
+  }
+  switch (m.kind_case()) {
+    case v1::ClientMessage::kHello:
+      return absl::FailedPreconditionError(
+          absl::StrCat(Where(), "a second hello on one stream"));
+    case v1::ClientMessage::kChunk:
+      SONDE_RETURN_IF_ERROR(Prefixed(OnChunk(m.chunk()), Where()));
+      return Next::kRead;
+    case v1::ClientMessage::kSummary:
+      SONDE_RETURN_IF_ERROR(Prefixed(OnSummary(m.summary()), Where()));
+      return Next::kRead;
+    case v1::ClientMessage::kStepEnd:
+      SONDE_RETURN_IF_ERROR(Prefixed(OnStepEnd(m.step_end()), Where()));
+      step_end_seq_ = m.seq();
+      return Next::kCommit;
+    case v1::ClientMessage::kJobEnd:
+      if (step_.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(), "job end while step ", step_->step.step(), " is still open"));
+      }
+      ended_ = true;
+      job_end_ = m.job_end();
+      job_end_seq_ = m.seq();
+      return Next::kEndJob;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(Where(), "empty client message"));
+  }
+}
+
+absl::Status IngestSession::OpenStep(int64_t step, v1::Mode mode, int64_t mode_step) {
+  if (mode == v1::MODE_UNSPECIFIED) mode = v1::MODE_GLOBAL;
+  if (!v1::Mode_IsValid(mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown mode ", static_cast<int>(mode)));
+  }
+  if (step_.has_value()) {
+    const v1::StepInfo& open = step_->step;
+    if (open.step() != step || open.mode() != mode || open.mode_step() != mode_step) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data for step ", step, " (", ModeName(mode), " ", mode_step, ") while step ",
+          open.step(), " (", ModeName(open.mode()), " ", open.mode_step(),
+          ") is open; send its step end first"));
+    }
+    return absl::OkStatus();
+  }
+  if (step < 0 || mode_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("negative step ", step, " / mode step ", mode_step));
+  }
+  if (step <= last_step_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", step, " does not follow the stored step ", last_step_,
+                     " (steps must increase)"));
+  }
+  step_.emplace();
+  step_->step.set_step(step);
+  step_->step.set_mode(mode);
+  step_->step.set_mode_step(mode_step);
+  step_names_.clear();
+  step_bytes_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status IngestSession::AddTensor(storage::TensorWrite tensor) {
+  if (step_->tensors.size() >= limits_.max_tensors_per_step) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("step ", step_->step.step(), " has more than ",
+                     limits_.max_tensors_per_step, " tensors"));
+  }
+  step_->tensors.push_back(std::move(tensor));
+  return absl::OkStatus();
+}
+
+absl::Status IngestSession::OnChunk(const v1::TensorChunk& chunk) {
+  if (!chunk.job().empty() && chunk.job() != hello_.job()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk names job '", chunk.job(), "', the stream's hello said '", hello_.job(), "'"));
+  }
+  if (chunk.worker() != 0 && chunk.worker() != hello_.worker()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk names worker ", chunk.worker(), ", the stream's hello said ", hello_.worker()));
+  }
+  SONDE_RETURN_IF_ERROR(OpenStep(chunk.step(), chunk.mode(), chunk.mode_step()));
+  if (!assembler_.has_value()) {
+    if (chunk.chunk_index() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", chunk.chunk_index(), " of tensor '", chunk.tensor_name(),
+                       "' at step ", chunk.step(), " arrived before its chunk 0"));
+    }
+    SONDE_RETURN_IF_ERROR(storage::ValidateKeyName("tensor name", chunk.tensor_name()));
+    if (!step_names_.insert(chunk.tensor_name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", chunk.tensor_name(), "' sent twice in step ", chunk.step()));
+    }
+    assembler_.emplace(
+        TensorAssembler::Limits{limits_.max_chunk_bytes, limits_.max_tensor_bytes});
+  }
+  if (step_bytes_ + chunk.payload().size() > limits_.max_step_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("step ", chunk.step(), " exceeds ", limits_.max_step_bytes,
+                     " bytes of tensor values"));
+  }
+  SONDE_RETURN_IF_ERROR(assembler_->Add(chunk));
+  step_bytes_ += chunk.payload().size();
+  if (!assembler_->complete()) return absl::OkStatus();
+
+  const v1::TensorChunk& h = assembler_->header();
+  storage::TensorWrite t;
+  t.record.set_tensor_name(h.tensor_name());
+  t.record.set_step(step_->step.step());
+  t.record.set_mode(step_->step.mode());
+  t.record.set_mode_step(step_->step.mode_step());
+  *t.record.mutable_collections() = h.collections();
+  t.record.set_dtype(h.dtype());
+  *t.record.mutable_shape() = h.shape();
+  t.record.set_has_values(true);
+  if (h.has_statistics()) {
+    SONDE_RETURN_IF_ERROR(
+        CheckStatisticsFit(h.statistics(), h.dtype(), h.shape(), h.tensor_name()));
+    *t.record.mutable_statistics() = h.statistics();
+  }
+  t.bytes = assembler_->TakeBytes();
+  assembler_.reset();
+  return AddTensor(std::move(t));
+}
+
+absl::Status IngestSession::OnSummary(const v1::TensorSummary& s) {
+  SONDE_RETURN_IF_ERROR(OpenStep(s.step(), s.mode(), s.mode_step()));
+  if (assembler_.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "summary of '", s.tensor_name(), "' while tensor '",
+        assembler_->header().tensor_name(), "' is incomplete"));
+  }
+  SONDE_RETURN_IF_ERROR(storage::ValidateKeyName("tensor name", s.tensor_name()));
+  if (DTypeSize(s.dtype()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("summary of '", s.tensor_name(),
+                                                   "' has unsupported dtype ",
+                                                   static_cast<int>(s.dtype())));
+  }
+  SONDE_RETURN_IF_ERROR(CheckStatisticsFit(s.statistics(), s.dtype(), s.shape(), s.tensor_name()));
+  if (!step_names_.insert(s.tensor_name()).second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", s.tensor_name(), "' sent twice in step ", s.step()));
+  }
+  storage::TensorWrite t;
+  t.record.set_tensor_name(s.tensor_name());
+  t.record.set_step(step_->step.step());
+  t.record.set_mode(step_->step.mode());
+  t.record.set_mode_step(step_->step.mode_step());
+  *t.record.mutable_collections() = s.collections();
+  t.record.set_dtype(s.dtype());
+  *t.record.mutable_shape() = s.shape();
+  *t.record.mutable_statistics() = s.statistics();
+  t.record.set_has_values(false);
+  return AddTensor(std::move(t));
+}
+
+absl::Status IngestSession::OnStepEnd(const v1::StepEnd& end) {
+  if (assembler_.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step end of step ", end.step(), " while tensor '",
+        assembler_->header().tensor_name(), "' is incomplete"));
+  }
+  SONDE_RETURN_IF_ERROR(OpenStep(end.step(), end.mode(), end.mode_step()));
+  if (end.tensor_count() != step_->tensors.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step end of step ", end.step(), " says ", end.tensor_count(),
+                     " tensors, the collector received ", step_->tensors.size()));
+  }
+  if (!(end.duration_seconds() >= 0) || !std::isfinite(end.duration_seconds())) {
+    return absl::InvalidArgumentError(absl::StrCat("step end of step ", end.step(),
+                                                   " has duration ", end.duration_seconds()));
+  }
+  step_end_ = end;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JoinResult> IngestSession::Join(StreamHandle* stream) {
+  SONDE_ASSIGN_OR_RETURN(JoinResult result, registry_->Join(hello_, stream));
+  joined_ = true;
+  last_step_ = result.ack.resume_step();
+  result.ack.set_max_chunk_bytes(limits_.max_chunk_bytes);
+  return result;
+}
+
+absl::StatusOr<v1::Ack> IngestSession::Commit() {
+  storage::StepWrite write = std::move(*step_);
+  step_.reset();
+  write.step.set_duration_seconds(step_end_.duration_seconds());
+  write.step.set_tensor_count(static_cast<uint32_t>(write.tensors.size()));
+  uint64_t bytes = 0;
+  for (storage::TensorWrite& t : write.tensors) {
+    bytes += t.bytes.size();
+    if (t.record.has_values() && !t.record.has_statistics()) {
+      SONDE_ASSIGN_OR_RETURN(*t.record.mutable_statistics(),
+                             ComputeStatistics(t.bytes, t.record.dtype()));
+    }
+  }
+  v1::Ack ack;
+  ack.set_acked_seq(step_end_seq_);
+  ack.set_step(write.step.step());
+  ack.set_mode(write.step.mode());
+  ack.set_tensors(static_cast<uint32_t>(write.tensors.size()));
+  ack.set_bytes(bytes);
+  const int64_t step = write.step.step();
+  SONDE_RETURN_IF_ERROR(registry_->CommitStep(hello_.job(), hello_.worker(), std::move(write)));
+  last_step_ = step;
+  return ack;
+}
+
+absl::StatusOr<v1::Ack> IngestSession::EndJob() {
+  SONDE_RETURN_IF_ERROR(registry_->EndJob(hello_.job(), hello_.worker(), job_end_.reason()));
+  v1::Ack ack;
+  ack.set_acked_seq(job_end_seq_);
+  ack.set_step(last_step_);
+  return ack;
+}
+
+void IngestSession::Close(StreamHandle* stream) {
+  if (joined_) registry_->Leave(hello_.job(), hello_.worker(), stream);
+  joined_ = false;
+}
+
+}  // namespace sonde::server

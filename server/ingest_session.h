@@ -1,0 +1,96 @@
+// The protocol logic of one Collector stream, free of gRPC: it checks every
+// client message against the stream's state and the limits, reassembles
+// chunks, and turns a step end into one StepWrite for the registry. The
+// reactor in collector_service.cc only moves messages and threads.
+//
+// Not thread-safe: the reactor calls it from one thread at a time.
+#ifndef SONDE_SERVER_INGEST_SESSION_H_
+#define SONDE_SERVER_INGEST_SESSION_H_
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/tensor_chunks.h"
+#include "proto/collector.pb.h"
+#include "server/job_registry.h"
+#include "storage/store.h"
+
+namespace sonde::server {
+
+struct IngestLimits {
+  // Largest payload of one chunk. Default 4 MiB.
+  uint64_t max_chunk_bytes = 4 << 20;
+  // Largest single tensor. Default 1 GiB.
+  uint64_t max_tensor_bytes = uint64_t{1} << 30;
+  // Bytes of raw values one worker may send for one step (held in memory
+  // until the step end commits them). Default 2 GiB.
+  uint64_t max_step_bytes = uint64_t{2} << 30;
+  // Tensors one worker may send for one step. Default 100000.
+  uint32_t max_tensors_per_step = 100000;
+};
+
+class IngestSession {
+ public:
+  IngestSession(JobRegistry* registry, IngestLimits limits)
+      : registry_(registry), limits_(limits) {}
+  ~IngestSession();
+
+  // What the reactor should do after a message.
+  enum class Next {
+    kRead,        // keep reading
+    kCommit,      // run Commit() off the gRPC thread, then keep reading
+    kHello,       // run Join() off the gRPC thread, then keep reading
+    kEndJob,      // run EndJob() off the gRPC thread, then keep reading
+  };
+
+  // Checks and absorbs one message. An error ends the stream with that
+  // status; nothing of the open step is stored.
+  absl::StatusOr<Next> OnMessage(const v1::ClientMessage& message);
+
+  // The blocking halves (storage I/O), run on the storage pool.
+  absl::StatusOr<JoinResult> Join(StreamHandle* stream);
+  absl::StatusOr<v1::Ack> Commit();
+  absl::StatusOr<v1::Ack> EndJob();
+
+  // The stream is over; leaves the job if it had joined.
+  void Close(StreamHandle* stream);
+
+  bool joined() const { return joined_; }
+  const std::string& job() const { return hello_.job(); }
+  int32_t worker() const { return hello_.worker(); }
+
+ private:
+  absl::Status OnChunk(const v1::TensorChunk& chunk);
+  absl::Status OnSummary(const v1::TensorSummary& summary);
+  absl::Status OpenStep(int64_t step, v1::Mode mode, int64_t mode_step);
+  absl::Status AddTensor(storage::TensorWrite tensor);
+  absl::Status OnStepEnd(const v1::StepEnd& end);
+  std::string Where() const;
+
+  JobRegistry* const registry_;
+  const IngestLimits limits_;
+
+  bool hello_seen_ = false;
+  bool joined_ = false;
+  bool ended_ = false;
+  v1::Hello hello_;
+  uint64_t last_seq_ = 0;
+  int64_t last_step_ = -1;  // last committed global step
+
+  // The open step.
+  std::optional<storage::StepWrite> step_;
+  std::set<std::string> step_names_;
+  uint64_t step_bytes_ = 0;
+  std::optional<TensorAssembler> assembler_;
+  v1::StepEnd step_end_;
+  uint64_t step_end_seq_ = 0;
+  v1::JobEnd job_end_;
+  uint64_t job_end_seq_ = 0;
+};
+
+}  // namespace sonde::server
+
+#endif  // SONDE_SERVER_INGEST_SESSION_H_

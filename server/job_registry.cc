@@ -1,0 +1,370 @@
+#include "server/job_registry.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "rules/builtin_rules.h"
+#include "storage/keys.h"
+
+namespace sonde::server {
+
+// Reports one job's rule results and actions back into the registry.
+class JobRegistry::Sink : public rules::RuleSink {
+ public:
+  Sink(JobRegistry* registry, std::string job, uint64_t job_id)
+      : registry_(registry), job_(std::move(job)), job_id_(job_id) {}
+
+  void OnResult(const v1::RuleResult& result) override {
+    absl::Status s = registry_->store_->PutRuleResult(job_id_, result);
+    if (!s.ok()) LOG(ERROR) << "job '" << job_ << "': storing rule result: " << s;
+    registry_->Notify(job_, result);
+  }
+
+  void OnAction(const v1::Action& action) override {
+    LOG(INFO) << "job '" << job_ << "': rule " << action.rule()
+              << " asks to stop training: " << action.reason();
+    registry_->Broadcast(job_, action);
+  }
+
+ private:
+  JobRegistry* const registry_;
+  const std::string job_;
+  const uint64_t job_id_;
+};
+
+struct JobRegistry::LiveJob {
+  v1::JobInfo info;
+  std::map<int32_t, StreamHandle*> streams;  // connected workers
+  std::map<int32_t, int64_t> last_step;      // last committed global step per connected worker
+  std::set<int32_t> joined;
+  std::set<int32_t> ended;
+  std::map<int64_t, rules::StepData> pending;  // committed, not yet complete
+  std::unique_ptr<Sink> sink;
+  std::unique_ptr<rules::RuleRunner> runner;
+  std::optional<v1::Action> stop;
+  // Serialises everything that writes this job's record or delivers steps,
+  // so records are written in order and steps reach the rules in order.
+  absl::Mutex commit_mu;
+};
+
+namespace {
+
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+bool IsFinished(v1::JobStatus s) {
+  return s == v1::JOB_STATUS_FINISHED || s == v1::JOB_STATUS_STOPPED;
+}
+
+absl::Status ValidateJobName(const std::string& job) {
+  if (job.empty() || job.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job name must be 1 to 128 characters, got ", job.size()));
+  }
+  for (char c : job) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job name '", job, "' may only contain letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+JobRegistry::JobRegistry(storage::Store* store, ThreadPool* rule_pool,
+                         std::vector<v1::RuleSpec> default_rules)
+    : store_(store), rule_pool_(rule_pool), default_rules_(std::move(default_rules)) {}
+
+JobRegistry::~JobRegistry() { DrainRules(); }
+
+JobRegistry::LiveJob* JobRegistry::FindLocked(const std::string& job) {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandle* stream) {
+  SONDE_RETURN_IF_ERROR(ValidateJobName(hello.job()));
+  if (hello.world_size() < 1 || hello.world_size() > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be 1 to 65536, got ", hello.world_size()));
+  }
+  if (hello.worker() < 0 || hello.worker() >= hello.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", hello.worker(),
+                                                   " is outside world_size ",
+                                                   hello.world_size()));
+  }
+  LiveJob* job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = FindLocked(hello.job());
+    if (job == nullptr) {
+      auto fresh = std::make_unique<LiveJob>();
+      job = fresh.get();
+      jobs_[hello.job()] = std::move(fresh);
+      job->info.set_job(hello.job());
+    }
+  }
+  absl::MutexLock commit(&job->commit_mu);
+  if (job->runner == nullptr) {
+    // First hello of this job since the collector started: load or create it.
+    std::vector<v1::RuleSpec> specs = default_rules_;
+    for (const v1::RuleSpec& r : hello.rules()) specs.push_back(r);
+    v1::JobInfo fresh;
+    fresh.set_job(hello.job());
+    fresh.set_world_size(hello.world_size());
+    fresh.set_status(v1::JOB_STATUS_RUNNING);
+    fresh.set_start_unix_micros(NowMicros());
+    fresh.set_last_step(-1);
+    *fresh.mutable_metadata() = hello.metadata();
+    for (const v1::RuleSpec& s : specs) {
+      SONDE_ASSIGN_OR_RETURN(*fresh.add_rules(), rules::NormalizeRuleSpec(s));
+    }
+    SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(fresh));
+    if (IsFinished(info.status())) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "job '", hello.job(), "' has already finished; use a new job name"));
+    }
+    if (info.world_size() != hello.world_size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", hello.job(), "' has world_size ", info.world_size(),
+                       ", hello says ", hello.world_size()));
+    }
+    SONDE_ASSIGN_OR_RETURN(auto previous, store_->RuleResults(info.job_id()));
+    auto sink = std::make_unique<Sink>(this, hello.job(), info.job_id());
+    SONDE_ASSIGN_OR_RETURN(
+        auto runner,
+        rules::RuleRunner::Create(hello.job(),
+                                  std::vector<v1::RuleSpec>(info.rules().begin(),
+                                                            info.rules().end()),
+                                  previous, rule_pool_, sink.get()));
+    for (const v1::RuleResult& r : runner->Results()) {
+      SONDE_RETURN_IF_ERROR(store_->PutRuleResult(info.job_id(), r));
+    }
+    absl::MutexLock lock(&mu_);
+    job->info = info;
+    job->sink = std::move(sink);
+    job->runner = std::move(runner);
+  }
+  JoinResult result;
+  absl::MutexLock lock(&mu_);
+  if (IsFinished(job->info.status())) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "job '", hello.job(), "' has already finished; use a new job name"));
+  }
+  if (job->info.world_size() != hello.world_size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", hello.job(), "' has world_size ", job->info.world_size(),
+                     ", hello says ", hello.world_size()));
+  }
+  if (job->streams.count(hello.worker()) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "worker ", hello.worker(), " of job '", hello.job(), "' is already streaming"));
+  }
+  job->streams[hello.worker()] = stream;
+  job->last_step[hello.worker()] = -1;
+  job->joined.insert(hello.worker());
+  job->ended.erase(hello.worker());
+  auto& workers = *job->info.mutable_workers();
+  if (std::find(workers.begin(), workers.end(), hello.worker()) == workers.end()) {
+    job->info.add_workers(hello.worker());
+    std::sort(workers.begin(), workers.end());
+  }
+  job->info.set_status(v1::JOB_STATUS_RUNNING);
+  job->info.set_end_unix_micros(0);
+  SONDE_RETURN_IF_ERROR(store_->PutJob(job->info));
+  result.ack.set_job_id(job->info.job_id());
+  *result.ack.mutable_rules() = job->info.rules();
+  result.ack.set_resume_step(-1);
+  result.pending_stop = job->stop;
+  return result;
+}
+
+void JobRegistry::Leave(const std::string& job_name, int32_t worker, StreamHandle* stream) {
+  LiveJob* job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = FindLocked(job_name);
+  }
+  if (job == nullptr) return;
+  absl::MutexLock commit(&job->commit_mu);
+  absl::MutexLock lock(&mu_);
+  auto it = job->streams.find(worker);
+  if (it == job->streams.end() || it->second != stream) return;
+  job->streams.erase(it);
+  job->last_step.erase(worker);
+  DeliverCompleteSteps(*job);
+  if (job->streams.empty() && job->info.status() == v1::JOB_STATUS_RUNNING) {
+    if (job->ended.size() == job->joined.size()) {
+      MaybeEndJobLocked(*job);
+    } else {
+      job->info.set_status(v1::JOB_STATUS_DISCONNECTED);
+      absl::Status s = store_->PutJob(job->info);
+      if (!s.ok()) LOG(ERROR) << "job '" << job_name << "': " << s;
+    }
+  }
+}
+
+void JobRegistry::DeliverCompleteSteps(LiveJob& job) {
+  int64_t complete_through = std::numeric_limits<int64_t>::max();
+  for (const auto& [worker, step] : job.last_step) {
+    complete_through = std::min(complete_through, step);
+  }
+  while (!job.pending.empty() && job.pending.begin()->first <= complete_through) {
+    job.runner->SubmitStep(std::move(job.pending.begin()->second));
+    job.pending.erase(job.pending.begin());
+  }
+}
+
+absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker,
+                                     storage::StepWrite write) {
+  LiveJob* job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = FindLocked(job_name);
+  }
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  absl::MutexLock commit(&job->commit_mu);
+  v1::JobInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    info = job->info;
+  }
+  const v1::StepInfo& step = write.step;
+  v1::ModeSteps* mode_steps = nullptr;
+  for (auto& m : *info.mutable_modes()) {
+    if (m.mode() == step.mode()) mode_steps = &m;
+  }
+  if (mode_steps == nullptr) {
+    mode_steps = info.add_modes();
+    mode_steps->set_mode(step.mode());
+    mode_steps->set_first_step(step.mode_step());
+    mode_steps->set_last_step(step.mode_step() - 1);
+  }
+  if (step.mode_step() > mode_steps->last_step()) {
+    mode_steps->set_last_step(step.mode_step());
+    mode_steps->set_step_count(mode_steps->step_count() + 1);
+  }
+  mode_steps->set_first_step(std::min(mode_steps->first_step(), step.mode_step()));
+  info.set_last_step(std::max(info.last_step(), step.step()));
+  write.job_id = info.job_id();
+  write.worker = worker;
+  write.job = info;
+  SONDE_RETURN_IF_ERROR(store_->CommitStep(write));
+
+  absl::MutexLock lock(&mu_);
+  // Keep what the collector changed concurrently (workers, status), take the steps.
+  *job->info.mutable_modes() = info.modes();
+  job->info.set_last_step(info.last_step());
+  rules::StepData& data = job->pending[step.step()];
+  if (data.tensors.empty()) {
+    data.step = step.step();
+    data.mode = step.mode();
+    data.mode_step = step.mode_step();
+  }
+  for (storage::TensorWrite& t : write.tensors) data.tensors.push_back(std::move(t.record));
+  auto ls = job->last_step.find(worker);
+  if (ls != job->last_step.end()) ls->second = std::max(ls->second, step.step());
+  DeliverCompleteSteps(*job);
+  return absl::OkStatus();
+}
+
+absl::Status JobRegistry::EndJob(const std::string& job_name, int32_t worker,
+                                 const std::string& reason) {
+  LiveJob* job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = FindLocked(job_name);
+  }
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  absl::MutexLock commit(&job->commit_mu);
+  absl::MutexLock lock(&mu_);
+  job->ended.insert(worker);
+  if (!reason.empty()) job->info.set_end_reason(reason);
+  if (job->ended.size() == job->joined.size()) MaybeEndJobLocked(*job);
+  return absl::OkStatus();
+}
+
+void JobRegistry::MaybeEndJobLocked(LiveJob& job) {
+  if (IsFinished(job.info.status())) return;
+  // Every worker has ended: whatever is pending is all there will be.
+  job.last_step.clear();
+  DeliverCompleteSteps(job);
+  job.info.set_status(job.stop.has_value() ? v1::JOB_STATUS_STOPPED
+                                           : v1::JOB_STATUS_FINISHED);
+  job.info.set_end_unix_micros(NowMicros());
+  absl::Status s = store_->PutJob(job.info);
+  if (!s.ok()) LOG(ERROR) << "job '" << job.info.job() << "': " << s;
+  job.runner->SubmitJobEnd();
+}
+
+absl::StatusOr<std::vector<v1::RuleResult>> JobRegistry::RuleResults(const std::string& job_name) {
+  {
+    absl::MutexLock lock(&mu_);
+    LiveJob* job = FindLocked(job_name);
+    if (job != nullptr && job->runner != nullptr) return job->runner->Results();
+  }
+  SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->GetJob(job_name));
+  return store_->RuleResults(info.job_id());
+}
+
+uint64_t JobRegistry::Subscribe(const std::string& job,
+                                std::function<void(const v1::RuleResult&)> fn) {
+  absl::MutexLock lock(&subscribers_mu_);
+  const uint64_t id = next_subscriber_++;
+  subscribers_[id] = {job, std::move(fn)};
+  return id;
+}
+
+void JobRegistry::Unsubscribe(uint64_t id) {
+  absl::MutexLock lock(&subscribers_mu_);
+  subscribers_.erase(id);
+}
+
+void JobRegistry::Notify(const std::string& job, const v1::RuleResult& result) {
+  absl::MutexLock lock(&subscribers_mu_);
+  for (auto& [id, sub] : subscribers_) {
+    if (sub.first == job) sub.second(result);
+  }
+}
+
+void JobRegistry::Broadcast(const std::string& job_name, const v1::Action& action) {
+  absl::MutexLock lock(&mu_);
+  LiveJob* job = FindLocked(job_name);
+  if (job == nullptr) return;
+  if (!job->stop.has_value()) job->stop = action;
+  v1::ServerMessage msg;
+  *msg.mutable_action() = action;
+  for (auto& [worker, stream] : job->streams) stream->Send(msg);
+}
+
+bool JobRegistry::IsActive(const std::string& job_name) {
+  absl::MutexLock lock(&mu_);
+  LiveJob* job = FindLocked(job_name);
+  if (job == nullptr || job->runner == nullptr) return false;
+  if (!job->streams.empty() || job->info.status() == v1::JOB_STATUS_RUNNING) return true;
+  for (const v1::RuleResult& r : job->runner->Results()) {
+    if (!rules::IsFinal(r.status())) return job->info.status() != v1::JOB_STATUS_DISCONNECTED;
+  }
+  return false;
+}
+
+void JobRegistry::DrainRules() {
+  std::vector<rules::RuleRunner*> runners;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, job] : jobs_) {
+      if (job->runner != nullptr) runners.push_back(job->runner.get());
+    }
+  }
+  for (auto* r : runners) r->Drain();
+}
+
+}  // namespace sonde::server

@@ -1,0 +1,106 @@
+// The collector's live view of jobs: which workers are streaming, which
+// steps are complete (every connected worker has committed them), each
+// job's RuleRunner, and who gets told about actions and rule results.
+// Durable state lives in the Store; this is the in-memory coordination
+// around it. Thread-safe.
+#ifndef SONDE_SERVER_JOB_REGISTRY_H_
+#define SONDE_SERVER_JOB_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/thread_pool.h"
+#include "proto/collector.pb.h"
+#include "proto/query.pb.h"
+#include "rules/rule.h"
+#include "rules/rule_runner.h"
+#include "storage/store.h"
+
+namespace sonde::server {
+
+// A training process's stream, as the registry sees it.
+class StreamHandle {
+ public:
+  virtual ~StreamHandle() = default;
+  // Queues a message to the client; never blocks.
+  virtual void Send(const v1::ServerMessage& message) = 0;
+};
+
+struct JoinResult {
+  v1::HelloAck ack;
+  std::optional<v1::Action> pending_stop;  // a stop already decided for the job
+};
+
+class JobRegistry {
+ public:
+  // `default_rules` run for every job. `store` and `rule_pool` must outlive
+  // the registry.
+  JobRegistry(storage::Store* store, ThreadPool* rule_pool,
+              std::vector<v1::RuleSpec> default_rules);
+  ~JobRegistry();
+
+  // A worker says hello. Errors: InvalidArgument (bad names, rank out of
+  // range, bad rule spec), AlreadyExists (the worker is already streaming,
+  // or the job has finished), FailedPrecondition (world size differs).
+  absl::StatusOr<JoinResult> Join(const v1::Hello& hello, StreamHandle* stream);
+  // The worker's stream ended (cleanly or not).
+  void Leave(const std::string& job, int32_t worker, StreamHandle* stream);
+
+  // Stores one worker's step (one WriteBatch, with the job record updated)
+  // and, once every connected worker has committed it, hands the step to
+  // the rules. Called from the storage pool.
+  absl::Status CommitStep(const std::string& job, int32_t worker,
+                          storage::StepWrite write);
+  // The worker finished the job. When every worker that joined has ended,
+  // the job ends and rules run their end-of-training evaluation.
+  absl::Status EndJob(const std::string& job, int32_t worker, const std::string& reason);
+
+  // Rule results of a job: the live ones for a job this collector runs,
+  // else what the store has.
+  absl::StatusOr<std::vector<v1::RuleResult>> RuleResults(const std::string& job);
+
+  // Calls `fn` with every changed result of `job` until the returned id is
+  // passed to Unsubscribe. `fn` runs on a rule thread and must not block.
+  uint64_t Subscribe(const std::string& job, std::function<void(const v1::RuleResult&)> fn);
+  void Unsubscribe(uint64_t id);
+
+  // True while the job has streams or rules still evaluating.
+  bool IsActive(const std::string& job);
+
+  // Waits until every rule of every job has evaluated what it was given.
+  void DrainRules();
+
+ private:
+  struct LiveJob;
+  class Sink;
+
+  LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeliverCompleteSteps(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeEndJobLocked(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Notify(const std::string& job, const v1::RuleResult& result);
+  void Broadcast(const std::string& job, const v1::Action& action);
+
+  storage::Store* const store_;
+  ThreadPool* const rule_pool_;
+  const std::vector<v1::RuleSpec> default_rules_;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex subscribers_mu_;
+  uint64_t next_subscriber_ ABSL_GUARDED_BY(subscribers_mu_) = 1;
+  std::map<uint64_t, std::pair<std::string, std::function<void(const v1::RuleResult&)>>>
+      subscribers_ ABSL_GUARDED_BY(subscribers_mu_);
+};
+
+}  // namespace sonde::server
+
+#endif  // SONDE_SERVER_JOB_REGISTRY_H_

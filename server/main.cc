@@ -1,0 +1,91 @@
+// sonde-collector: receives tensors from training clients, stores them in
+// RocksDB, runs rules, and answers queries. Prints the address it listens
+// on as the first line of stdout.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "glog/logging.h"
+#include "rules/rule_config.h"
+#include "server/collector.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "host:port to listen on; port 0 picks a free port. Use 0.0.0.0:PORT to accept "
+          "clients from other hosts.");
+ABSL_FLAG(std::string, data_dir, "sonde-data", "directory of the RocksDB database");
+ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecreasing",
+          "rules run for every job: 'Type(key=value,...);...'; keys 'name' and 'actions' "
+          "(e.g. actions=StopTraining) are special. Empty: none");
+ABSL_FLAG(std::string, rules_config, "",
+          "JSON file of rules run for every job (replaces --rules when given)");
+ABSL_FLAG(bool, sync_writes, false,
+          "fsync the write-ahead log on every commit (survives power loss, slower)");
+ABSL_FLAG(uint64_t, max_chunk_bytes, 4 << 20, "largest chunk payload a client may send");
+ABSL_FLAG(uint64_t, max_tensor_bytes, uint64_t{1} << 30, "largest tensor a client may send");
+ABSL_FLAG(uint64_t, max_step_bytes, uint64_t{2} << 30,
+          "largest total of tensor values one worker may send for one step");
+ABSL_FLAG(int, storage_threads, 2, "threads committing to RocksDB");
+ABSL_FLAG(int, rule_threads, 2, "threads evaluating rules");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Sonde's collector. Example: sonde-collector --listen=127.0.0.1:0 --data_dir=/tmp/sonde");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  sonde::server::CollectorOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
+  options.limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  options.limits.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
+  options.limits.max_step_bytes = absl::GetFlag(FLAGS_max_step_bytes);
+  options.storage_threads = absl::GetFlag(FLAGS_storage_threads);
+  options.rule_threads = absl::GetFlag(FLAGS_rule_threads);
+
+  const std::string rules_file = absl::GetFlag(FLAGS_rules_config);
+  absl::StatusOr<std::vector<sonde::v1::RuleSpec>> rules;
+  if (!rules_file.empty()) {
+    std::ifstream in(rules_file);
+    if (!in) {
+      std::cerr << "sonde-collector: cannot read --rules_config '" << rules_file << "'\n";
+      return 2;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    rules = sonde::rules::ParseRulesJson(text.str());
+  } else {
+    rules = sonde::rules::ParseRuleFlag(absl::GetFlag(FLAGS_rules));
+  }
+  if (!rules.ok()) {
+    std::cerr << "sonde-collector: bad rules: " << rules.status() << "\n";
+    return 2;
+  }
+  options.default_rules = *rules;
+
+  auto collector = sonde::server::Collector::Start(options);
+  if (!collector.ok()) {
+    std::cerr << "sonde-collector: " << collector.status() << "\n";
+    return 1;
+  }
+  std::cout << (*collector)->address() << std::endl;
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  (*collector)->Shutdown();
+  return 0;
+}

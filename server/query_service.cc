@@ -1,0 +1,213 @@
+#include "server/query_service.h"
+
+#include <deque>
+#include <regex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/crc32c.h"
+#include "common/dtype.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace sonde::server {
+namespace {
+
+absl::StatusOr<v1::JobInfo> FindJob(storage::Store* store, const std::string& job) {
+  if (job.empty()) return absl::InvalidArgumentError("no job given");
+  return store->GetJob(job);
+}
+
+// Resolves (step, mode) as smdebug's value(step, mode) does: a mode step for
+// TRAIN/EVAL/PREDICT, a global step otherwise.
+absl::StatusOr<std::pair<v1::Mode, int64_t>> ResolveStep(storage::Store* store,
+                                                         uint64_t job_id, int64_t step,
+                                                         v1::Mode mode) {
+  if (mode == v1::MODE_TRAIN || mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT) {
+    return std::make_pair(mode, step);
+  }
+  SONDE_ASSIGN_OR_RETURN(v1::StepInfo info, store->FindGlobalStep(job_id, step));
+  return std::make_pair(info.mode(), info.mode_step());
+}
+
+absl::Status ReadTensorImpl(storage::Store* store, const v1::ReadTensorRequest& req,
+                            grpc::ServerWriter<v1::TensorChunk>* writer) {
+  SONDE_ASSIGN_OR_RETURN(v1::JobInfo job, FindJob(store, req.job()));
+  SONDE_ASSIGN_OR_RETURN(auto where, ResolveStep(store, job.job_id(), req.step(), req.mode()));
+  uint32_t index = 0;
+  uint64_t offset = 0;
+  SONDE_ASSIGN_OR_RETURN(
+      v1::TensorRecord record,
+      store->ReadTensor(
+          job.job_id(), where.first, where.second, req.tensor(), req.worker(),
+          [&](const v1::TensorRecord& r, absl::string_view piece) -> absl::Status {
+            v1::TensorChunk c;
+            c.set_job(req.job());
+            c.set_worker(r.worker());
+            c.set_step(r.step());
+            c.set_mode(r.mode());
+            c.set_mode_step(r.mode_step());
+            c.set_tensor_name(r.tensor_name());
+            *c.mutable_collections() = r.collections();
+            c.set_dtype(r.dtype());
+            *c.mutable_shape() = r.shape();
+            c.set_chunk_count(r.chunk_count());
+            c.set_total_bytes(r.total_bytes());
+            if (index == 0) *c.mutable_statistics() = r.statistics();
+            c.set_chunk_index(index++);
+            c.set_byte_offset(offset);
+            c.set_payload(piece.data(), piece.size());
+            c.set_crc32c(Crc32c(piece));
+            offset += piece.size();
+            if (!writer->Write(c)) return absl::CancelledError("the reader went away");
+            return absl::OkStatus();
+          }));
+  if (!record.has_values()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor '", req.tensor(), "' at ", ModeName(where.first), " step ", where.second,
+        " was saved as statistics only (reductions); read it with ReadSeries"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status QueryService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                                    v1::ListJobsResponse* response) {
+  auto jobs = store_->ListJobs();
+  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+  for (auto& j : *jobs) *response->add_jobs() = std::move(j);
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                                  v1::JobInfo* response) {
+  auto job = FindJob(store_, request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::ListTensors(grpc::ServerContext*,
+                                       const v1::ListTensorsRequest* request,
+                                       v1::ListTensorsResponse* response) {
+  auto job = FindJob(store_, request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  std::optional<std::regex> regex;
+  if (!request->regex().empty()) {
+    try {
+      regex.emplace(request->regex(), std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("regex '", request->regex(), "': ", e.what()));
+    }
+  }
+  auto tensors = store_->ListTensors(job->job_id());
+  if (!tensors.ok()) return ToGrpcStatus(tensors.status());
+  for (auto& t : *tensors) {
+    if (!request->collection().empty() &&
+        std::find(t.collections().begin(), t.collections().end(), request->collection()) ==
+            t.collections().end()) {
+      continue;
+    }
+    if (regex.has_value() && !std::regex_search(t.name(), *regex)) continue;
+    *response->add_tensors() = std::move(t);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::ListSteps(grpc::ServerContext*, const v1::ListStepsRequest* request,
+                                     v1::ListStepsResponse* response) {
+  auto job = FindJob(store_, request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  auto steps = store_->ListSteps(job->job_id(), request->mode());
+  if (!steps.ok()) return ToGrpcStatus(steps.status());
+  for (auto& s : *steps) *response->add_steps() = std::move(s);
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::ReadTensor(grpc::ServerContext*, const v1::ReadTensorRequest* request,
+                                      grpc::ServerWriter<v1::TensorChunk>* writer) {
+  return ToGrpcStatus(ReadTensorImpl(store_, *request, writer));
+}
+
+grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeriesRequest* request,
+                                      v1::ReadSeriesResponse* response) {
+  auto job = FindJob(store_, request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  if (request->tensor().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no tensor given");
+  }
+  const bool by_mode_step = request->mode() == v1::MODE_TRAIN ||
+                            request->mode() == v1::MODE_EVAL ||
+                            request->mode() == v1::MODE_PREDICT;
+  const int64_t end = request->end_step() > 0 ? request->end_step() : -1;
+  auto points = store_->ReadSeries(job->job_id(), request->tensor(), request->mode(),
+                                   by_mode_step ? request->start_step() : 0,
+                                   by_mode_step ? end : -1, request->worker());
+  if (!points.ok()) return ToGrpcStatus(points.status());
+  for (auto& p : *points) {
+    if (!by_mode_step &&
+        (p.step() < request->start_step() || (end >= 0 && p.step() >= end))) {
+      continue;
+    }
+    *response->add_points() = std::move(p);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::GetRuleResults(grpc::ServerContext*,
+                                          const v1::GetRuleResultsRequest* request,
+                                          v1::GetRuleResultsResponse* response) {
+  if (request->job().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no job given");
+  }
+  auto results = registry_->RuleResults(request->job());
+  if (!results.ok()) return ToGrpcStatus(results.status());
+  for (auto& r : *results) *response->add_results() = std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::WatchRuleResults(grpc::ServerContext* context,
+                                            const v1::GetRuleResultsRequest* request,
+                                            grpc::ServerWriter<v1::RuleResult>* writer) {
+  if (request->job().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no job given");
+  }
+  absl::Mutex mu;
+  std::deque<v1::RuleResult> queue;
+  // Subscribe before reading the current state so no change falls between.
+  const uint64_t id = registry_->Subscribe(request->job(), [&](const v1::RuleResult& r) {
+    absl::MutexLock lock(&mu);
+    queue.push_back(r);
+  });
+  struct Unsubscribe {
+    JobRegistry* registry;
+    uint64_t id;
+    ~Unsubscribe() { registry->Unsubscribe(id); }
+  } unsubscribe{registry_, id};
+
+  auto current = registry_->RuleResults(request->job());
+  if (!current.ok()) return ToGrpcStatus(current.status());
+  for (const auto& r : *current) {
+    if (!writer->Write(r)) return grpc::Status::OK;
+  }
+  while (!context->IsCancelled() && !closing_) {
+    std::deque<v1::RuleResult> batch;
+    {
+      absl::MutexLock lock(&mu);
+      auto ready = [&queue]() { return !queue.empty(); };
+      mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200));
+      batch.swap(queue);
+    }
+    for (const auto& r : batch) {
+      if (!writer->Write(r)) return grpc::Status::OK;
+    }
+    if (batch.empty() && !registry_->IsActive(request->job())) break;
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace sonde::server

@@ -1,0 +1,47 @@
+// The gRPC edge of queries: validates each request, calls the Store or the
+// JobRegistry, converts the status once. Runs on the synchronous server's
+// threads (a bounded pool separate from ingest). Thread-safe.
+#ifndef SONDE_SERVER_QUERY_SERVICE_H_
+#define SONDE_SERVER_QUERY_SERVICE_H_
+
+#include <atomic>
+
+#include "proto/query.grpc.pb.h"
+#include "server/job_registry.h"
+#include "storage/store.h"
+
+namespace sonde::server {
+
+class QueryService final : public v1::Query::Service {
+ public:
+  QueryService(storage::Store* store, JobRegistry* registry)
+      : store_(store), registry_(registry) {}
+
+  // Makes open WatchRuleResults calls return (collector shutting down).
+  void Close() { closing_ = true; }
+
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                        v1::ListJobsResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo*) override;
+  grpc::Status ListTensors(grpc::ServerContext*, const v1::ListTensorsRequest*,
+                           v1::ListTensorsResponse*) override;
+  grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
+                         v1::ListStepsResponse*) override;
+  grpc::Status ReadTensor(grpc::ServerContext*, const v1::ReadTensorRequest*,
+                          grpc::ServerWriter<v1::TensorChunk>*) override;
+  grpc::Status ReadSeries(grpc::ServerContext*, const v1::ReadSeriesRequest*,
+                          v1::ReadSeriesResponse*) override;
+  grpc::Status GetRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
+                              v1::GetRuleResultsResponse*) override;
+  grpc::Status WatchRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
+                                grpc::ServerWriter<v1::RuleResult>*) override;
+
+ private:
+  storage::Store* const store_;
+  JobRegistry* const registry_;
+  std::atomic<bool> closing_{false};
+};
+
+}  // namespace sonde::server
+
+#endif  // SONDE_SERVER_QUERY_SERVICE_H_
