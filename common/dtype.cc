@@ -113,6 +113,43 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
+namespace {
+
+template <typename T>
+double Load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return static_cast<double>(v);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> DecodeAsDouble(absl::string_view bytes, v1::DType dtype) {
+  const size_t size = DTypeSize(dtype);
+  if (size == 0 || bytes.size() % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(bytes.size(), " bytes are not whole ",
+                                                   DTypeName(dtype), " elements"));
+  }
+  std::vector<double> out(bytes.size() / size);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const char* p = bytes.data() + i * size;
+    switch (dtype) {
+      case v1::DTYPE_F32: out[i] = Load<float>(p); break;
+      case v1::DTYPE_F64: out[i] = Load<double>(p); break;
+      case v1::DTYPE_F16: out[i] = HalfToFloat(static_cast<uint16_t>(Load<uint16_t>(p))); break;
+      case v1::DTYPE_BF16: out[i] = BFloat16ToFloat(static_cast<uint16_t>(Load<uint16_t>(p))); break;
+      case v1::DTYPE_I8: out[i] = Load<int8_t>(p); break;
+      case v1::DTYPE_I16: out[i] = Load<int16_t>(p); break;
+      case v1::DTYPE_I32: out[i] = Load<int32_t>(p); break;
+      case v1::DTYPE_I64: out[i] = Load<int64_t>(p); break;
+      case v1::DTYPE_U8: out[i] = Load<uint8_t>(p); break;
+      case v1::DTYPE_BOOL: out[i] = *p != 0 ? 1.0 : 0.0; break;
+      default: break;
+    }
+  }
+  return out;
+}
+
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = (h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,6 +38,10 @@ absl::StatusOr<uint64_t> TensorBytes(v1::DType dtype,
 
 // "[2,3]" for messages and tables.
 std::string ShapeString(absl::Span<const int64_t> shape);
+
+// Every element of raw little-endian `bytes` as a double (for display and
+// tests). InvalidArgument if the size is not a whole number of elements.
+absl::StatusOr<std::vector<double>> DecodeAsDouble(absl::string_view bytes, v1::DType dtype);
 
 // IEEE binary16 and bfloat16 to float, exactly.
 float HalfToFloat(uint16_t h);

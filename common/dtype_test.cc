@@ -60,6 +60,20 @@ TEST(DType, BFloat16ConversionIsExact) {
   EXPECT_EQ(BFloat16ToFloat(0xff80), -std::numeric_limits<float>::infinity());
 }
 
+TEST(DType, DecodeAsDoubleReadsEveryType) {
+  const float f[] = {1.5f, -2.0f};
+  EXPECT_EQ(*DecodeAsDouble(absl::string_view(reinterpret_cast<const char*>(f), 8), v1::DTYPE_F32),
+            (std::vector<double>{1.5, -2.0}));
+  const int64_t i[] = {-7};
+  EXPECT_EQ(*DecodeAsDouble(absl::string_view(reinterpret_cast<const char*>(i), 8), v1::DTYPE_I64),
+            (std::vector<double>{-7}));
+  const uint16_t h[] = {0x3c00};
+  EXPECT_EQ(*DecodeAsDouble(absl::string_view(reinterpret_cast<const char*>(h), 2), v1::DTYPE_F16),
+            (std::vector<double>{1.0}));
+  EXPECT_THAT(DecodeAsDouble("abc", v1::DTYPE_F32),
+              StatusIs(absl::StatusCode::kInvalidArgument, "3 bytes"));
+}
+
 TEST(Mode, NamesRoundTrip) {
   for (auto m : {v1::MODE_TRAIN, v1::MODE_EVAL, v1::MODE_PREDICT, v1::MODE_GLOBAL}) {
     EXPECT_EQ(*ParseMode(ModeName(m)), m);

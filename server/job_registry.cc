@@ -129,7 +129,7 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     }
     SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(fresh));
     if (IsFinished(info.status())) {
-      return absl::AlreadyExistsError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           "job '", hello.job(), "' has already finished; use a new job name"));
     }
     if (info.world_size() != hello.world_size()) {
@@ -156,7 +156,7 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
   JoinResult result;
   absl::MutexLock lock(&mu_);
   if (IsFinished(job->info.status())) {
-    return absl::AlreadyExistsError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "job '", hello.job(), "' has already finished; use a new job name"));
   }
   if (job->info.world_size() != hello.world_size()) {

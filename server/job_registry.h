@@ -48,8 +48,9 @@ class JobRegistry {
   ~JobRegistry();
 
   // A worker says hello. Errors: InvalidArgument (bad names, rank out of
-  // range, bad rule spec), AlreadyExists (the worker is already streaming,
-  // or the job has finished), FailedPrecondition (world size differs).
+  // range, bad rule spec), NotFound (unknown rule type), AlreadyExists (the
+  // worker is already streaming: retry later), FailedPrecondition (the job
+  // has finished, or its world size differs).
   absl::StatusOr<JoinResult> Join(const v1::Hello& hello, StreamHandle* stream);
   // The worker's stream ended (cleanly or not).
   void Leave(const std::string& job, int32_t worker, StreamHandle* stream);

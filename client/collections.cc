@@ -1,0 +1,132 @@
+#include "client/collections.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace sonde {
+namespace {
+
+// Collections whose tensors are always saved with their values (scalars).
+bool AlwaysValues(const std::string& c) {
+  return c == "losses" || c == "metrics" || c == "scalars";
+}
+
+absl::StatusOr<std::shared_ptr<std::regex>> Compile(const std::string& pattern) {
+  try {
+    return std::make_shared<std::regex>(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("include_regex '", pattern, "' is not a valid regex: ", e.what()));
+  }
+}
+
+}  // namespace
+
+CollectionSet::Collection& CollectionSet::Get(const std::string& name) {
+  return collections_[name];
+}
+
+absl::StatusOr<CollectionSet> CollectionSet::Create(const HookConfig& config) {
+  CollectionSet set;
+  set.config_ = config;
+  if (config.reduction_config.has_value()) {
+    absl::Status s = config.reduction_config->Validate();
+    if (!s.ok()) return s;
+  }
+  const std::pair<const char*, const char*> builtins[] = {
+      {"weights", "^(?!gradient).*weight"},
+      {"biases", "^(?!gradient).*bias"},
+      {"gradients", "^gradient"},
+      {"losses", "[Ll]oss_(?!input).*output"},
+      {"all", ".*"},
+  };
+  for (const auto& [name, pattern] : builtins) {
+    auto re = Compile(pattern);
+    if (!re.ok()) return re.status();
+    set.Get(name).regexes.push_back(*re);
+  }
+  for (const char* name : {"metrics", "inputs", "outputs", "scalars", "default"}) {
+    set.Get(name);
+  }
+  for (const std::string& pattern : config.include_regex) {
+    auto re = Compile(pattern);
+    if (!re.ok()) return re.status();
+    set.Get("default").regexes.push_back(*re);
+  }
+  for (const CollectionConfig& c : config.collections) {
+    if (c.name.empty()) return absl::InvalidArgumentError("a collection has no name");
+    Collection& coll = set.Get(c.name);
+    for (const std::string& pattern : c.include_regex) {
+      auto re = Compile(pattern);
+      if (!re.ok()) return re.status();
+      coll.regexes.push_back(*re);
+    }
+    if (c.reduction_config.has_value()) {
+      absl::Status s = c.reduction_config->Validate();
+      if (!s.ok()) return s;
+    }
+    coll.save_config = c.save_config;
+    coll.reduction_config = c.reduction_config;
+    set.included_.insert(c.name);
+  }
+  set.included_.insert("losses");
+  for (const std::string& c : config.include_collections) set.included_.insert(c);
+  if (!config.include_regex.empty()) set.included_.insert("default");
+  if (config.save_all) set.included_.insert("all");
+  return set;
+}
+
+void CollectionSet::AddToCollection(const std::string& collection, const std::string& tensor) {
+  Get(collection).tensors.insert(tensor);
+  member_cache_.erase(tensor);
+}
+
+const std::vector<std::string>& CollectionSet::Members(const std::string& tensor) {
+  auto it = member_cache_.find(tensor);
+  if (it != member_cache_.end()) return it->second;
+  std::vector<std::string> members;
+  for (const auto& [name, c] : collections_) {
+    if (name == "all") continue;  // membership of "all" is implicit
+    bool in = c.tensors.count(tensor) > 0;
+    for (const auto& re : c.regexes) {
+      if (in) break;
+      in = std::regex_search(tensor, *re);
+    }
+    if (in) members.push_back(name);
+  }
+  return member_cache_.emplace(tensor, std::move(members)).first->second;
+}
+
+SaveDecision CollectionSet::Decide(const std::string& tensor,
+                                   const std::vector<std::string>& explicit_collections,
+                                   v1::Mode mode, int64_t mode_step) {
+  SaveDecision d;
+  d.collections = Members(tensor);
+  for (const std::string& c : explicit_collections) {
+    if (std::find(d.collections.begin(), d.collections.end(), c) == d.collections.end()) {
+      d.collections.push_back(c);
+    }
+  }
+  std::vector<std::string> candidates = d.collections;
+  if (config_.save_all) candidates.push_back("all");
+  bool any_values = false;
+  for (const std::string& c : candidates) {
+    if (included_.count(c) == 0) continue;
+    if (c == "gradients" && (mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT)) continue;
+    auto it = collections_.find(c);
+    const Collection* coll = it == collections_.end() ? nullptr : &it->second;
+    const SaveConfig& sc =
+        coll != nullptr && coll->save_config.has_value() ? *coll->save_config : config_.save_config;
+    if (!sc.ShouldSave(mode, mode_step)) continue;
+    d.save = true;
+    const std::optional<ReductionConfig>& rc =
+        coll != nullptr && coll->reduction_config.has_value() ? coll->reduction_config
+                                                              : config_.reduction_config;
+    if (AlwaysValues(c) || !rc.has_value() || rc->save_raw_tensor) any_values = true;
+  }
+  d.values = d.save && any_values;
+  return d;
+}
+
+}  // namespace sonde

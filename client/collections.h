@@ -1,0 +1,83 @@
+// Collections: named groups of tensors, each with its own save and
+// reduction settings, as in smdebug. Built-ins (PyTorch naming):
+//   weights   ^(?!gradient).*weight      biases   ^(?!gradient).*bias
+//   gradients ^gradient                  losses   [Ll]oss_(?!input).*output
+//   metrics, inputs, outputs, scalars    (membership given explicitly)
+//   default   the hook's include_regex   all      every tensor (save_all)
+// A tensor belongs to the collections passed with it, to those whose regex
+// matches its name, and to those it was added to. It is saved at a step if
+// one of its *included* collections (include_collections, the configured
+// ones, losses always, all if save_all) saves at that mode step; with
+// values unless every such collection asks for statistics only. Like
+// smdebug, gradients are not saved in EVAL or PREDICT mode.
+// Thread-compatible (the Hook guards it).
+#ifndef SONDE_CLIENT_COLLECTIONS_H_
+#define SONDE_CLIENT_COLLECTIONS_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/save_config.h"
+
+namespace sonde {
+
+struct CollectionConfig {
+  std::string name;
+  std::vector<std::string> include_regex;
+  std::optional<SaveConfig> save_config;            // default: the hook's
+  std::optional<ReductionConfig> reduction_config;  // default: the hook's
+};
+
+// smdebug's hook parameters: what to save.
+struct HookConfig {
+  SaveConfig save_config;                           // default interval 500
+  std::optional<ReductionConfig> reduction_config;  // none: save values
+  std::vector<std::string> include_regex;           // fills "default"
+  std::vector<std::string> include_collections;     // "losses" is always added
+  bool save_all = false;
+  std::vector<CollectionConfig> collections;        // settings per collection
+};
+
+struct SaveDecision {
+  bool save = false;
+  bool values = false;                   // raw values, else statistics only
+  std::vector<std::string> collections;  // every collection the tensor is in
+};
+
+class CollectionSet {
+ public:
+  static absl::StatusOr<CollectionSet> Create(const HookConfig& config);
+
+  // Adds a tensor name to a collection (creating a custom collection).
+  void AddToCollection(const std::string& collection, const std::string& tensor);
+
+  SaveDecision Decide(const std::string& tensor, const std::vector<std::string>& explicit_collections,
+                      v1::Mode mode, int64_t mode_step);
+
+  const std::set<std::string>& included() const { return included_; }
+
+ private:
+  struct Collection {
+    std::vector<std::shared_ptr<std::regex>> regexes;
+    std::set<std::string> tensors;
+    std::optional<SaveConfig> save_config;
+    std::optional<ReductionConfig> reduction_config;
+  };
+  Collection& Get(const std::string& name);
+  const std::vector<std::string>& Members(const std::string& tensor);
+
+  HookConfig config_;
+  std::map<std::string, Collection> collections_;
+  std::set<std::string> included_;
+  std::map<std::string, std::vector<std::string>> member_cache_;
+};
+
+}  // namespace sonde
+
+#endif  // SONDE_CLIENT_COLLECTIONS_H_

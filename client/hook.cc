@@ -1,0 +1,280 @@
+#include "client/hook.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/hook_config_json.h"
+#include "client/sender.h"
+#include "common/dtype.h"
+#include "glog/logging.h"
+
+namespace sonde {
+namespace {
+
+constexpr char kClientVersion[] = "sonde-cpp/0.1.0";
+
+absl::Status ValidateJobName(const std::string& job) {
+  if (job.empty() || job.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job name must be 1 to 128 characters, got ", job.size()));
+  }
+  for (char c : job) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+          c == '.' || c == '_' || c == '-')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job name '", job, "' may only contain letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTensorName(const std::string& name) {
+  if (name.empty() || name.size() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor name must be 1 to 1024 bytes, got ", name.size()));
+  }
+  if (name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("tensor name contains a NUL byte");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
+  absl::Status s = ValidateJobName(options.job);
+  if (!s.ok()) return s;
+  if (options.world_size < 1 || options.worker < 0 || options.worker >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", options.worker,
+                                                   " must be in [0, world_size ",
+                                                   options.world_size, ")"));
+  }
+  if (options.collector.empty()) return absl::InvalidArgumentError("no collector address");
+  if (options.max_chunk_bytes == 0) {
+    return absl::InvalidArgumentError("max_chunk_bytes must be positive");
+  }
+  auto collections = CollectionSet::Create(options.config);
+  if (!collections.ok()) return collections.status();
+  std::unique_ptr<Hook> hook(new Hook(std::move(options), std::move(*collections)));
+
+  SenderOptions so;
+  so.collector = hook->options_.collector;
+  so.hello.set_job(hook->options_.job);
+  so.hello.set_worker(hook->options_.worker);
+  so.hello.set_world_size(hook->options_.world_size);
+  so.hello.set_client_version(kClientVersion);
+  for (const auto& [k, v] : hook->options_.metadata) (*so.hello.mutable_metadata())[k] = v;
+  for (const auto& r : hook->options_.rules) *so.hello.add_rules() = r;
+  so.max_queue_bytes = hook->options_.max_queue_bytes;
+  so.max_chunk_bytes = hook->options_.max_chunk_bytes;
+  Hook* raw = hook.get();
+  so.on_action = [raw](const v1::Action& action) {
+    if (action.type() != v1::ACTION_STOP_TRAINING) return;
+    {
+      absl::MutexLock lock(&raw->mu_);
+      if (raw->stop_action_.has_value()) return;
+      raw->stop_action_ = action;
+    }
+    LOG(WARNING) << "sonde: rule " << action.rule() << " asks to stop training: "
+                 << action.reason();
+    raw->stop_ = true;
+    if (raw->options_.on_stop) raw->options_.on_stop(action);
+  };
+  hook->sender_ = std::make_unique<Sender>(std::move(so));
+  return hook;
+}
+
+absl::StatusOr<std::unique_ptr<Hook>> Hook::CreateFromJsonFile(const std::string& path,
+                                                               HookOptions base) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read hook config '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto parsed = ParseHookConfigJson(text.str());
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", parsed.status().message()));
+  }
+  base.config = parsed->config;
+  auto c = parsed->sonde_parameters.find("collector");
+  if (c != parsed->sonde_parameters.end()) base.collector = c->second;
+  auto j = parsed->sonde_parameters.find("job");
+  if (j != parsed->sonde_parameters.end()) base.job = j->second;
+  return Create(std::move(base));
+}
+
+Hook::Hook(HookOptions options, CollectionSet collections)
+    : options_(std::move(options)), collections_(std::move(collections)) {}
+
+Hook::~Hook() { Close().IgnoreError(); }
+
+void Hook::LogOnce(const std::string& key, const std::string& message) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (std::find(logged_.begin(), logged_.end(), key) != logged_.end()) return;
+    logged_.push_back(key);
+  }
+  LOG(WARNING) << "sonde: " << message << " (logged once)";
+}
+
+void Hook::StartStepLocked() {
+  EndStepLocked();
+  ++step_;
+  auto [it, fresh] = mode_steps_.emplace(mode_, 0);
+  if (!fresh) ++it->second;
+  step_open_ = true;
+  step_started_ = absl::Now();
+}
+
+void Hook::EndStepLocked() {
+  if (!step_open_) return;
+  step_open_ = false;
+  ++steps_;
+  sender_->EnqueueStepEnd(step_, mode_, mode_steps_[mode_],
+                          absl::ToDoubleSeconds(absl::Now() - step_started_));
+}
+
+void Hook::StartStep() {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return;
+  StartStepLocked();
+}
+
+void Hook::EndStep() {
+  absl::MutexLock lock(&mu_);
+  EndStepLocked();
+}
+
+void Hook::SetMode(v1::Mode mode) {
+  absl::MutexLock lock(&mu_);
+  if (mode == v1::MODE_UNSPECIFIED) mode = v1::MODE_GLOBAL;
+  if (mode == mode_) return;
+  EndStepLocked();
+  mode_ = mode;
+}
+
+v1::Mode Hook::mode() const {
+  absl::MutexLock lock(&mu_);
+  return mode_;
+}
+
+int64_t Hook::step() const {
+  absl::MutexLock lock(&mu_);
+  return step_;
+}
+
+int64_t Hook::mode_step() const {
+  absl::MutexLock lock(&mu_);
+  auto it = mode_steps_.find(mode_);
+  return it == mode_steps_.end() ? -1 : it->second;
+}
+
+bool Hook::ShouldSave(const std::string& name, const std::vector<std::string>& collections) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return false;
+  const int64_t next_mode_step =
+      step_open_ ? mode_steps_[mode_]
+                 : (mode_steps_.count(mode_) > 0 ? mode_steps_[mode_] + 1 : 0);
+  return collections_.Decide(name, collections, mode_, next_mode_step).save;
+}
+
+absl::Status Hook::SaveTensor(const std::string& name, const TensorView& tensor,
+                              const std::vector<std::string>& collections) {
+  absl::Status valid = ValidateTensorName(name);
+  if (!valid.ok()) {
+    LogOnce("bad-name", absl::StrCat("tensor not saved: ", valid.message()));
+    return valid;
+  }
+  if (tensor.device != Device::kHost) {
+    absl::Status s = absl::UnimplementedError(absl::StrCat(
+        "tensor '", name, "' is in device memory; this build computes statistics on the "
+        "CPU only: pass host memory"));
+    LogOnce("device", std::string(s.message()));
+    return s;
+  }
+  auto bytes = TensorBytes(tensor.dtype, tensor.shape);
+  if (!bytes.ok()) {
+    absl::Status s = absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': ", bytes.status().message()));
+    LogOnce(absl::StrCat("bad-tensor:", name), std::string(s.message()));
+    return s;
+  }
+  if (*bytes > 0 && tensor.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has no data"));
+  }
+  if (*bytes > options_.max_queue_bytes) {
+    absl::Status s = absl::ResourceExhaustedError(
+        absl::StrCat("tensor '", name, "' has ", *bytes, " bytes, more than max_queue_bytes ",
+                     options_.max_queue_bytes));
+    LogOnce(absl::StrCat("too-big:", name), std::string(s.message()));
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("the hook is closed");
+  if (!step_open_) StartStepLocked();
+  const int64_t mode_step = mode_steps_[mode_];
+  SaveDecision d = collections_.Decide(name, collections, mode_, mode_step);
+  if (!d.save) return absl::OkStatus();
+  QueuedTensor q;
+  q.name = name;
+  q.collections = std::move(d.collections);
+  q.dtype = tensor.dtype;
+  q.shape = tensor.shape;
+  q.bytes.assign(static_cast<const char*>(tensor.data), *bytes);
+  q.send_values = d.values;
+  q.step = step_;
+  q.mode = mode_;
+  q.mode_step = mode_step;
+  sender_->EnqueueTensor(std::move(q));
+  return absl::OkStatus();
+}
+
+absl::Status Hook::SaveScalar(const std::string& name, double value,
+                              const std::vector<std::string>& collections) {
+  return SaveTensor(name, TensorView{&value, v1::DTYPE_F64, {}, Device::kHost, 0}, collections);
+}
+
+void Hook::AddToCollection(const std::string& collection, const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  collections_.AddToCollection(collection, name);
+}
+
+std::optional<v1::Action> Hook::stop_action() const {
+  absl::MutexLock lock(&mu_);
+  return stop_action_;
+}
+
+absl::Status Hook::Close() {
+  std::string reason = "finished";
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::OkStatus();
+    EndStepLocked();
+    closed_ = true;
+    if (stop_action_.has_value()) {
+      reason = absl::StrCat("stopped by rule ", stop_action_->rule());
+    }
+  }
+  absl::Status s = sender_->Close(reason, options_.close_timeout);
+  if (!s.ok()) LOG(WARNING) << "sonde: close: " << s;
+  return s;
+}
+
+Hook::Counters Hook::counters() const {
+  SenderCounters sc = sender_->counters();
+  Counters c;
+  c.tensors_saved = sc.tensors_queued;
+  c.tensors_dropped = sc.tensors_dropped;
+  c.messages_sent = sc.messages_sent;
+  c.last_acked_seq = sc.last_acked_seq;
+  absl::MutexLock lock(&mu_);
+  c.steps = steps_;
+  return c;
+}
+
+}  // namespace sonde

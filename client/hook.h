@@ -1,0 +1,159 @@
+// Sonde's client hook: the object training code talks to. Modeled on
+// smdebug's Hook: collections, a save config, reductions, modes with global
+// and per-mode step counters, save_scalar, close(), and a stop flag that a
+// rule's StopTraining action sets.
+//
+//   auto hook = sonde::Hook::Create(options);          // or CreateFromJsonFile
+//   hook->SetMode(sonde::v1::MODE_TRAIN);
+//   for (...) {
+//     hook->StartStep();
+//     hook->SaveTensor("fc1.weight", sonde::HostTensor(w, {64, 32}), {"weights"});
+//     hook->SaveScalar("loss", loss, {"losses"});
+//     if (hook->should_stop()) break;
+//   }
+//   hook->Close();
+//
+// The training thread never waits for the network: SaveTensor copies the
+// values into a bounded queue that a background thread streams to the
+// collector. Failures inside Sonde are logged once and contained; the
+// methods return a status for callers that care, and never throw.
+// Thread-safe, though a training loop normally uses it from one thread.
+#ifndef SONDE_CLIENT_HOOK_H_
+#define SONDE_CLIENT_HOOK_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/collections.h"
+#include "client/save_config.h"
+#include "client/tensor_view.h"
+#include "proto/collector.pb.h"
+#include "proto/rule.pb.h"
+
+namespace sonde {
+
+class Sender;
+
+struct HookOptions {
+  // Collector address, host:port. Default: a collector on this machine.
+  std::string collector = "127.0.0.1:7070";
+  // Job name: [A-Za-z0-9._-]{1,128}. Required.
+  std::string job;
+  // This process's rank and the number of training processes.
+  int32_t worker = 0;
+  int32_t world_size = 1;
+  // Free-form run metadata stored with the job (hyperparameters, ...).
+  std::map<std::string, std::string> metadata;
+  // Rules to run for this job in addition to the collector's defaults.
+  std::vector<v1::RuleSpec> rules;
+  // What to save and when (smdebug's hook parameters).
+  HookConfig config;
+  // Bytes of copied tensor values waiting to be sent; beyond it tensors are
+  // dropped and counted. Default 256 MiB.
+  uint64_t max_queue_bytes = 256 << 20;
+  // Largest chunk payload sent. Default 1 MiB.
+  uint64_t max_chunk_bytes = 1 << 20;
+  // How long Close() waits for the collector to acknowledge everything.
+  // Default 30 s.
+  absl::Duration close_timeout = absl::Seconds(30);
+  // Called once, on a background thread, when a rule asks to stop training.
+  std::function<void(const v1::Action&)> on_stop;
+};
+
+class Hook {
+ public:
+  // Validates the options and starts the background sender. Returns
+  // InvalidArgument for bad options; never fails because the collector is
+  // unreachable (that is logged, and the hook keeps trying).
+  static absl::StatusOr<std::unique_ptr<Hook>> Create(HookOptions options);
+
+  // Options from a SageMaker-style hook config JSON file (see
+  // hook_config_json.h) on top of `base`: the file's HookParameters and
+  // CollectionConfigurations replace base.config; its "collector" and
+  // "job" parameters, when present, replace base's.
+  static absl::StatusOr<std::unique_ptr<Hook>> CreateFromJsonFile(const std::string& path,
+                                                                  HookOptions base);
+
+  ~Hook();  // Close() if not closed
+
+  // Steps. StartStep ends the open step (if any) and begins the next: the
+  // global step and the current mode's step both advance (the first step is
+  // 0). SaveTensor before any StartStep starts step 0.
+  void StartStep();
+  // Ends the open step now (otherwise the next StartStep or Close does).
+  void EndStep();
+  // Changes mode (ending the open step); smdebug's set_mode.
+  void SetMode(v1::Mode mode);
+
+  v1::Mode mode() const;
+  int64_t step() const;       // global step, -1 before the first
+  int64_t mode_step() const;  // step of the current mode, -1 before its first
+
+  // Would a tensor of this name (and these collections) be saved at the
+  // current step? Lets callers skip preparing tensors that are not due.
+  bool ShouldSave(const std::string& name, const std::vector<std::string>& collections = {});
+
+  // Saves a tensor at the current step if its collections say so. The
+  // values are copied before returning. InvalidArgument for bad names,
+  // dtypes or shapes; Unimplemented for device memory (this build computes
+  // statistics on the CPU only).
+  absl::Status SaveTensor(const std::string& name, const TensorView& tensor,
+                          const std::vector<std::string>& collections = {});
+  // A scalar (float64, shape {}); collections default to "scalars".
+  absl::Status SaveScalar(const std::string& name, double value,
+                          const std::vector<std::string>& collections = {"scalars"});
+  // Puts a tensor name in a collection (smdebug's add_to_collection).
+  void AddToCollection(const std::string& collection, const std::string& name);
+
+  // True once a rule's StopTraining action has reached this process.
+  bool should_stop() const { return stop_.load(); }
+  std::optional<v1::Action> stop_action() const;
+
+  // Ends the open step and the job, and waits (up to close_timeout) until
+  // the collector has stored everything. Idempotent.
+  absl::Status Close();
+
+  struct Counters {
+    uint64_t tensors_saved = 0;    // queued for sending
+    uint64_t tensors_dropped = 0;  // queue full or Sonde disabled
+    uint64_t steps = 0;
+    uint64_t messages_sent = 0;
+    uint64_t last_acked_seq = 0;
+  };
+  Counters counters() const;
+
+ private:
+  Hook(HookOptions options, CollectionSet collections);
+  void EndStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogOnce(const std::string& key, const std::string& message);
+
+  const HookOptions options_;
+  std::unique_ptr<Sender> sender_;
+  std::atomic<bool> stop_{false};
+
+  mutable absl::Mutex mu_;
+  CollectionSet collections_ ABSL_GUARDED_BY(mu_);
+  v1::Mode mode_ ABSL_GUARDED_BY(mu_) = v1::MODE_GLOBAL;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<v1::Mode, int64_t> mode_steps_ ABSL_GUARDED_BY(mu_);
+  bool step_open_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time step_started_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<v1::Action> stop_action_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> logged_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sonde
+
+#endif  // SONDE_CLIENT_HOOK_H_

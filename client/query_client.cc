@@ -1,0 +1,156 @@
+#include "client/query_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/tensor_chunks.h"
+#include "grpcpp/create_channel.h"
+
+namespace sonde {
+
+std::unique_ptr<QueryClient> QueryClient::Connect(const std::string& address,
+                                                  absl::Duration timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<QueryClient>(new QueryClient(v1::Query::NewStub(channel), timeout));
+}
+
+void QueryClient::SetDeadline(grpc::ClientContext& ctx) const {
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+}
+
+absl::StatusOr<std::vector<v1::JobInfo>> QueryClient::ListJobs() {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ListJobsResponse resp;
+  grpc::Status s = stub_->ListJobs(&ctx, v1::ListJobsRequest(), &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::JobInfo>(resp.jobs().begin(), resp.jobs().end());
+}
+
+absl::StatusOr<v1::JobInfo> QueryClient::GetJob(const std::string& job) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::GetJobRequest req;
+  req.set_job(job);
+  v1::JobInfo resp;
+  grpc::Status s = stub_->GetJob(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::TensorInfo>> QueryClient::ListTensors(const std::string& job,
+                                                                     const std::string& collection,
+                                                                     const std::string& regex) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ListTensorsRequest req;
+  req.set_job(job);
+  req.set_collection(collection);
+  req.set_regex(regex);
+  v1::ListTensorsResponse resp;
+  grpc::Status s = stub_->ListTensors(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::TensorInfo>(resp.tensors().begin(), resp.tensors().end());
+}
+
+absl::StatusOr<std::vector<v1::StepInfo>> QueryClient::ListSteps(const std::string& job,
+                                                                 v1::Mode mode) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ListStepsRequest req;
+  req.set_job(job);
+  req.set_mode(mode);
+  v1::ListStepsResponse resp;
+  grpc::Status s = stub_->ListSteps(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::StepInfo>(resp.steps().begin(), resp.steps().end());
+}
+
+absl::StatusOr<TensorValue> QueryClient::ReadTensor(const std::string& job,
+                                                    const std::string& tensor, int64_t step,
+                                                    v1::Mode mode, int32_t worker) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ReadTensorRequest req;
+  req.set_job(job);
+  req.set_tensor(tensor);
+  req.set_step(step);
+  req.set_mode(mode);
+  req.set_worker(worker);
+  auto reader = stub_->ReadTensor(&ctx, req);
+  TensorAssembler::Limits limits;
+  limits.max_chunk_bytes = 64 << 20;
+  limits.max_tensor_bytes = uint64_t{1} << 40;
+  TensorAssembler assembler(limits);
+  v1::TensorChunk chunk;
+  v1::Statistics stats;
+  absl::Status bad;
+  while (reader->Read(&chunk)) {
+    if (chunk.chunk_index() == 0) stats = chunk.statistics();
+    if (bad.ok()) bad = assembler.Add(chunk);
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpcStatus(s);
+  if (!bad.ok()) return bad;
+  if (!assembler.complete()) {
+    return absl::DataLossError(absl::StrCat("tensor '", tensor, "' arrived incomplete"));
+  }
+  TensorValue value;
+  value.header = assembler.header();
+  *value.header.mutable_statistics() = stats;
+  value.bytes = assembler.TakeBytes();
+  return value;
+}
+
+absl::StatusOr<std::vector<v1::SeriesPoint>> QueryClient::ReadSeries(
+    const std::string& job, const std::string& tensor, v1::Mode mode, int64_t start_step,
+    int64_t end_step, int32_t worker) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ReadSeriesRequest req;
+  req.set_job(job);
+  req.set_tensor(tensor);
+  req.set_mode(mode);
+  req.set_start_step(start_step);
+  req.set_end_step(end_step);
+  req.set_worker(worker);
+  v1::ReadSeriesResponse resp;
+  grpc::Status s = stub_->ReadSeries(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::SeriesPoint>(resp.points().begin(), resp.points().end());
+}
+
+absl::StatusOr<std::vector<v1::RuleResult>> QueryClient::RuleResults(const std::string& job) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::GetRuleResultsRequest req;
+  req.set_job(job);
+  v1::GetRuleResultsResponse resp;
+  grpc::Status s = stub_->GetRuleResults(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::RuleResult>(resp.results().begin(), resp.results().end());
+}
+
+absl::Status QueryClient::WatchRuleResults(const std::string& job,
+                                           const std::function<bool(const v1::RuleResult&)>& fn,
+                                           absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::GetRuleResultsRequest req;
+  req.set_job(job);
+  auto reader = stub_->WatchRuleResults(&ctx, req);
+  v1::RuleResult r;
+  while (reader->Read(&r)) {
+    if (!fn(r)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return FromGrpcStatus(s);
+}
+
+}  // namespace sonde

@@ -1,0 +1,190 @@
+#include "client/collections.h"
+#include "client/hook_config_json.h"
+#include "client/save_config.h"
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::StatusIs;
+
+std::vector<int64_t> SavedSteps(const SaveConfigMode& m, int64_t upto) {
+  std::vector<int64_t> out;
+  for (int64_t s = 0; s < upto; ++s) {
+    if (m.ShouldSave(s)) out.push_back(s);
+  }
+  return out;
+}
+
+TEST(SaveConfig, DefaultIntervalIs500FromStepZero) {
+  SaveConfigMode m;
+  EXPECT_EQ(SavedSteps(m, 1501), (std::vector<int64_t>{0, 500, 1000, 1500}));
+}
+
+TEST(SaveConfig, IntervalCountsFromStepZeroNotStartStep) {
+  // smdebug's documented case: save_interval=100, start_step=150 saves 200, 300, ...
+  SaveConfigMode m;
+  m.save_interval = 100;
+  m.start_step = 150;
+  EXPECT_EQ(SavedSteps(m, 401), (std::vector<int64_t>{200, 300, 400}));
+}
+
+TEST(SaveConfig, EndStepIsExclusive) {
+  SaveConfigMode m;
+  m.save_interval = 5;
+  m.end_step = 15;
+  EXPECT_EQ(SavedSteps(m, 30), (std::vector<int64_t>{0, 5, 10}));
+}
+
+TEST(SaveConfig, SaveStepsAreAddedToTheInterval) {
+  // smdebug: SaveConfig(save_steps=[3,7]) saves 0, 3, 7, 500, ...
+  SaveConfigMode m;
+  m.save_steps = {3, 7};
+  EXPECT_EQ(SavedSteps(m, 501), (std::vector<int64_t>{0, 3, 7, 500}));
+}
+
+TEST(SaveConfig, ModePrefixedKeysOverrideForThatModeOnly) {
+  auto c = SaveConfig::FromParameters(
+      {{"save_interval", "10"}, {"eval.save_interval", "3"}, {"train.save_steps", "7,11"}});
+  SONDE_ASSERT_OK(c);
+  EXPECT_TRUE(c->ShouldSave(v1::MODE_TRAIN, 10));
+  EXPECT_FALSE(c->ShouldSave(v1::MODE_TRAIN, 3));
+  EXPECT_TRUE(c->ShouldSave(v1::MODE_TRAIN, 7));
+  EXPECT_TRUE(c->ShouldSave(v1::MODE_EVAL, 3));
+  EXPECT_FALSE(c->ShouldSave(v1::MODE_EVAL, 7));
+  EXPECT_TRUE(c->ShouldSave(v1::MODE_GLOBAL, 20));
+}
+
+TEST(SaveConfig, CollectionParametersOverrideHookParameters) {
+  auto c = SaveConfig::FromParameters({{"save_interval", "10"}, {"start_step", "20"}},
+                                      {{"save_interval", "4"}});
+  SONDE_ASSERT_OK(c);
+  EXPECT_FALSE(c->ShouldSave(v1::MODE_TRAIN, 16));  // start_step from the hook still applies
+  EXPECT_TRUE(c->ShouldSave(v1::MODE_TRAIN, 24));
+}
+
+TEST(SaveConfig, RejectsBadValues) {
+  EXPECT_THAT(SaveConfig::FromParameters({{"save_interval", "0"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "save_interval='0'"));
+  EXPECT_THAT(SaveConfig::FromParameters({{"save_steps", "1,x"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "save_steps"));
+}
+
+TEST(ReductionConfig, ParsesSmdebugReductionStrings) {
+  auto r = ReductionConfig::FromString("mean, abs_max, l2_norm, abs_l1_norm", false);
+  SONDE_ASSERT_OK(r);
+  EXPECT_EQ(r->reductions, std::vector<std::string>{"mean"});
+  EXPECT_EQ(r->abs_reductions, std::vector<std::string>{"max"});
+  EXPECT_EQ(r->norms, std::vector<std::string>{"l2"});
+  EXPECT_EQ(r->abs_norms, std::vector<std::string>{"l1"});
+  EXPECT_THAT(ReductionConfig::FromString("median", false),
+              StatusIs(absl::StatusCode::kInvalidArgument, "median"));
+}
+
+TEST(Collections, OnlyLossesAreSavedByDefault) {
+  auto set = CollectionSet::Create(HookConfig{});
+  SONDE_ASSERT_OK(set);
+  EXPECT_FALSE(set->Decide("fc1.weight", {}, v1::MODE_TRAIN, 0).save);
+  SaveDecision loss = set->Decide("loss", {"losses"}, v1::MODE_TRAIN, 0);
+  EXPECT_TRUE(loss.save);
+  EXPECT_TRUE(loss.values);
+  EXPECT_FALSE(set->Decide("loss", {"losses"}, v1::MODE_TRAIN, 1).save);  // interval 500
+}
+
+TEST(Collections, BuiltInRegexesFollowPyTorchNames) {
+  HookConfig config;
+  config.include_collections = {"weights", "biases", "gradients"};
+  config.save_config = SaveConfig::Every(1);
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  EXPECT_EQ(set->Decide("Net_fc1.weight", {}, v1::MODE_TRAIN, 0).collections,
+            std::vector<std::string>{"weights"});
+  EXPECT_EQ(set->Decide("gradient/Net_fc1.weight", {}, v1::MODE_TRAIN, 0).collections,
+            std::vector<std::string>{"gradients"});
+  EXPECT_EQ(set->Decide("Net_fc1.bias", {}, v1::MODE_TRAIN, 0).collections,
+            std::vector<std::string>{"biases"});
+  EXPECT_EQ(set->Decide("CrossEntropyLoss_output_0", {}, v1::MODE_TRAIN, 0).collections,
+            std::vector<std::string>{"losses"});
+}
+
+TEST(Collections, GradientsAreNotSavedInEvalMode) {
+  HookConfig config;
+  config.include_collections = {"gradients"};
+  config.save_config = SaveConfig::Every(1);
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  EXPECT_TRUE(set->Decide("gradient/w", {}, v1::MODE_TRAIN, 3).save);
+  EXPECT_FALSE(set->Decide("gradient/w", {}, v1::MODE_EVAL, 3).save);
+}
+
+TEST(Collections, ReductionsWithoutRawMeanStatisticsOnlyExceptForLosses) {
+  HookConfig config;
+  config.include_collections = {"weights"};
+  config.save_config = SaveConfig::Every(1);
+  config.reduction_config = ReductionConfig{{"mean"}, {}, {}, {}, false};
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  SaveDecision w = set->Decide("w", {"weights"}, v1::MODE_TRAIN, 0);
+  EXPECT_TRUE(w.save);
+  EXPECT_FALSE(w.values);
+  EXPECT_TRUE(set->Decide("loss", {"losses"}, v1::MODE_TRAIN, 0).values);
+}
+
+TEST(Collections, CustomCollectionWithItsOwnIntervalAndSaveAll) {
+  HookConfig config;
+  config.save_config = SaveConfig::Every(100);
+  CollectionConfig relu;
+  relu.name = "custom_relu_collection";
+  relu.include_regex = {"relu"};
+  relu.save_config = SaveConfig::Every(20);
+  config.collections = {relu};
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  EXPECT_TRUE(set->Decide("layer1_relu_output_0", {}, v1::MODE_TRAIN, 40).save);
+  EXPECT_FALSE(set->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 40).save);
+  config.save_all = true;
+  auto all = CollectionSet::Create(config);
+  EXPECT_TRUE(all->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 100).save);
+}
+
+TEST(HookConfigJson, ReadsSageMakersShape) {
+  auto parsed = ParseHookConfigJson(R"({
+      "S3OutputPath": "s3://bucket/prefix", "LocalPath": "/tmp/out",
+      "HookParameters": {"save_interval": "2", "save_all": "false",
+                         "include_regex": "fc1.*,fc2.*", "include_workers": "one",
+                         "reductions": "mean,abs_max", "collector": "10.0.0.2:7070",
+                         "job": "my-job"},
+      "CollectionConfigurations": [
+          {"CollectionName": "weights", "CollectionParameters": {"train.save_interval": "5"}},
+          {"CollectionName": "losses", "CollectionParameters": null}]})");
+  SONDE_ASSERT_OK(parsed);
+  const HookConfig& c = parsed->config;
+  EXPECT_EQ(c.include_regex, (std::vector<std::string>{"fc1.*", "fc2.*"}));
+  ASSERT_TRUE(c.reduction_config.has_value());
+  EXPECT_EQ(c.reduction_config->reductions, std::vector<std::string>{"mean"});
+  EXPECT_TRUE(c.save_config.ShouldSave(v1::MODE_TRAIN, 2));
+  ASSERT_EQ(c.collections.size(), 2u);
+  ASSERT_TRUE(c.collections[0].save_config.has_value());
+  EXPECT_TRUE(c.collections[0].save_config->ShouldSave(v1::MODE_TRAIN, 5));
+  EXPECT_FALSE(c.collections[0].save_config->ShouldSave(v1::MODE_TRAIN, 2));
+  EXPECT_TRUE(c.collections[0].save_config->ShouldSave(v1::MODE_EVAL, 2));
+  EXPECT_FALSE(c.collections[1].save_config.has_value());
+  EXPECT_EQ(parsed->sonde_parameters.at("collector"), "10.0.0.2:7070");
+  EXPECT_EQ(parsed->sonde_parameters.at("job"), "my-job");
+}
+
+TEST(HookConfigJson, RejectsTyposAndMalformedDocuments) {
+  EXPECT_THAT(ParseHookConfigJson("[1]"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a JSON object"));
+  EXPECT_THAT(ParseHookConfigJson(R"({"HookParameters": {"save_intervall": "2"}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "save_intervall"));
+  EXPECT_THAT(ParseHookConfigJson(R"({"CollectionConfigurations": [{"CollectionParameters": {}}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "CollectionName"));
+  EXPECT_THAT(ParseHookConfigJson(R"({"HookParameters": {"save_all": "maybe"}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "maybe"));
+}
+
+}  // namespace
+}  // namespace sonde

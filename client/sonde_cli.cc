@@ -1,0 +1,314 @@
+// sonde: the command-line client of a Sonde collector.
+//
+//   sonde jobs                       jobs with status and last step per mode
+//   sonde job --job J                one job in detail
+//   sonde tensors --job J [--collection C] [--regex R]
+//   sonde steps --job J [--mode M]
+//   sonde show --job J --tensor T --step S [--mode M] [--worker W]
+//   sonde series --job J --tensor T [--mode M] [--start S] [--end E]
+//   sonde rules --job J              rule results (like rule_job_summary)
+//   sonde watch --job J              follow rule results live until the job ends
+//
+// Every command takes --collector (default 127.0.0.1:7070) and --json.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/format.h"
+#include "client/query_client.h"
+#include "common/dtype.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, collector, "127.0.0.1:7070", "collector address host:port");
+ABSL_FLAG(std::string, job, "", "job name");
+ABSL_FLAG(std::string, tensor, "", "tensor name");
+ABSL_FLAG(std::string, collection, "", "only tensors in this collection");
+ABSL_FLAG(std::string, regex, "", "only tensors whose name matches");
+ABSL_FLAG(std::string, mode, "", "TRAIN, EVAL, PREDICT or GLOBAL (default: every mode)");
+ABSL_FLAG(int64_t, step, -1, "step (a mode step with --mode TRAIN/EVAL/PREDICT, else global)");
+ABSL_FLAG(int64_t, start, 0, "first step of a series");
+ABSL_FLAG(int64_t, end, 0, "end of a series, exclusive (0: no end)");
+ABSL_FLAG(int32_t, worker, -1, "worker (default: 0 for show, every worker for series)");
+ABSL_FLAG(int32_t, max_values, 64, "values printed by show (0: all)");
+ABSL_FLAG(bool, json, false, "print JSON instead of a table");
+ABSL_FLAG(absl::Duration, timeout, absl::Hours(24), "how long watch follows a job");
+
+namespace sonde {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::cerr << "sonde: " << s.message() << " (" << absl::StatusCodeToString(s.code()) << ")\n";
+  return s.code() == absl::StatusCode::kNotFound ? 3 : 1;
+}
+
+int Usage(const std::string& msg) {
+  std::cerr << "sonde: " << msg << "\n"
+            << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch} [flags]; "
+               "sonde --help for flags\n";
+  return 2;
+}
+
+std::string Num(double v) { return absl::StrFormat("%.6g", v); }
+
+nlohmann::json StatsJson(const v1::Statistics& s) {
+  return {{"count", s.count()},       {"finite_count", s.finite_count()},
+          {"nan_count", s.nan_count()}, {"pos_inf_count", s.pos_inf_count()},
+          {"neg_inf_count", s.neg_inf_count()}, {"zero_count", s.zero_count()},
+          {"min", s.min()},           {"max", s.max()},
+          {"mean", s.mean()},         {"std", s.std()},
+          {"variance", s.variance()}, {"sum", s.sum()},
+          {"l1", s.l1()},             {"l2", s.l2()},
+          {"abs_min", s.abs_min()},   {"abs_max", s.abs_max()}};
+}
+
+absl::StatusOr<v1::Mode> ModeFlag() {
+  const std::string m = absl::GetFlag(FLAGS_mode);
+  if (m.empty()) return v1::MODE_UNSPECIFIED;
+  return ParseMode(m);
+}
+
+std::string StepsByMode(const v1::JobInfo& j) {
+  std::vector<std::string> parts;
+  for (const auto& m : j.modes()) parts.push_back(absl::StrCat(ModeName(m.mode()), ":", m.last_step()));
+  return parts.empty() ? "-" : absl::StrJoin(parts, " ");
+}
+
+int Jobs(QueryClient& q, bool json) {
+  auto jobs = q.ListJobs();
+  if (!jobs.ok()) return Fail(jobs.status());
+  if (json) {
+    std::cout << JobsJson(*jobs) << "\n";
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& j : *jobs) {
+    rows.push_back({j.job(), std::string(JobStatusName(j.status())),
+                    absl::StrCat(j.workers_size(), "/", j.world_size()), StepsByMode(j),
+                    absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMicros(j.start_unix_micros()),
+                                     absl::UTCTimeZone())});
+  }
+  std::cout << Table({"JOB", "STATUS", "WORKERS", "LAST STEP", "STARTED (UTC)"}, rows);
+  return 0;
+}
+
+int Job(QueryClient& q, const std::string& name, bool json) {
+  auto j = q.GetJob(name);
+  if (!j.ok()) return Fail(j.status());
+  if (json) {
+    std::cout << nlohmann::json::parse(JobsJson({*j}))[0].dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "job:        " << j->job() << "\n"
+            << "status:     " << JobStatusName(j->status())
+            << (j->end_reason().empty() ? "" : absl::StrCat(" (", j->end_reason(), ")")) << "\n"
+            << "workers:    " << j->workers_size() << " of " << j->world_size() << "\n"
+            << "last step:  " << j->last_step() << "\n";
+  for (const auto& m : j->modes()) {
+    std::cout << "  " << ModeName(m.mode()) << ": steps " << m.first_step() << ".."
+              << m.last_step() << " (" << m.step_count() << " saved)\n";
+  }
+  for (const auto& r : j->rules()) std::cout << "rule:       " << r.name() << " (" << r.rule_type() << ")\n";
+  for (const auto& [k, v] : j->metadata()) std::cout << "meta:       " << k << " = " << v << "\n";
+  return 0;
+}
+
+int Tensors(QueryClient& q, const std::string& job, bool json) {
+  auto ts = q.ListTensors(job, absl::GetFlag(FLAGS_collection), absl::GetFlag(FLAGS_regex));
+  if (!ts.ok()) return Fail(ts.status());
+  if (json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& t : *ts) {
+      arr.push_back({{"name", t.name()},
+                     {"collections", std::vector<std::string>(t.collections().begin(), t.collections().end())},
+                     {"dtype", std::string(DTypeName(t.dtype()))},
+                     {"shape", std::vector<int64_t>(t.shape().begin(), t.shape().end())}});
+    }
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& t : *ts) {
+    rows.push_back({t.name(), std::string(DTypeName(t.dtype())), ShapeString(t.shape()),
+                    absl::StrJoin(t.collections(), ",")});
+  }
+  std::cout << Table({"TENSOR", "DTYPE", "SHAPE", "COLLECTIONS"}, rows);
+  return 0;
+}
+
+int Steps(QueryClient& q, const std::string& job, v1::Mode mode, bool json) {
+  auto steps = q.ListSteps(job, mode);
+  if (!steps.ok()) return Fail(steps.status());
+  if (json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& s : *steps) {
+      arr.push_back({{"step", s.step()}, {"mode", std::string(ModeName(s.mode()))},
+                     {"mode_step", s.mode_step()}, {"tensors", s.tensor_count()},
+                     {"duration_seconds", s.duration_seconds()},
+                     {"workers", std::vector<int32_t>(s.workers().begin(), s.workers().end())}});
+    }
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : *steps) {
+    rows.push_back({absl::StrCat(s.step()), std::string(ModeName(s.mode())),
+                    absl::StrCat(s.mode_step()), absl::StrCat(s.tensor_count()),
+                    absl::StrFormat("%.3f", s.duration_seconds() * 1000),
+                    absl::StrJoin(s.workers(), ",")});
+  }
+  std::cout << Table({"STEP", "MODE", "MODE STEP", "TENSORS", "DURATION (ms)", "WORKERS"}, rows);
+  return 0;
+}
+
+int Show(QueryClient& q, const std::string& job, v1::Mode mode, bool json) {
+  const std::string tensor = absl::GetFlag(FLAGS_tensor);
+  const int64_t step = absl::GetFlag(FLAGS_step);
+  if (tensor.empty() || step < 0) return Usage("show needs --tensor and --step");
+  const int32_t worker = std::max(0, absl::GetFlag(FLAGS_worker));
+  auto value = q.ReadTensor(job, tensor, step, mode, worker);
+  if (!value.ok()) return Fail(value.status());
+  auto values = DecodeAsDouble(value->bytes, value->header.dtype());
+  if (!values.ok()) return Fail(values.status());
+  const auto& h = value->header;
+  if (json) {
+    nlohmann::json out = {{"tensor", h.tensor_name()},
+                          {"step", h.step()},
+                          {"mode", std::string(ModeName(h.mode()))},
+                          {"mode_step", h.mode_step()},
+                          {"worker", h.worker()},
+                          {"dtype", std::string(DTypeName(h.dtype()))},
+                          {"shape", std::vector<int64_t>(h.shape().begin(), h.shape().end())},
+                          {"statistics", StatsJson(h.statistics())}};
+    nlohmann::json vals = nlohmann::json::array();
+    for (double v : *values) {
+      if (std::isfinite(v)) {
+        vals.push_back(v);
+      } else {
+        vals.push_back(std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf"));
+      }
+    }
+    out["values"] = vals;
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  const auto& s = h.statistics();
+  std::cout << h.tensor_name() << " at step " << h.step() << " (" << ModeName(h.mode()) << " "
+            << h.mode_step() << "), worker " << h.worker() << ": " << DTypeName(h.dtype())
+            << " " << ShapeString(h.shape()) << "\n"
+            << "  min " << Num(s.min()) << "  max " << Num(s.max()) << "  mean " << Num(s.mean())
+            << "  std " << Num(s.std()) << "  l2 " << Num(s.l2()) << "  nan " << s.nan_count()
+            << "  inf " << s.pos_inf_count() + s.neg_inf_count() << "\n";
+  const size_t limit = absl::GetFlag(FLAGS_max_values) <= 0
+                           ? values->size()
+                           : std::min<size_t>(values->size(), absl::GetFlag(FLAGS_max_values));
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < limit; ++i) shown.push_back(Num((*values)[i]));
+  std::cout << "  values: [" << absl::StrJoin(shown, ", ")
+            << (limit < values->size() ? absl::StrCat(", ... (", values->size() - limit, " more)") : "")
+            << "]\n";
+  return 0;
+}
+
+int Series(QueryClient& q, const std::string& job, v1::Mode mode, bool json) {
+  const std::string tensor = absl::GetFlag(FLAGS_tensor);
+  if (tensor.empty()) return Usage("series needs --tensor");
+  auto points = q.ReadSeries(job, tensor, mode, absl::GetFlag(FLAGS_start),
+                             absl::GetFlag(FLAGS_end), absl::GetFlag(FLAGS_worker));
+  if (!points.ok()) return Fail(points.status());
+  if (json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& p : *points) {
+      nlohmann::json o = StatsJson(p.statistics());
+      o["step"] = p.step();
+      o["mode"] = std::string(ModeName(p.mode()));
+      o["mode_step"] = p.mode_step();
+      o["worker"] = p.worker();
+      arr.push_back(o);
+    }
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& p : *points) {
+    const auto& s = p.statistics();
+    rows.push_back({absl::StrCat(p.step()), std::string(ModeName(p.mode())),
+                    absl::StrCat(p.mode_step()), absl::StrCat(p.worker()), Num(s.min()),
+                    Num(s.max()), Num(s.mean()), Num(s.std()), Num(s.l2()),
+                    absl::StrCat(s.nan_count()), absl::StrCat(s.pos_inf_count() + s.neg_inf_count())});
+  }
+  std::cout << Table({"STEP", "MODE", "MODE STEP", "WORKER", "MIN", "MAX", "MEAN", "STD", "L2",
+                      "NAN", "INF"},
+                     rows);
+  return 0;
+}
+
+int Rules(QueryClient& q, const std::string& job, bool json) {
+  auto results = q.RuleResults(job);
+  if (!results.ok()) return Fail(results.status());
+  if (json) {
+    std::cout << RulesJson(*results) << "\n";
+  } else {
+    std::cout << RuleSummary(job, *results);
+  }
+  return 0;
+}
+
+int Watch(QueryClient& q, const std::string& job, bool json) {
+  absl::Status s = q.WatchRuleResults(
+      job,
+      [json](const v1::RuleResult& r) {
+        if (json) {
+          std::cout << nlohmann::json::parse(RulesJson({r}))[0].dump() << std::endl;
+        } else {
+          std::cout << r.rule() << "  " << RuleStatusName(r.status()) << "  step " << r.step()
+                    << "  " << r.message() << std::endl;
+        }
+        return true;
+      },
+      absl::GetFlag(FLAGS_timeout));
+  if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) return Fail(s);
+  return 0;
+}
+
+int Main(const std::vector<char*>& args) {
+  if (args.size() < 2) return Usage("no command");
+  const std::string cmd = args[1];
+  if (args.size() > 2) return Usage(absl::StrCat("unexpected argument '", args[2], "'"));
+  const bool json = absl::GetFlag(FLAGS_json);
+  auto mode = ModeFlag();
+  if (!mode.ok()) return Fail(mode.status());
+  auto q = QueryClient::Connect(absl::GetFlag(FLAGS_collector));
+  if (cmd == "jobs") return Jobs(*q, json);
+  const std::string job = absl::GetFlag(FLAGS_job);
+  const bool known = cmd == "job" || cmd == "tensors" || cmd == "steps" || cmd == "show" ||
+                     cmd == "series" || cmd == "rules" || cmd == "watch";
+  if (!known) return Usage(absl::StrCat("unknown command '", cmd, "'"));
+  if (job.empty()) return Usage(absl::StrCat(cmd, " needs --job"));
+  if (cmd == "job") return Job(*q, job, json);
+  if (cmd == "tensors") return Tensors(*q, job, json);
+  if (cmd == "steps") return Steps(*q, job, *mode, json);
+  if (cmd == "show") return Show(*q, job, *mode, json);
+  if (cmd == "series") return Series(*q, job, *mode, json);
+  if (cmd == "rules") return Rules(*q, job, json);
+  return Watch(*q, job, json);
+}
+
+}  // namespace
+}  // namespace sonde
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "sonde {jobs|job|tensors|steps|show|series|rules|watch} [--collector=host:port] "
+      "[--job=J] [--json] ...");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  return sonde::Main(args);
+}
