@@ -49,10 +49,9 @@ absl::StatusOr<std::unique_ptr<RuleRunner>> RuleRunner::Create(
     }
     instances.push_back(std::move(inst));
   }
-  {
-    absl::MutexLock lock(&runner->mu_);
-    runner->instances_ = std::move(instances);
-  }
+  runner->instances_ = std::move(instances);
+  Outbox none;
+  runner->Flush(none);
   return runner;
 }
 
@@ -73,24 +72,32 @@ void RuleRunner::Drain() { strand_.Drain(); }
 
 std::vector<v1::RuleResult> RuleRunner::Results() const {
   absl::MutexLock lock(&mu_);
-  std::vector<v1::RuleResult> out;
-  for (const Instance& i : instances_) out.push_back(i.result);
-  return out;
+  return snapshot_;
 }
 
-void RuleRunner::Publish(Instance& inst) {
+void RuleRunner::Flush(Outbox& out) {
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot_.clear();
+    for (const Instance& i : instances_) snapshot_.push_back(i.result);
+  }
+  for (const v1::Action& a : out.actions) sink_->OnAction(a);
+  for (const v1::RuleResult& r : out.results) sink_->OnResult(r);
+}
+
+void RuleRunner::Publish(Instance& inst, Outbox& out) {
   inst.result.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
-  sink_->OnResult(inst.result);
+  out.results.push_back(inst.result);
 }
 
 void RuleRunner::Conclude(Instance& inst,
                           const absl::StatusOr<std::optional<Finding>>& outcome,
-                          const StepData* step) {
+                          const StepData* step, Outbox& out) {
   v1::RuleResult& r = inst.result;
   if (!outcome.ok()) {
     r.set_status(v1::RULE_STATUS_ERROR);
     r.set_message(absl::StrCat("rule failed: ", outcome.status().ToString()));
-    Publish(inst);
+    Publish(inst, out);
     return;
   }
   if (!outcome->has_value()) return;
@@ -114,20 +121,20 @@ void RuleRunner::Conclude(Instance& inst,
     a.set_rule(inst.spec.name());
     a.set_reason(f.message);
     a.set_step(r.step());
-    sink_->OnAction(a);
+    out.actions.push_back(a);
     r.add_actions_taken(action);
   }
-  Publish(inst);
+  Publish(inst, out);
 }
 
 void RuleRunner::EvaluateStep(const StepData& step) {
-  absl::MutexLock lock(&mu_);
+  Outbox out;
   for (Instance& inst : instances_) {
     if (IsFinal(inst.result.status())) continue;
     auto outcome = inst.rule->OnStep(step);
     inst.result.set_steps_evaluated(inst.result.steps_evaluated() + 1);
     const v1::RuleStatus before = inst.result.status();
-    Conclude(inst, outcome, &step);
+    Conclude(inst, outcome, &step, out);
     if (inst.result.status() == before) {
       inst.result.set_step(step.step);
       inst.result.set_mode(step.mode);
@@ -136,25 +143,27 @@ void RuleRunner::EvaluateStep(const StepData& step) {
           inst.result.steps_evaluated() % kProgressEvery == 0) {
         inst.result.set_message(absl::StrCat("evaluated ", inst.result.steps_evaluated(),
                                              " steps, no issues so far"));
-        Publish(inst);
+        Publish(inst, out);
       }
     }
   }
+  Flush(out);
 }
 
 void RuleRunner::EvaluateJobEnd() {
-  absl::MutexLock lock(&mu_);
+  Outbox out;
   for (Instance& inst : instances_) {
     if (IsFinal(inst.result.status())) continue;
     auto outcome = inst.rule->OnJobEnd();
-    Conclude(inst, outcome, nullptr);
+    Conclude(inst, outcome, nullptr, out);
     if (!IsFinal(inst.result.status())) {
       inst.result.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
       inst.result.set_message(absl::StrCat("no issues found in ",
                                            inst.result.steps_evaluated(), " steps"));
-      Publish(inst);
+      Publish(inst, out);
     }
   }
+  Flush(out);
 }
 
 }  // namespace sonde::rules

@@ -55,17 +55,28 @@ class RuleRunner {
     v1::RuleResult result;
   };
 
+  // What one evaluation wants told to the sink, sent once no lock is held.
+  struct Outbox {
+    std::vector<v1::RuleResult> results;
+    std::vector<v1::Action> actions;
+  };
+
   RuleRunner(std::string job, ThreadPool* pool, RuleSink* sink);
   void EvaluateStep(const StepData& step);
   void EvaluateJobEnd();
-  void Publish(Instance& instance);
+  void Publish(Instance& instance, Outbox& out);
   void Conclude(Instance& instance, const absl::StatusOr<std::optional<Finding>>& outcome,
-                const StepData* step);
+                const StepData* step, Outbox& out);
+  // Refreshes the snapshot, then delivers `out` to the sink without locks.
+  void Flush(Outbox& out);
 
   const std::string job_;
   RuleSink* const sink_;
+  // Only the strand touches the instances after Create; no lock needed.
+  std::vector<Instance> instances_;
+  // What Results() returns; mu_ is a leaf lock (never held while calling out).
   mutable absl::Mutex mu_;
-  std::vector<Instance> instances_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::RuleResult> snapshot_ ABSL_GUARDED_BY(mu_);
   Strand strand_;
 };
 

@@ -793,11 +793,18 @@ TEST_F(IngestSessionTest, RejectedStreamsLeaveStepsCommittedBeforeReadableAndUnc
   SONDE_ASSERT_OK(w1.SendTensor(Header("w", 1, {10}), w0_bytes, 12));
   ASSERT_THAT(w1.EndStep(1, 2), StatusIs(absl::StatusCode::kInvalidArgument, "says 2"));
   w1.Close();
-  // A new stream of worker 0 repeats a bad step 0 tensor and is rejected.
+  // A new stream of worker 0 tries to rewrite its stored step 0, then sends a
+  // malformed step 1 tensor: both are rejected.
   {
     Worker again(registry_.get());
     ASSERT_THAT(again.Join(MakeHello("survive", 0, 2)), IsOk());
-    auto bad = SplitIntoChunks(Header("w", 0, {10}), w1_bytes, 64);
+    EXPECT_THAT(again.SendTensor(Header("w", 0, {10}), w1_bytes, 64),
+                StatusIs(absl::StatusCode::kInvalidArgument, "steps must increase"));
+  }
+  {
+    Worker again(registry_.get());
+    ASSERT_THAT(again.Join(MakeHello("survive", 0, 2)), IsOk());
+    auto bad = SplitIntoChunks(Header("w", 1, {10}), w1_bytes, 64);
     bad[0].set_total_bytes(41);
     EXPECT_THAT(again.Send(ChunkMessage(bad[0])),
                 StatusIs(absl::StatusCode::kInvalidArgument, "needs 40 bytes"));
@@ -928,14 +935,8 @@ TEST_F(IngestSessionTest, HelloAskingForAnUnknownActionIsInvalidArgument) {
   EXPECT_THAT(w.Join(hello), StatusIs(absl::StatusCode::kInvalidArgument, "unknown action"));
 }
 
-// KNOWN BUG (job_registry.cc, JobRegistry::Join): the job record is created in
-// the store (store_->CreateJob, with the hello's rules) *before*
-// RuleRunner::Create validates the rule types. A hello rejected with NotFound
-// for an unknown rule type therefore leaves a RUNNING job record carrying the
-// bad RuleSpec, and every later hello for that job name re-reads the stored
-// specs and fails with the same NotFound: the job name is unusable for good.
-// Expected (asserted here): a rejected hello leaves nothing behind, and a
-// corrected hello for the same job joins.
+// Regression: rule specs were once stored with the job before being checked,
+// so one bad hello made the job name unusable.
 TEST_F(IngestSessionTest, HelloRejectedForAnUnknownRuleDoesNotBlockTheJobName) {
   {
     Worker w(registry_.get());
@@ -944,11 +945,10 @@ TEST_F(IngestSessionTest, HelloRejectedForAnUnknownRuleDoesNotBlockTheJobName) {
     ASSERT_THAT(w.Join(hello), StatusIs(absl::StatusCode::kNotFound, "unknown rule type"));
   }
   Worker fixed(registry_.get());
-  EXPECT_THAT(fixed.Join(MakeHello("retry-rule")), IsOk())
-      << "BUG: the rejected hello's rule spec was persisted with the job";
+  EXPECT_THAT(fixed.Join(MakeHello("retry-rule")), IsOk());
 }
 
-TEST_F(IngestSessionTest, JoiningAFinishedJobIsAlreadyExists) {
+TEST_F(IngestSessionTest, JoiningAFinishedJobIsFailedPrecondition) {
   {
     Worker w(registry_.get());
     CommitWeightsAtStepZero(w, "done");
@@ -956,21 +956,14 @@ TEST_F(IngestSessionTest, JoiningAFinishedJobIsAlreadyExists) {
   }
   Worker late(registry_.get());
   EXPECT_THAT(late.Join(MakeHello("done")),
-              StatusIs(absl::StatusCode::kAlreadyExists, "already finished"));
+              StatusIs(absl::StatusCode::kFailedPrecondition, "already finished"));
   StartRegistry({});  // also after a collector restart
   Worker later(registry_.get());
   EXPECT_THAT(later.Join(MakeHello("done")),
-              StatusIs(absl::StatusCode::kAlreadyExists, "already finished"));
+              StatusIs(absl::StatusCode::kFailedPrecondition, "already finished"));
 }
 
-// KNOWN BUG (job_registry.cc, JobRegistry::Join: `result.ack.set_resume_step(-1)`):
-// HelloAck.resume_step is documented in proto/collector.proto as "last step
-// stored for this worker, -1 if none", but Join always answers -1. As
-// IngestSession::Join seeds its step-order check from resume_step, a
-// reconnected worker is also allowed to send steps at or below ones it has
-// already committed (and acked), silently overwriting them in the store.
-// Expected (asserted here): resume_step names the committed step, and
-// re-sending it on the new stream is rejected.
+// A reconnected worker learns its last stored step and cannot rewrite acked steps.
 TEST_F(IngestSessionTest, ReconnectedWorkerIsToldItsLastStoredStep) {
   {
     Worker first(registry_.get());
@@ -985,10 +978,9 @@ TEST_F(IngestSessionTest, ReconnectedWorkerIsToldItsLastStoredStep) {
   Worker again(registry_.get());
   auto joined = again.Join(MakeHello("reconnect"));
   ASSERT_THAT(joined, IsOk());
-  EXPECT_EQ(joined->ack.resume_step(), 3) << "BUG: HelloAck.resume_step is always -1";
+  EXPECT_EQ(joined->ack.resume_step(), 3);
   EXPECT_THAT(again.SendTensor(Header("w", 0, {10}), F32Bytes({0, 0, 0, 0, 0, 0, 0, 0, 0, 0})),
-              StatusIs(absl::StatusCode::kInvalidArgument, "steps must increase"))
-      << "BUG: a reconnected worker may rewrite an acked step";
+              StatusIs(absl::StatusCode::kInvalidArgument, "steps must increase"));
 }
 
 // ---------------------------------------------------------------------------
@@ -1100,18 +1092,10 @@ TEST_F(IngestSessionTest, RuleWaitsForEveryWorkerAndItsStopActionReachesBothStre
   EXPECT_EQ(info->status(), v1::JOB_STATUS_STOPPED);
 }
 
-// KNOWN BUG (lock-order inversion between job_registry.cc and the rule runner):
-// - the rule strand calls RuleSink::OnAction while holding RuleRunner::mu_
-//   (rule_runner.cc EvaluateStep -> Conclude -> sink_->OnAction), and
-//   JobRegistry::Sink::OnAction -> JobRegistry::Broadcast takes JobRegistry::mu_;
-// - JobRegistry::RuleResults (and IsActive) hold JobRegistry::mu_ while
-//   calling runner->Results(), which takes RuleRunner::mu_.
-// A RuleResults/IsActive call (query service, collector shutdown) racing
-// with a StopTraining action deadlocks the registry for good. Abseil's
-// deadlock detector (on in this build) aborts the process as soon as both
-// orders have been seen, so this test reads the live results in a child
-// process (EXPECT_EXIT) to keep the abort from taking down the other tests.
-// Expected (asserted here): the child sees ISSUES_FOUND at step 0 and exits 0.
+// Regression: the rule runner once called its sink (which takes the registry's
+// lock) while holding its own lock, and RuleResults took them in the other
+// order; Abseil's deadlock detector aborted. Run in a child process so a
+// regression cannot take the other tests down with it.
 void StopTrainingThenReadLiveRuleResults(JobRegistry* registry) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Worker w0(registry);
@@ -1144,8 +1128,7 @@ TEST_F(IngestSessionTest, LiveRuleResultsCanBeReadAfterARuleStoppedTraining) {
         std::fflush(stderr);
         std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
       },
-      ::testing::ExitedWithCode(0), "")
-      << "BUG: JobRegistry::RuleResults after a StopTraining action (lock-order inversion)";
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(IngestSessionTest, WorkerJoiningAfterAStopIsToldToStop) {
@@ -1200,12 +1183,7 @@ TEST_F(IngestSessionTest, TwoWorkerJobFinishesOnlyWhenBothEnded) {
   EXPECT_TRUE(w1.stream().Actions().empty());
 }
 
-// KNOWN BUG (job_registry.cc, JobRegistry::CommitStep, the loop
-// `data.tensors.push_back(std::move(t.record))`): the TensorRecords handed to
-// the rules never get their worker set (IngestSession does not set it either;
-// only Store::CommitStep sets it, on its own copy). So every Finding, and the
-// RuleResult.worker built from it, says worker 0 whichever worker sent the
-// bad tensor. Expected (asserted here): the result names worker 1.
+// Regression: records handed to rules once all said worker 0.
 TEST_F(IngestSessionTest, RuleResultNamesTheWorkerWhoseTensorHadTheIssue) {
   StartRegistry({StopOnExplodingTensor()});
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -1223,7 +1201,7 @@ TEST_F(IngestSessionTest, RuleResultNamesTheWorkerWhoseTensorHadTheIssue) {
   const v1::RuleResult* r = FindResult(*results, "ExplodingTensor");
   ASSERT_NE(r, nullptr);
   ASSERT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
-  EXPECT_EQ(r->worker(), 1) << "BUG: rules see every tensor as worker 0's";
+  EXPECT_EQ(r->worker(), 1);
 }
 
 }  // namespace

@@ -125,7 +125,9 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     fresh.set_last_step(-1);
     *fresh.mutable_metadata() = hello.metadata();
     for (const v1::RuleSpec& s : specs) {
+      // Check each rule before anything is stored, so a bad hello leaves no trace.
       SONDE_ASSIGN_OR_RETURN(*fresh.add_rules(), rules::NormalizeRuleSpec(s));
+      SONDE_RETURN_IF_ERROR(rules::CreateRule(*fresh.rules().rbegin()).status());
     }
     SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(fresh));
     if (IsFinished(info.status())) {
@@ -182,7 +184,8 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
   SONDE_RETURN_IF_ERROR(store_->PutJob(job->info));
   result.ack.set_job_id(job->info.job_id());
   *result.ack.mutable_rules() = job->info.rules();
-  result.ack.set_resume_step(-1);
+  auto last = job->info.worker_last_step().find(hello.worker());
+  result.ack.set_resume_step(last == job->info.worker_last_step().end() ? -1 : last->second);
   result.pending_stop = job->stop;
   return result;
 }
@@ -254,6 +257,7 @@ absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker
   }
   mode_steps->set_first_step(std::min(mode_steps->first_step(), step.mode_step()));
   info.set_last_step(std::max(info.last_step(), step.step()));
+  (*info.mutable_worker_last_step())[worker] = step.step();
   write.job_id = info.job_id();
   write.worker = worker;
   write.job = info;
@@ -263,13 +267,17 @@ absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker
   // Keep what the collector changed concurrently (workers, status), take the steps.
   *job->info.mutable_modes() = info.modes();
   job->info.set_last_step(info.last_step());
+  *job->info.mutable_worker_last_step() = info.worker_last_step();
   rules::StepData& data = job->pending[step.step()];
   if (data.tensors.empty()) {
     data.step = step.step();
     data.mode = step.mode();
     data.mode_step = step.mode_step();
   }
-  for (storage::TensorWrite& t : write.tensors) data.tensors.push_back(std::move(t.record));
+  for (storage::TensorWrite& t : write.tensors) {
+    t.record.set_worker(worker);
+    data.tensors.push_back(std::move(t.record));
+  }
   auto ls = job->last_step.find(worker);
   if (ls != job->last_step.end()) ls->second = std::max(ls->second, step.step());
   DeliverCompleteSteps(*job);
