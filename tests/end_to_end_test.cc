@@ -1,0 +1,415 @@
+// End-to-end: the real collector (RocksDB, gRPC on a loopback port) driven
+// by the real C++ hook, read back through the real query client.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/hook.h"
+#include "client/query_client.h"
+#include "common/crc32c.h"
+#include "common/tensor_chunks.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "gtest/gtest.h"
+#include "proto/collector.grpc.pb.h"
+#include "tests/testing/health.grpc.pb.h"
+#include "tests/testing/in_process_collector.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::InProcessCollector;
+using ::sonde::testing::IsOk;
+using ::sonde::testing::StatusIs;
+
+constexpr char kStopOnNaN[] = "ExplodingTensor(actions=StopTraining);LossNotDecreasing";
+
+HookOptions Options(const std::string& address, const std::string& job) {
+  HookOptions o;
+  o.collector = address;
+  o.job = job;
+  o.config.save_config = SaveConfig::Every(1);
+  o.config.include_collections = {"weights", "gradients", "losses"};
+  o.close_timeout = absl::Seconds(20);
+  return o;
+}
+
+std::vector<float> Ramp(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * (static_cast<float>(i) - n / 2.0f);
+  return v;
+}
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// Waits (without sleeping) until no rule of the job is InProgress.
+std::vector<v1::RuleResult> FinalResults(QueryClient& q, const std::string& job) {
+  std::vector<v1::RuleResult> results;
+  absl::Status s = q.WatchRuleResults(
+      job,
+      [&](const v1::RuleResult&) {
+        auto now = q.RuleResults(job);
+        if (!now.ok()) return false;
+        results = *now;
+        for (const auto& r : results) {
+          if (r.status() == v1::RULE_STATUS_IN_PROGRESS) return true;
+        }
+        return false;
+      },
+      absl::Seconds(30));
+  EXPECT_THAT(s, IsOk());
+  return results;
+}
+
+const v1::RuleResult* Find(const std::vector<v1::RuleResult>& rs, const std::string& rule) {
+  for (const auto& r : rs) {
+    if (r.rule() == rule) return &r;
+  }
+  return nullptr;
+}
+
+TEST(EndToEnd, TensorsReadBackBitExactWithStatisticsSeriesAndSteps) {
+  InProcessCollector collector(kStopOnNaN);
+  HookOptions o = Options(collector.address(), "exact");
+  o.max_chunk_bytes = 4096;  // a 40 000-byte tensor travels as 10 chunks
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  (*hook)->SetMode(v1::MODE_TRAIN);
+  std::vector<std::vector<float>> weights;
+  for (int step = 0; step < 5; ++step) {
+    (*hook)->StartStep();
+    weights.push_back(Ramp(10000, 0.001f * (step + 1)));
+    SONDE_ASSERT_OK((*hook)->SaveTensor("fc1.weight", HostTensor(weights.back().data(), {100, 100}),
+                                        {"weights"}));
+    SONDE_ASSERT_OK((*hook)->SaveScalar("loss", 10.0 - step, {"losses"}));
+    SONDE_ASSERT_OK((*hook)->SaveTensor("not_included", HostTensor(weights.back().data(), {10}), {"misc"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  EXPECT_EQ((*hook)->counters().tensors_dropped, 0u);
+
+  auto q = QueryClient::Connect(collector.address());
+  for (int step = 0; step < 5; ++step) {
+    auto value = q->ReadTensor("exact", "fc1.weight", step, v1::MODE_TRAIN);
+    SONDE_ASSERT_OK(value);
+    EXPECT_EQ(value->bytes, Bytes(weights[step])) << "step " << step;
+    EXPECT_EQ(value->header.dtype(), v1::DTYPE_F32);
+    EXPECT_EQ(std::vector<int64_t>(value->header.shape().begin(), value->header.shape().end()),
+              (std::vector<int64_t>{100, 100}));
+    EXPECT_EQ(value->header.statistics().count(), 10000u);
+    EXPECT_FLOAT_EQ(value->header.statistics().min(), weights[step][0]);
+  }
+  auto series = q->ReadSeries("exact", "loss", v1::MODE_TRAIN, 1, 4);
+  SONDE_ASSERT_OK(series);
+  ASSERT_EQ(series->size(), 3u);
+  EXPECT_EQ((*series)[0].mode_step(), 1);
+  EXPECT_EQ((*series)[2].statistics().mean(), 10.0 - 3);
+  auto tensors = q->ListTensors("exact");
+  SONDE_ASSERT_OK(tensors);
+  EXPECT_EQ(tensors->size(), 2u);  // "not_included" is in no included collection
+  auto weights_only = q->ListTensors("exact", "weights");
+  ASSERT_EQ(weights_only->size(), 1u);
+  EXPECT_EQ((*weights_only)[0].name(), "fc1.weight");
+  EXPECT_EQ(q->ListTensors("exact", "", "^lo")->size(), 1u);
+  auto steps = q->ListSteps("exact", v1::MODE_TRAIN);
+  SONDE_ASSERT_OK(steps);
+  EXPECT_EQ(steps->size(), 5u);
+  auto job = q->GetJob("exact");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+  EXPECT_EQ(job->last_step(), 4);
+  ASSERT_EQ(job->modes_size(), 1);
+  EXPECT_EQ(job->modes(0).step_count(), 5);
+  auto results = FinalResults(*q, "exact");
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) EXPECT_EQ(r.status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << r.rule();
+}
+
+TEST(EndToEnd, NaNIsCaughtAtItsStepAndTheStopActionReachesTraining) {
+  InProcessCollector collector(kStopOnNaN);
+  absl::Notification stopped;
+  HookOptions o = Options(collector.address(), "diverges");
+  o.on_stop = [&](const v1::Action&) { stopped.Notify(); };
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  int last_step = -1;
+  for (int step = 0; step < 1000; ++step) {
+    if ((*hook)->should_stop()) break;
+    (*hook)->StartStep();
+    std::vector<float> g = {1.0f, step >= 3 ? nan : 2.0f};
+    SONDE_ASSERT_OK((*hook)->SaveTensor("gradient/w", HostTensor(g.data(), {2}), {"gradients"}));
+    (*hook)->EndStep();
+    last_step = step;
+    if (step >= 3) {
+      // Training "computes" until the verdict arrives; a real step takes longer.
+      ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    }
+  }
+  EXPECT_TRUE((*hook)->should_stop());
+  EXPECT_EQ(last_step, 3);
+  ASSERT_TRUE((*hook)->stop_action().has_value());
+  EXPECT_EQ((*hook)->stop_action()->rule(), "ExplodingTensor");
+  EXPECT_EQ((*hook)->stop_action()->step(), 3);
+  SONDE_ASSERT_OK((*hook)->Close());
+
+  auto q = QueryClient::Connect(collector.address());
+  auto results = FinalResults(*q, "diverges");
+  const v1::RuleResult* r = Find(results, "ExplodingTensor");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(r->step(), 3);
+  EXPECT_EQ(r->tensors(0), "gradient/w");
+  EXPECT_EQ(r->actions_taken(0), "StopTraining");
+  auto job = q->GetJob("diverges");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_STOPPED);
+  EXPECT_EQ(job->end_reason(), "stopped by rule ExplodingTensor");
+}
+
+TEST(EndToEnd, ReductionsOnlyTensorsHaveStatisticsButNoValues) {
+  InProcessCollector collector;
+  HookOptions o = Options(collector.address(), "reduced");
+  o.config.reduction_config = ReductionConfig{{"mean", "max"}, {}, {"l2"}, {}, false};
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  std::vector<float> w = {3, 4};
+  SONDE_ASSERT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {2}), {"weights"}));
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q = QueryClient::Connect(collector.address());
+  EXPECT_THAT(q->ReadTensor("reduced", "w", 0, v1::MODE_GLOBAL),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "statistics only"));
+  auto series = q->ReadSeries("reduced", "w");
+  SONDE_ASSERT_OK(series);
+  ASSERT_EQ(series->size(), 1u);
+  EXPECT_EQ((*series)[0].statistics().l2(), 5.0);
+  EXPECT_EQ((*series)[0].statistics().mean(), 3.5);
+}
+
+TEST(EndToEnd, DataAndRuleResultsSurviveACollectorRestart) {
+  InProcessCollector collector(kStopOnNaN);
+  {
+    auto hook = Hook::Create(Options(collector.address(), "persist"));
+    SONDE_ASSERT_OK(hook);
+    std::vector<float> w = {1.5f, -2.5f};
+    for (int i = 0; i < 3; ++i) {
+      (*hook)->StartStep();
+      SONDE_ASSERT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {2}), {"weights"}));
+    }
+    SONDE_ASSERT_OK((*hook)->Close());
+  }
+  auto before = QueryClient::Connect(collector.address());
+  auto results_before = FinalResults(*before, "persist");
+  collector.Restart();
+  auto q = QueryClient::Connect(collector.address());
+  auto value = q->ReadTensor("persist", "w", 2);
+  SONDE_ASSERT_OK(value);
+  EXPECT_EQ(value->bytes, Bytes({1.5f, -2.5f}));
+  auto job = q->GetJob("persist");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+  auto results = q->RuleResults("persist");
+  SONDE_ASSERT_OK(results);
+  ASSERT_EQ(results->size(), results_before.size());
+  for (const auto& r : *results) EXPECT_EQ(r.status(), v1::RULE_STATUS_NO_ISSUES_FOUND);
+  // A finished job cannot be reopened by mistake.
+  auto again = Hook::Create(Options(collector.address(), "persist"));
+  SONDE_ASSERT_OK(again);
+  (*again)->StartStep();
+  EXPECT_FALSE((*again)->Close().ok());
+}
+
+TEST(EndToEnd, QueriesForUnknownJobsAndTensorsSayNotFound) {
+  InProcessCollector collector;
+  auto q = QueryClient::Connect(collector.address());
+  EXPECT_THAT(q->GetJob("nope"), StatusIs(absl::StatusCode::kNotFound, "nope"));
+  EXPECT_THAT(q->ReadTensor("nope", "w", 0), StatusIs(absl::StatusCode::kNotFound, "nope"));
+  EXPECT_THAT(q->RuleResults("nope"), StatusIs(absl::StatusCode::kNotFound, "nope"));
+  EXPECT_THAT(q->ListTensors(""), StatusIs(absl::StatusCode::kInvalidArgument, "no job"));
+  auto hook = Hook::Create(Options(collector.address(), "known"));
+  std::vector<float> w = {1};
+  SONDE_ASSERT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {1}), {"weights"}));
+  SONDE_ASSERT_OK((*hook)->Close());
+  EXPECT_THAT(q->ReadTensor("known", "w", 7), StatusIs(absl::StatusCode::kNotFound, "7"));
+  EXPECT_THAT(q->ReadTensor("known", "v", 0), StatusIs(absl::StatusCode::kNotFound, "'v'"));
+  EXPECT_THAT(q->ListTensors("known", "", "(["),
+              StatusIs(absl::StatusCode::kInvalidArgument, "regex"));
+  EXPECT_TRUE(q->ListJobs().ok());
+}
+
+// A raw Collector stream, for sending what the hook never would.
+class RawStream {
+ public:
+  explicit RawStream(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(64 << 20);
+    stub_ = v1::Collector::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stream_ = stub_->Stream(&context_);
+  }
+  bool Send(v1::ClientMessage m) {
+    m.set_seq(++seq_);
+    return stream_->Write(m);
+  }
+  bool Hello(const std::string& job) {
+    v1::ClientMessage m;
+    m.mutable_hello()->set_job(job);
+    m.mutable_hello()->set_world_size(1);
+    return Send(m);
+  }
+  // Reads until the server ends the stream and returns its status.
+  grpc::Status Finish() {
+    stream_->WritesDone();
+    v1::ServerMessage in;
+    while (stream_->Read(&in)) {
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  std::unique_ptr<v1::Collector::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
+  uint64_t seq_ = 0;
+};
+
+v1::ClientMessage Chunk(v1::TensorChunk c) {
+  v1::ClientMessage m;
+  *m.mutable_chunk() = std::move(c);
+  return m;
+}
+
+v1::TensorChunk Header(const std::string& name, int64_t step, std::vector<int64_t> shape) {
+  v1::TensorChunk h;
+  h.set_tensor_name(name);
+  h.set_step(step);
+  h.set_mode_step(step);
+  h.set_mode(v1::MODE_TRAIN);
+  h.set_dtype(v1::DTYPE_F32);
+  for (auto d : shape) h.add_shape(d);
+  return h;
+}
+
+TEST(EndToEnd, BadChunksEndTheStreamWithAPreciseStatusAndStoredDataStays) {
+  InProcessCollector collector;
+  {
+    auto hook = Hook::Create(Options(collector.address(), "victim"));
+    std::vector<float> w = {7, 8, 9};
+    SONDE_ASSERT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {3}), {"weights"}));
+    SONDE_ASSERT_OK((*hook)->Close());
+  }
+  {
+    RawStream s(collector.address());
+    ASSERT_TRUE(s.Hello("attacker"));
+    auto chunk = SplitIntoChunks(Header("w", 0, {4}), Bytes({1, 2, 3, 4}), 1024)[0];
+    chunk.set_crc32c(chunk.crc32c() ^ 1);
+    s.Send(Chunk(chunk));
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::DATA_LOSS);
+    EXPECT_NE(st.error_message().find("crc32c mismatch"), std::string::npos) << st.error_message();
+  }
+  {
+    RawStream s(collector.address());
+    ASSERT_TRUE(s.Hello("attacker2"));
+    auto chunk = SplitIntoChunks(Header("w", 0, {5}), Bytes({1, 2, 3, 4}), 1024)[0];
+    s.Send(Chunk(chunk));
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("needs 20 bytes, total_bytes says 16"), std::string::npos)
+        << st.error_message();
+  }
+  {
+    RawStream s(collector.address());
+    v1::ClientMessage m;
+    m.mutable_step_end()->set_step(0);
+    s.Send(m);
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(st.error_message().find("must be a hello"), std::string::npos);
+  }
+  {
+    // Bigger than the collector's message limit: refused by gRPC itself.
+    RawStream s(collector.address());
+    ASSERT_TRUE(s.Hello("huge"));
+    std::vector<float> big(3 << 20, 1.0f);  // 12 MiB in one chunk
+    s.Send(Chunk(SplitIntoChunks(Header("big", 0, {3 << 20}), Bytes(big), 64 << 20)[0]));
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  }
+  auto q = QueryClient::Connect(collector.address());
+  auto value = q->ReadTensor("victim", "w", 0);
+  SONDE_ASSERT_OK(value);
+  EXPECT_EQ(value->bytes, Bytes({7, 8, 9}));
+  EXPECT_THAT(q->ListTensors("attacker"), StatusIs(absl::StatusCode::kOk, ""));
+  EXPECT_TRUE(q->ListTensors("attacker")->empty());
+}
+
+TEST(EndToEnd, AnUnreachableCollectorNeverBlocksTraining) {
+  // Nothing listens on this port: the hook keeps trying in the background.
+  ::sonde::testing::TempDir dir;
+  HookOptions o = Options("127.0.0.1:1", "orphan");
+  o.close_timeout = absl::Milliseconds(300);
+  o.max_queue_bytes = 1 << 16;
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  std::vector<float> w(1024, 1.0f);  // 4 KiB per save, queue of 64 KiB
+  for (int i = 0; i < 100; ++i) {
+    (*hook)->StartStep();
+    SONDE_ASSERT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {1024}), {"weights"}));
+  }
+  auto counters = (*hook)->counters();
+  EXPECT_GT(counters.tensors_dropped, 0u);  // the bounded queue overflowed...
+  EXPECT_LE(counters.tensors_saved * 4096, 1u << 16);  // ...and memory stayed bounded
+  EXPECT_THAT((*hook)->Close(), StatusIs(absl::StatusCode::kDeadlineExceeded, "acknowledge"));
+}
+
+TEST(EndToEnd, HookConfiguredFromSageMakerJsonFile) {
+  InProcessCollector collector;
+  ::sonde::testing::TempDir dir;
+  const std::string path = dir.Sub("debughookconfig.json");
+  std::ofstream(path) << R"({"LocalPath": "/opt/ml/output/tensors",
+      "HookParameters": {"save_interval": "2", "job": "from-json"},
+      "CollectionConfigurations": [{"CollectionName": "weights"},
+                                   {"CollectionName": "losses"}]})";
+  HookOptions base;
+  base.collector = collector.address();
+  auto hook = Hook::CreateFromJsonFile(path, base);
+  SONDE_ASSERT_OK(hook);
+  std::vector<float> w = {1, 2};
+  for (int i = 0; i < 6; ++i) {
+    (*hook)->StartStep();
+    SONDE_ASSERT_OK((*hook)->SaveTensor("fc.weight", HostTensor(w.data(), {2})));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q = QueryClient::Connect(collector.address());
+  auto series = q->ReadSeries("from-json", "fc.weight");
+  SONDE_ASSERT_OK(series);
+  std::vector<int64_t> steps;
+  for (const auto& p : *series) steps.push_back(p.step());
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 2, 4}));
+  EXPECT_THAT(Hook::CreateFromJsonFile(dir.Sub("missing.json"), base),
+              StatusIs(absl::StatusCode::kNotFound, "missing.json"));
+}
+
+TEST(EndToEnd, HealthServiceReportsServing) {
+  InProcessCollector collector;
+  auto channel = grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = health->Check(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+}  // namespace
+}  // namespace sonde
