@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds everything, runs every test, and ends
+# with a line "N passed, N failed" counting GoogleTest cases (a test target
+# that fails without reporting cases counts as one failure).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/install-deps.sh || exit 1
+
+log=$(mktemp)
+bazel test //... --test_output=errors "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+
+testlogs=$(bazel info bazel-testlogs 2>/dev/null)
+passed=0
+failed=0
+skipped=0
+while read -r target status; do
+  xml="$testlogs/${target#//}"
+  xml="${xml/://}/test.xml"
+  t=0; f=0; s=0
+  if [ -f "$xml" ]; then
+    # The first <testsuites ...> element carries the totals.
+    head=$(grep -m1 -o '<testsuites[^>]*>' "$xml" || true)
+    t=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$head"); t=${t:-0}
+    fl=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$head"); fl=${fl:-0}
+    er=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$head"); er=${er:-0}
+    f=$((fl + er))
+    s=$(grep -c '<skipped' "$xml" || true)
+  fi
+  if [ "$status" != "PASSED" ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + t - f - s))
+  failed=$((failed + f))
+  skipped=$((skipped + s))
+done < <(sed -n 's#^\(//[^ ]*\) \+\((cached) \)\?\(PASSED\|FAILED\|TIMEOUT\|NO STATUS\|FLAKY\|FAILED TO BUILD\|INCOMPLETE\).*#\1 \3#p' "$log" | sed 's/ NO STATUS$/ NO_STATUS/; s/ FAILED TO BUILD$/ FAILED_TO_BUILD/')
+
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+rm -f "$log"
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+exit "$rc"
