@@ -38,6 +38,16 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   auto store = storage::Store::Open(store_options);
   if (!store.ok()) return store.status();
   c->store_ = std::move(*store);
+  // Jobs that were running when the collector last stopped have lost their
+  // streams; say so until their workers reconnect.
+  auto jobs = c->store_->ListJobs();
+  if (!jobs.ok()) return jobs.status();
+  for (v1::JobInfo& job : *jobs) {
+    if (job.status() != v1::JOB_STATUS_RUNNING) continue;
+    job.set_status(v1::JOB_STATUS_DISCONNECTED);
+    absl::Status s = c->store_->PutJob(job);
+    if (!s.ok()) return s;
+  }
   c->storage_pool_ = std::make_unique<ThreadPool>(options.storage_threads, 4096);
   c->rule_pool_ = std::make_unique<ThreadPool>(options.rule_threads, 4096);
   c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),

@@ -17,6 +17,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
 #include "proto/collector.grpc.pb.h"
+#include "storage/store.h"
 #include "tests/testing/health.grpc.pb.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
@@ -225,6 +226,37 @@ TEST(EndToEnd, DataAndRuleResultsSurviveACollectorRestart) {
   SONDE_ASSERT_OK(again);
   (*again)->StartStep();
   EXPECT_FALSE((*again)->Close().ok());
+}
+
+TEST(EndToEnd, JobsRunningWhenTheCollectorDiedShowAsDisconnectedAfterRestart) {
+  ::sonde::testing::TempDir dir;
+  {
+    // What a collector killed mid-run leaves behind: a job still marked running.
+    storage::Store::Options so;
+    so.path = dir.Sub("db");
+    auto store = storage::Store::Open(so);
+    SONDE_ASSERT_OK(store);
+    v1::JobInfo job;
+    job.set_job("crashed");
+    job.set_world_size(1);
+    job.set_status(v1::JOB_STATUS_RUNNING);
+    SONDE_ASSERT_OK((*store)->CreateJob(job));
+  }
+  server::CollectorOptions co;
+  co.listen = "127.0.0.1:0";
+  co.data_dir = dir.Sub("db");
+  auto collector = server::Collector::Start(co);
+  SONDE_ASSERT_OK(collector);
+  auto q = QueryClient::Connect((*collector)->address());
+  auto job = q->GetJob("crashed");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_DISCONNECTED);
+  // Its worker can come back and finish it.
+  auto hook = Hook::Create(Options((*collector)->address(), "crashed"));
+  SONDE_ASSERT_OK(hook);
+  (*hook)->StartStep();
+  SONDE_ASSERT_OK((*hook)->Close());
+  EXPECT_EQ(q->GetJob("crashed")->status(), v1::JOB_STATUS_FINISHED);
 }
 
 TEST(EndToEnd, QueriesForUnknownJobsAndTensorsSayNotFound) {
