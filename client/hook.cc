@@ -11,38 +11,13 @@
 #include "client/hook_config_json.h"
 #include "client/sender.h"
 #include "common/dtype.h"
+#include "common/names.h"
 #include "glog/logging.h"
 
 namespace sonde {
 namespace {
 
 constexpr char kClientVersion[] = "sonde-cpp/0.1.0";
-
-absl::Status ValidateJobName(const std::string& job) {
-  if (job.empty() || job.size() > 128) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job name must be 1 to 128 characters, got ", job.size()));
-  }
-  for (char c : job) {
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '.' || c == '_' || c == '-')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job name '", job, "' may only contain letters, digits, '.', '_' and '-'"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateTensorName(const std::string& name) {
-  if (name.empty() || name.size() > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor name must be 1 to 1024 bytes, got ", name.size()));
-  }
-  if (name.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError("tensor name contains a NUL byte");
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 

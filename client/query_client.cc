@@ -1,5 +1,7 @@
 #include "client/query_client.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -151,6 +153,44 @@ absl::Status QueryClient::WatchRuleResults(const std::string& job,
   grpc::Status s = reader->Finish();
   if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
   return FromGrpcStatus(s);
+}
+
+}  // namespace sonde
+
+namespace sonde {
+
+absl::StatusOr<std::vector<v1::RuleResult>> QueryClient::WaitForRuleVerdicts(
+    const std::string& job, absl::Duration timeout) {
+  // Start from every rule the job has, so one early verdict is not taken
+  // for all of them; the watch then brings the changes.
+  auto current = RuleResults(job);
+  if (!current.ok()) return current.status();
+  std::map<std::string, v1::RuleResult> latest;  // by rule instance
+  for (const auto& r : *current) latest[r.rule()] = r;
+  auto settled = [&latest] {
+    for (const auto& [name, r] : latest) {
+      if (r.status() == v1::RULE_STATUS_IN_PROGRESS) return false;
+    }
+    return !latest.empty();
+  };
+  if (!settled()) {
+    absl::Status s = WatchRuleResults(
+        job,
+        [&](const v1::RuleResult& r) {
+          latest[r.rule()] = r;
+          return !settled();
+        },
+        timeout);
+    if (!s.ok()) return s;
+  }
+  if (!settled()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("rules of job '", job, "' still in progress after ",
+                     absl::FormatDuration(timeout)));
+  }
+  std::vector<v1::RuleResult> out;
+  for (auto& [name, r] : latest) out.push_back(std::move(r));
+  return out;
 }
 
 }  // namespace sonde

@@ -50,6 +50,10 @@ class QueryClient {
   absl::Status WatchRuleResults(const std::string& job,
                                 const std::function<bool(const v1::RuleResult&)>& fn,
                                 absl::Duration timeout);
+  // Follows the job's rule results until none is InProgress (every rule has
+  // a verdict) and returns them; DeadlineExceeded after `timeout`.
+  absl::StatusOr<std::vector<v1::RuleResult>> WaitForRuleVerdicts(const std::string& job,
+                                                                 absl::Duration timeout);
 
  private:
   QueryClient(std::unique_ptr<v1::Query::Stub> stub, absl::Duration timeout)

@@ -97,24 +97,15 @@ RunResult Train(const std::string& collector, const std::string& job, float lr, 
   return result;
 }
 
-// Waits until every rule of the job has a final status, then prints them.
+// Waits until every rule of the job has a verdict, then prints them.
 std::vector<v1::RuleResult> Summary(QueryClient& query, const std::string& job) {
-  std::vector<v1::RuleResult> results;
-  absl::Status s = query.WatchRuleResults(
-      job,
-      [&](const v1::RuleResult&) {
-        auto now = query.RuleResults(job);
-        if (!now.ok()) return false;
-        results = *now;
-        for (const auto& r : results) {
-          if (r.status() == v1::RULE_STATUS_IN_PROGRESS) return true;
-        }
-        return false;
-      },
-      absl::Seconds(30));
-  if (!s.ok()) std::cerr << "demo: watching rules: " << s << "\n";
-  std::cout << "\n" << RuleSummary(job, results);
-  return results;
+  auto results = query.WaitForRuleVerdicts(job, absl::Seconds(30));
+  if (!results.ok()) {
+    std::cerr << "demo: waiting for rule verdicts: " << results.status() << "\n";
+    return {};
+  }
+  std::cout << "\n" << RuleSummary(job, *results);
+  return *results;
 }
 
 v1::RuleStatus StatusOf(const std::vector<v1::RuleResult>& results, const std::string& rule) {

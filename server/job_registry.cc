@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "rules/builtin_rules.h"
@@ -59,22 +60,6 @@ int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
 bool IsFinished(v1::JobStatus s) {
   return s == v1::JOB_STATUS_FINISHED || s == v1::JOB_STATUS_STOPPED;
-}
-
-absl::Status ValidateJobName(const std::string& job) {
-  if (job.empty() || job.size() > 128) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job name must be 1 to 128 characters, got ", job.size()));
-  }
-  for (char c : job) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job name '", job, "' may only contain letters, digits, '.', '_' and '-'"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace

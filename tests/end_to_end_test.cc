@@ -52,23 +52,11 @@ std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
-// Waits (without sleeping) until no rule of the job is InProgress.
+// Waits (without sleeping) until every rule of the job has a verdict.
 std::vector<v1::RuleResult> FinalResults(QueryClient& q, const std::string& job) {
-  std::vector<v1::RuleResult> results;
-  absl::Status s = q.WatchRuleResults(
-      job,
-      [&](const v1::RuleResult&) {
-        auto now = q.RuleResults(job);
-        if (!now.ok()) return false;
-        results = *now;
-        for (const auto& r : results) {
-          if (r.status() == v1::RULE_STATUS_IN_PROGRESS) return true;
-        }
-        return false;
-      },
-      absl::Seconds(30));
-  EXPECT_THAT(s, IsOk());
-  return results;
+  auto results = q.WaitForRuleVerdicts(job, absl::Seconds(30));
+  EXPECT_THAT(results, IsOk());
+  return results.ok() ? *results : std::vector<v1::RuleResult>();
 }
 
 const v1::RuleResult* Find(const std::vector<v1::RuleResult>& rs, const std::string& rule) {

@@ -1,0 +1,34 @@
+#include "common/names.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace sonde {
+
+absl::Status ValidateJobName(absl::string_view job) {
+  if (job.empty() || job.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job name must be 1 to 128 characters, got ", job.size()));
+  }
+  for (char c : job) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job name '", job, "' may only contain letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTensorName(absl::string_view name) {
+  if (name.empty() || name.size() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor name must be 1 to 1024 bytes, got ", name.size()));
+  }
+  if (name.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError("tensor name contains a NUL byte");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sonde

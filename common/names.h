@@ -1,0 +1,20 @@
+// The names the protocol accepts, checked the same way by the client (so
+// mistakes surface in training code) and the collector (which trusts no one).
+// Thread-safe; no state.
+#ifndef SONDE_COMMON_NAMES_H_
+#define SONDE_COMMON_NAMES_H_
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace sonde {
+
+// Job names: 1 to 128 of [A-Za-z0-9._-].
+absl::Status ValidateJobName(absl::string_view job);
+
+// Tensor names: 1 to 1024 bytes, any bytes but NUL.
+absl::Status ValidateTensorName(absl::string_view name);
+
+}  // namespace sonde
+
+#endif  // SONDE_COMMON_NAMES_H_

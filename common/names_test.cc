@@ -1,0 +1,32 @@
+#include "common/names.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::StatusIs;
+
+TEST(Names, JobNamesAreShortAndPlain) {
+  SONDE_EXPECT_OK(ValidateJobName("resnet50-lr0.1_run.3"));
+  EXPECT_THAT(ValidateJobName(""), StatusIs(absl::StatusCode::kInvalidArgument, "got 0"));
+  EXPECT_THAT(ValidateJobName(std::string(129, 'a')),
+              StatusIs(absl::StatusCode::kInvalidArgument, "got 129"));
+  EXPECT_THAT(ValidateJobName("a/b"), StatusIs(absl::StatusCode::kInvalidArgument, "'a/b'"));
+  EXPECT_THAT(ValidateJobName("a b"), StatusIs(absl::StatusCode::kInvalidArgument, "letters"));
+}
+
+TEST(Names, TensorNamesMayHoldAnythingButNul) {
+  SONDE_EXPECT_OK(ValidateTensorName("gradient/Net_fc1.weight:0 (ünïcode)"));
+  EXPECT_THAT(ValidateTensorName(""), StatusIs(absl::StatusCode::kInvalidArgument, "got 0"));
+  EXPECT_THAT(ValidateTensorName(std::string("a\0b", 3)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "NUL"));
+  EXPECT_THAT(ValidateTensorName(std::string(1025, 'x')),
+              StatusIs(absl::StatusCode::kInvalidArgument, "got 1025"));
+}
+
+}  // namespace
+}  // namespace sonde
