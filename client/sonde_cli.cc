@@ -57,7 +57,16 @@ int Usage(const std::string& msg) {
   return 2;
 }
 
-std::string Num(double v) { return absl::StrFormat("%.6g", v); }
+std::string Num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return absl::StrFormat("%.6g", v);
+}
+
+// min/max-like fields mean nothing when every value is NaN.
+std::string Extreme(const v1::Statistics& s, double v) {
+  return s.count() > s.nan_count() ? Num(v) : "-";
+}
 
 nlohmann::json StatsJson(const v1::Statistics& s) {
   return {{"count", s.count()},       {"finite_count", s.finite_count()},
@@ -241,8 +250,8 @@ int Series(QueryClient& q, const std::string& job, v1::Mode mode, bool json) {
   for (const auto& p : *points) {
     const auto& s = p.statistics();
     rows.push_back({absl::StrCat(p.step()), std::string(ModeName(p.mode())),
-                    absl::StrCat(p.mode_step()), absl::StrCat(p.worker()), Num(s.min()),
-                    Num(s.max()), Num(s.mean()), Num(s.std()), Num(s.l2()),
+                    absl::StrCat(p.mode_step()), absl::StrCat(p.worker()), Extreme(s, s.min()),
+                    Extreme(s, s.max()), Num(s.mean()), Num(s.std()), Num(s.l2()),
                     absl::StrCat(s.nan_count()), absl::StrCat(s.pos_inf_count() + s.neg_inf_count())});
   }
   std::cout << Table({"STEP", "MODE", "MODE STEP", "WORKER", "MIN", "MAX", "MEAN", "STD", "L2",
