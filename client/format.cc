@@ -64,6 +64,7 @@ std::string RulesJson(const std::vector<v1::RuleResult>& results) {
                    {"worker", r.worker()},
                    {"tensors", std::vector<std::string>(r.tensors().begin(), r.tensors().end())},
                    {"message", r.message()},
+                   {"suggestion", r.suggestion()},
                    {"observed", r.observed()},
                    {"threshold", r.threshold()},
                    {"steps_evaluated", r.steps_evaluated()},

@@ -135,6 +135,15 @@ absl::StatusOr<std::vector<v1::RuleResult>> QueryClient::RuleResults(const std::
   return std::vector<v1::RuleResult>(resp.results().begin(), resp.results().end());
 }
 
+absl::StatusOr<std::vector<v1::RuleCatalogEntry>> QueryClient::RuleCatalog() {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ListRuleCatalogResponse resp;
+  grpc::Status s = stub_->ListRuleCatalog(&ctx, v1::ListRuleCatalogRequest(), &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::RuleCatalogEntry>(resp.rules().begin(), resp.rules().end());
+}
+
 absl::Status QueryClient::WatchRuleResults(const std::string& job,
                                            const std::function<bool(const v1::RuleResult&)>& fn,
                                            absl::Duration timeout) {

@@ -45,6 +45,7 @@ class QueryClient {
                                                           int64_t end_step = 0,
                                                           int32_t worker = -1);
   absl::StatusOr<std::vector<v1::RuleResult>> RuleResults(const std::string& job);
+  absl::StatusOr<std::vector<v1::RuleCatalogEntry>> RuleCatalog();
   // Calls `fn` for the current results, then for every change, until the
   // job ends, `fn` returns false, or `timeout` passes.
   absl::Status WatchRuleResults(const std::string& job,

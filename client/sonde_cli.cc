@@ -8,6 +8,7 @@
 //   sonde series --job J --tensor T [--mode M] [--start S] [--end E]
 //   sonde rules --job J              rule results (like rule_job_summary)
 //   sonde watch --job J              follow rule results live until the job ends
+//   sonde rule-catalog               every rule the collector can run
 //
 // Every command takes --collector (default 127.0.0.1:7070) and --json.
 #include <cmath>
@@ -52,7 +53,7 @@ int Fail(const absl::Status& s) {
 
 int Usage(const std::string& msg) {
   std::cerr << "sonde: " << msg << "\n"
-            << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch} [flags]; "
+            << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog} [flags]; "
                "sonde --help for flags\n";
   return 2;
 }
@@ -288,6 +289,40 @@ int Watch(QueryClient& q, const std::string& job, bool json) {
   return 0;
 }
 
+int Catalog(QueryClient& q, bool json) {
+  auto rules = q.RuleCatalog();
+  if (!rules.ok()) return Fail(rules.status());
+  if (json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& r : *rules) {
+      nlohmann::json params = nlohmann::json::array();
+      for (const auto& p : r.parameters()) {
+        params.push_back({{"name", p.name()},
+                          {"default", p.default_value()},
+                          {"description", p.description()}});
+      }
+      arr.push_back({{"rule", r.rule_type()},
+                     {"description", r.description()},
+                     {"parameters", params},
+                     {"collections", std::vector<std::string>(r.default_collections().begin(),
+                                                              r.default_collections().end())},
+                     {"suggestion", r.suggestion()},
+                     {"source", r.source()}});
+    }
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& r : *rules) {
+    std::cout << r.rule_type() << " (" << r.source() << "): " << r.description() << "\n"
+              << "  reads: " << absl::StrJoin(r.default_collections(), ", ") << "\n";
+    for (const auto& p : r.parameters()) {
+      std::cout << "  " << p.name() << " = " << (p.default_value().empty() ? "\"\"" : p.default_value())
+                << "  " << p.description() << "\n";
+    }
+  }
+  return 0;
+}
+
 int Main(const std::vector<char*>& args) {
   if (args.size() < 2) return Usage("no command");
   const std::string cmd = args[1];
@@ -297,6 +332,7 @@ int Main(const std::vector<char*>& args) {
   if (!mode.ok()) return Fail(mode.status());
   auto q = QueryClient::Connect(absl::GetFlag(FLAGS_collector));
   if (cmd == "jobs") return Jobs(*q, json);
+  if (cmd == "rule-catalog") return Catalog(*q, json);
   const std::string job = absl::GetFlag(FLAGS_job);
   const bool known = cmd == "job" || cmd == "tensors" || cmd == "steps" || cmd == "show" ||
                      cmd == "series" || cmd == "rules" || cmd == "watch";
@@ -316,7 +352,8 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "sonde {jobs|job|tensors|steps|show|series|rules|watch} [--collector=host:port] "
+      "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog} "
+      "[--collector=host:port] "
       "[--job=J] [--json] ...");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return sonde::Main(args);

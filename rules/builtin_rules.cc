@@ -183,21 +183,17 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeLossNotDecreasing(RuleParams& p) {
   return std::unique_ptr<Rule>(new LossNotDecreasing(std::move(selector), c));
 }
 
-using Factory = absl::StatusOr<std::unique_ptr<Rule>> (*)(RuleParams&);
+}  // namespace
 
-struct Entry {
-  RuleInfo info;
-  Factory factory;
-};
-
-const std::vector<Entry>& Entries() {
-  static const auto* entries = new std::vector<Entry>{
+void RegisterBuiltinRules(RuleFactory& factory) {
+  const std::pair<RuleInfo, RuleMaker> builtins[] = {
       {{"ExplodingTensor",
         "Finds NaN (and, unless only_nan, infinite) values in the watched tensors.",
         {{"collection_names", "", "comma-separated collections to watch"},
          {"tensor_regex", "", "regex of tensor names to watch"},
          {"only_nan", "false", "look for NaN only, not +-Inf"}},
-        {"all"}},
+        {"all"},
+        "Lower the learning rate, check the input scaling, or add gradient clipping."},
        &MakeExplodingTensor},
       {{"LossNotDecreasing",
         "Finds a loss that stops decreasing by at least diff_percent over num_steps.",
@@ -209,52 +205,14 @@ const std::vector<Entry>& Entries() {
          {"increase_threshold_percent", "5",
           "an increase up to this percent is tolerated once as noise"},
          {"mode", "", "TRAIN, EVAL, PREDICT or GLOBAL; empty: each mode on its own"}},
-        {"losses"}},
+        {"losses"},
+        "Check the learning rate (too high oscillates, too low crawls) and the data pipeline."},
        &MakeLossNotDecreasing},
   };
-  return *entries;
-}
-
-}  // namespace
-
-const std::vector<RuleInfo>& RuleCatalog() {
-  static const auto* catalog = [] {
-    auto* out = new std::vector<RuleInfo>();
-    for (const Entry& e : Entries()) out->push_back(e.info);
-    return out;
-  }();
-  return *catalog;
-}
-
-absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
-  if (spec.rule_type().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rule '", spec.name(), "' has no rule_type"));
+  for (const auto& [info, maker] : builtins) {
+    absl::Status s = factory.Register(info, maker);
+    (void)s;  // built-in names are distinct
   }
-  if (spec.name().empty()) spec.set_name(spec.rule_type());
-  for (const std::string& a : spec.actions()) {
-    if (a != "StopTraining") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rule '", spec.name(), "': unknown action '", a, "' (known: StopTraining)"));
-    }
-  }
-  return spec;
-}
-
-absl::StatusOr<std::unique_ptr<Rule>> CreateRule(const v1::RuleSpec& spec) {
-  for (const Entry& e : Entries()) {
-    if (e.info.rule_type != spec.rule_type()) continue;
-    RuleParams params(spec.rule_type(), std::map<std::string, std::string>(
-                                            spec.parameters().begin(),
-                                            spec.parameters().end()));
-    SONDE_ASSIGN_OR_RETURN(auto rule, e.factory(params));
-    SONDE_RETURN_IF_ERROR(params.CheckAllUsed());
-    return rule;
-  }
-  std::string known;
-  for (const Entry& e : Entries()) absl::StrAppend(&known, known.empty() ? "" : ", ", e.info.rule_type);
-  return absl::NotFoundError(absl::StrCat("unknown rule type '", spec.rule_type(),
-                                          "' (built-in: ", known, ")"));
 }
 
 }  // namespace sonde::rules

@@ -22,38 +22,13 @@
 #ifndef SONDE_RULES_BUILTIN_RULES_H_
 #define SONDE_RULES_BUILTIN_RULES_H_
 
-#include <memory>
-#include <string>
-#include <vector>
-
-#include "absl/status/statusor.h"
-#include "proto/rule.pb.h"
 #include "rules/rule.h"
+#include "rules/rule_factory.h"
 
 namespace sonde::rules {
 
-struct RuleParameterInfo {
-  std::string name;
-  std::string default_value;
-  std::string description;
-};
-
-struct RuleInfo {
-  std::string rule_type;
-  std::string description;
-  std::vector<RuleParameterInfo> parameters;
-  std::vector<std::string> default_collections;  // what the rule reads
-};
-
-// Every built-in rule.
-const std::vector<RuleInfo>& RuleCatalog();
-
-// Creates the rule a spec names, validating parameters (unknown parameters
-// and bad values are InvalidArgument; an unknown rule type is NotFound).
-absl::StatusOr<std::unique_ptr<Rule>> CreateRule(const v1::RuleSpec& spec);
-
-// Fills name from rule_type when empty and checks actions.
-absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec);
+// Registers every built-in rule in `factory`.
+void RegisterBuiltinRules(RuleFactory& factory);
 
 }  // namespace sonde::rules
 

@@ -37,12 +37,17 @@ StepData Step(int64_t s, std::vector<v1::TensorRecord> tensors,
   return d;
 }
 
+const RuleFactory& Factory() {
+  static const RuleFactory* factory = RuleFactory::WithBuiltins().release();
+  return *factory;
+}
+
 std::unique_ptr<Rule> Make(const std::string& type,
                            std::map<std::string, std::string> params = {}) {
   v1::RuleSpec spec;
   spec.set_rule_type(type);
   for (auto& [k, v] : params) (*spec.mutable_parameters())[k] = v;
-  auto rule = CreateRule(spec);
+  auto rule = Factory().Create(spec);
   EXPECT_THAT(rule, ::sonde::testing::IsOk());
   return rule.ok() ? std::move(*rule) : nullptr;
 }
@@ -84,22 +89,22 @@ TEST(ExplodingTensor, WatchesOnlySelectedTensors) {
 TEST(RuleCatalog, RejectsUnknownRulesParametersAndBadValues) {
   v1::RuleSpec spec;
   spec.set_rule_type("NoSuchRule");
-  EXPECT_THAT(CreateRule(spec), StatusIs(absl::StatusCode::kNotFound, "NoSuchRule"));
+  EXPECT_THAT(Factory().Create(spec), StatusIs(absl::StatusCode::kNotFound, "NoSuchRule"));
   spec.set_rule_type("ExplodingTensor");
   (*spec.mutable_parameters())["onlynan"] = "true";
-  EXPECT_THAT(CreateRule(spec),
+  EXPECT_THAT(Factory().Create(spec),
               StatusIs(absl::StatusCode::kInvalidArgument, "unknown parameter 'onlynan'"));
   spec.mutable_parameters()->clear();
   (*spec.mutable_parameters())["only_nan"] = "maybe";
-  EXPECT_THAT(CreateRule(spec), StatusIs(absl::StatusCode::kInvalidArgument, "maybe"));
+  EXPECT_THAT(Factory().Create(spec), StatusIs(absl::StatusCode::kInvalidArgument, "maybe"));
   spec.mutable_parameters()->clear();
   (*spec.mutable_parameters())["tensor_regex"] = "([";
-  EXPECT_THAT(CreateRule(spec), StatusIs(absl::StatusCode::kInvalidArgument, "regex"));
+  EXPECT_THAT(Factory().Create(spec), StatusIs(absl::StatusCode::kInvalidArgument, "regex"));
   v1::RuleSpec lnd;
   lnd.set_rule_type("LossNotDecreasing");
   (*lnd.mutable_parameters())["num_steps"] = "0";
-  EXPECT_THAT(CreateRule(lnd), StatusIs(absl::StatusCode::kInvalidArgument, "at least 1"));
-  EXPECT_EQ(RuleCatalog().size(), 2u);
+  EXPECT_THAT(Factory().Create(lnd), StatusIs(absl::StatusCode::kInvalidArgument, "at least 1"));
+  EXPECT_EQ(Factory().Catalog().size(), 2u);
 }
 
 TEST(RuleCatalog, NormalizeNamesAfterTypeAndChecksActions) {

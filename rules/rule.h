@@ -30,6 +30,7 @@ struct Finding {
   int32_t worker = 0;
   double observed = 0;
   double threshold = 0;
+  std::string suggestion;  // empty: the catalogue's advice for the rule
 };
 
 class Rule {

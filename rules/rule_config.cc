@@ -5,7 +5,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "rules/builtin_rules.h"
+#include "rules/rule_factory.h"
 
 namespace sonde::rules {
 
@@ -43,7 +43,6 @@ absl::StatusOr<std::vector<v1::RuleSpec>> ParseRuleFlag(absl::string_view flag) 
       }
     }
     SONDE_ASSIGN_OR_RETURN(v1::RuleSpec normalized, NormalizeRuleSpec(spec));
-    SONDE_RETURN_IF_ERROR(CreateRule(normalized).status());
     out.push_back(std::move(normalized));
   }
   return out;
@@ -102,7 +101,6 @@ absl::StatusOr<std::vector<v1::RuleSpec>> ParseRulesJson(absl::string_view text)
       }
     }
     SONDE_ASSIGN_OR_RETURN(v1::RuleSpec normalized, NormalizeRuleSpec(spec));
-    SONDE_RETURN_IF_ERROR(CreateRule(normalized).status());
     out.push_back(std::move(normalized));
   }
   return out;

@@ -10,6 +10,10 @@
 //                   "actions": ["StopTraining"]}]}
 // (SageMaker's spellings "RuleConfigurationName", "RuleParameters" with a
 // "rule_to_invoke" entry are accepted too.)
+//
+// These check the syntax and the actions; whether the rule types and their
+// parameters exist is checked against the collector's RuleFactory when the
+// rules are used (at collector start for its defaults).
 #ifndef SONDE_RULES_RULE_CONFIG_H_
 #define SONDE_RULES_RULE_CONFIG_H_
 

@@ -4,9 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "absl/time/time.h"
+#include "common/dtype.h"
 #include "common/status_macros.h"
-#include "rules/builtin_rules.h"
 
 namespace sonde::rules {
 namespace {
@@ -25,145 +24,155 @@ bool IsFinal(v1::RuleStatus status) {
 
 absl::StatusOr<std::unique_ptr<RuleRunner>> RuleRunner::Create(
     std::string job, const std::vector<v1::RuleSpec>& specs,
-    const std::vector<v1::RuleResult>& previous, ThreadPool* pool, RuleSink* sink) {
-  std::unique_ptr<RuleRunner> runner(new RuleRunner(std::move(job), pool, sink));
-  std::vector<Instance> instances;
+    const std::vector<v1::RuleResult>& previous, const RuleFactory& factory, ThreadPool* pool,
+    RuleSink* sink, RuleBudget budget) {
+  std::unique_ptr<RuleRunner> runner(new RuleRunner(std::move(job), sink, budget));
   for (const v1::RuleSpec& raw : specs) {
     SONDE_ASSIGN_OR_RETURN(v1::RuleSpec spec, NormalizeRuleSpec(raw));
-    for (const Instance& other : instances) {
-      if (other.spec.name() == spec.name()) {
+    for (const auto& other : runner->instances_) {
+      if (other->spec.name() == spec.name()) {
         return absl::InvalidArgumentError(
             absl::StrCat("two rules are named '", spec.name(), "'"));
       }
     }
-    Instance inst;
-    SONDE_ASSIGN_OR_RETURN(inst.rule, CreateRule(spec));
-    inst.spec = spec;
-    inst.result.set_job(runner->job_);
-    inst.result.set_rule(spec.name());
-    inst.result.set_rule_type(spec.rule_type());
-    inst.result.set_status(v1::RULE_STATUS_IN_PROGRESS);
-    inst.result.set_step(-1);
-    for (const v1::RuleResult& p : previous) {
-      if (p.rule() == spec.name()) inst.result = p;
+    auto inst = std::make_unique<Instance>();
+    SONDE_ASSIGN_OR_RETURN(inst->rule, factory.Create(spec));
+    if (const RuleInfo* info = factory.Find(spec.rule_type())) {
+      inst->suggestion = info->suggestion;
     }
-    instances.push_back(std::move(inst));
+    inst->spec = spec;
+    inst->result.set_job(runner->job_);
+    inst->result.set_rule(spec.name());
+    inst->result.set_rule_type(spec.rule_type());
+    inst->result.set_status(v1::RULE_STATUS_IN_PROGRESS);
+    inst->result.set_step(-1);
+    for (const v1::RuleResult& p : previous) {
+      if (p.rule() == spec.name()) inst->result = p;
+    }
+    inst->strand = std::make_unique<Strand>(pool);
+    runner->instances_.push_back(std::move(inst));
   }
-  runner->instances_ = std::move(instances);
-  Outbox none;
-  runner->Flush(none);
+  absl::MutexLock lock(&runner->mu_);
+  for (const auto& inst : runner->instances_) runner->snapshot_.push_back(inst->result);
   return runner;
 }
 
-RuleRunner::RuleRunner(std::string job, ThreadPool* pool, RuleSink* sink)
-    : job_(std::move(job)), sink_(sink), strand_(pool) {}
-
-RuleRunner::~RuleRunner() { strand_.Drain(); }
+RuleRunner::~RuleRunner() { Drain(); }
 
 void RuleRunner::SubmitStep(StepData step) {
-  strand_.Post([this, step = std::move(step)] { EvaluateStep(step); });
+  auto shared = std::make_shared<const StepData>(std::move(step));
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    Instance& inst = *instances_[i];
+    if (inst.stopped_feeding.load()) continue;
+    if (inst.backlog.fetch_add(1) + 1 > budget_.max_backlog) {
+      inst.stopped_feeding = true;
+      inst.backlog.fetch_sub(1);
+      // Reported from the strand, after what is queued has run.
+      inst.strand->Post([this, i] {
+        Instance& in = *instances_[i];
+        if (IsFinal(in.result.status())) return;
+        in.result.set_status(v1::RULE_STATUS_ERROR);
+        in.result.set_message(absl::StrCat("rule fell more than ", budget_.max_backlog,
+                                           " steps behind training; it is no longer fed"));
+        Publish(i, {});
+      });
+      continue;
+    }
+    inst.strand->Post([this, i, shared] {
+      Evaluate(i, shared.get());
+      instances_[i]->backlog.fetch_sub(1);
+    });
+  }
 }
 
 void RuleRunner::SubmitJobEnd() {
-  strand_.Post([this] { EvaluateJobEnd(); });
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    instances_[i]->strand->Post([this, i] { Evaluate(i, nullptr); });
+  }
 }
 
-void RuleRunner::Drain() { strand_.Drain(); }
+void RuleRunner::Drain() {
+  for (auto& inst : instances_) inst->strand->Drain();
+}
 
 std::vector<v1::RuleResult> RuleRunner::Results() const {
   absl::MutexLock lock(&mu_);
   return snapshot_;
 }
 
-void RuleRunner::Flush(Outbox& out) {
+void RuleRunner::Publish(size_t index, const std::vector<v1::Action>& actions) {
+  Instance& inst = *instances_[index];
+  inst.result.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
   {
     absl::MutexLock lock(&mu_);
-    snapshot_.clear();
-    for (const Instance& i : instances_) snapshot_.push_back(i.result);
+    snapshot_[index] = inst.result;
   }
-  for (const v1::Action& a : out.actions) sink_->OnAction(a);
-  for (const v1::RuleResult& r : out.results) sink_->OnResult(r);
+  for (const v1::Action& a : actions) sink_->OnAction(a);
+  sink_->OnResult(inst.result);
 }
 
-void RuleRunner::Publish(Instance& inst, Outbox& out) {
-  inst.result.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
-  out.results.push_back(inst.result);
-}
-
-void RuleRunner::Conclude(Instance& inst,
-                          const absl::StatusOr<std::optional<Finding>>& outcome,
-                          const StepData* step, Outbox& out) {
+void RuleRunner::Evaluate(size_t index, const StepData* step) {
+  Instance& inst = *instances_[index];
   v1::RuleResult& r = inst.result;
-  if (!outcome.ok()) {
-    r.set_status(v1::RULE_STATUS_ERROR);
-    r.set_message(absl::StrCat("rule failed: ", outcome.status().ToString()));
-    Publish(inst, out);
-    return;
-  }
-  if (!outcome->has_value()) return;
-  const Finding& f = **outcome;
-  r.set_status(v1::RULE_STATUS_ISSUES_FOUND);
-  r.set_message(f.message);
-  r.set_worker(f.worker);
-  r.set_observed(f.observed);
-  r.set_threshold(f.threshold);
-  r.clear_tensors();
-  for (const auto& t : f.tensors) r.add_tensors(t);
+  if (IsFinal(r.status())) return;
+  const absl::Time start = absl::Now();
+  auto outcome = step != nullptr ? inst.rule->OnStep(*step) : inst.rule->OnJobEnd();
+  const absl::Duration took = absl::Now() - start;
   if (step != nullptr) {
+    r.set_steps_evaluated(r.steps_evaluated() + 1);
     r.set_step(step->step);
     r.set_mode(step->mode);
     r.set_mode_step(step->mode_step);
   }
-  for (const std::string& action : inst.spec.actions()) {
-    if (action != "StopTraining") continue;
-    v1::Action a;
-    a.set_type(v1::ACTION_STOP_TRAINING);
-    a.set_rule(inst.spec.name());
-    a.set_reason(f.message);
-    a.set_step(r.step());
-    out.actions.push_back(a);
-    r.add_actions_taken(action);
+  const std::string where =
+      step != nullptr ? absl::StrCat("step ", step->step) : std::string("the end of training");
+  if (!outcome.ok()) {
+    r.set_status(v1::RULE_STATUS_ERROR);
+    r.set_message(absl::StrCat("rule failed at ", where, ": ", outcome.status().ToString()));
+    Publish(index, {});
+    return;
   }
-  Publish(inst, out);
-}
-
-void RuleRunner::EvaluateStep(const StepData& step) {
-  Outbox out;
-  for (Instance& inst : instances_) {
-    if (IsFinal(inst.result.status())) continue;
-    auto outcome = inst.rule->OnStep(step);
-    inst.result.set_steps_evaluated(inst.result.steps_evaluated() + 1);
-    const v1::RuleStatus before = inst.result.status();
-    Conclude(inst, outcome, &step, out);
-    if (inst.result.status() == before) {
-      inst.result.set_step(step.step);
-      inst.result.set_mode(step.mode);
-      inst.result.set_mode_step(step.mode_step);
-      if (inst.result.steps_evaluated() == 1 ||
-          inst.result.steps_evaluated() % kProgressEvery == 0) {
-        inst.result.set_message(absl::StrCat("evaluated ", inst.result.steps_evaluated(),
-                                             " steps, no issues so far"));
-        Publish(inst, out);
-      }
+  if (took > budget_.max_evaluation) {
+    inst.stopped_feeding = true;
+    r.set_status(v1::RULE_STATUS_ERROR);
+    r.set_message(absl::StrCat("rule took ", absl::FormatDuration(took), " at ", where,
+                               ", over its budget of ",
+                               absl::FormatDuration(budget_.max_evaluation)));
+    Publish(index, {});
+    return;
+  }
+  if (outcome->has_value()) {
+    const Finding& f = **outcome;
+    r.set_status(v1::RULE_STATUS_ISSUES_FOUND);
+    r.set_message(f.message);
+    r.set_suggestion(f.suggestion.empty() ? inst.suggestion : f.suggestion);
+    r.set_worker(f.worker);
+    r.set_observed(f.observed);
+    r.set_threshold(f.threshold);
+    r.clear_tensors();
+    for (const auto& t : f.tensors) r.add_tensors(t);
+    std::vector<v1::Action> actions;
+    for (const std::string& action : inst.spec.actions()) {
+      if (action != "StopTraining") continue;
+      v1::Action a;
+      a.set_type(v1::ACTION_STOP_TRAINING);
+      a.set_rule(inst.spec.name());
+      a.set_reason(f.message);
+      a.set_step(r.step());
+      actions.push_back(a);
+      r.add_actions_taken(action);
     }
+    Publish(index, actions);
+    return;
   }
-  Flush(out);
-}
-
-void RuleRunner::EvaluateJobEnd() {
-  Outbox out;
-  for (Instance& inst : instances_) {
-    if (IsFinal(inst.result.status())) continue;
-    auto outcome = inst.rule->OnJobEnd();
-    Conclude(inst, outcome, nullptr, out);
-    if (!IsFinal(inst.result.status())) {
-      inst.result.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
-      inst.result.set_message(absl::StrCat("no issues found in ",
-                                           inst.result.steps_evaluated(), " steps"));
-      Publish(inst, out);
-    }
+  if (step == nullptr) {
+    r.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
+    r.set_message(absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));
+    Publish(index, {});
+  } else if (r.steps_evaluated() == 1 || r.steps_evaluated() % kProgressEvery == 0) {
+    r.set_message(absl::StrCat("evaluated ", r.steps_evaluated(), " steps, no issues so far"));
+    Publish(index, {});
   }
-  Flush(out);
 }
 
 }  // namespace sonde::rules

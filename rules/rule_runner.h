@@ -1,11 +1,15 @@
-// Runs the rules of one job: each complete step goes to every rule, in step
-// order, each step once, on a Strand of a shared pool (never on the caller's
-// thread). Tracks each rule's status (InProgress -> IssuesFound / Error, or
-// NoIssuesFound at job end), reports results and actions to a RuleSink.
-// A rule that fails affects only itself. Thread-safe.
+// Runs the rules of one job. Each complete step goes to every rule, in step
+// order, each step once. Every rule instance has its own Strand on a shared
+// pool, so a slow rule delays only itself, never ingest (callers return at
+// once) or the other rules. Tracks each rule's status (InProgress ->
+// IssuesFound / Error, or NoIssuesFound at job end) and reports results and
+// actions to a RuleSink. A rule that fails, exceeds its time budget for one
+// step, or falls too far behind gets status Error with the reason and is not
+// fed again; the others go on. Thread-safe.
 #ifndef SONDE_RULES_RULE_RUNNER_H_
 #define SONDE_RULES_RULE_RUNNER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,20 +17,31 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/thread_pool.h"
 #include "proto/collector.pb.h"
 #include "proto/rule.pb.h"
 #include "rules/rule.h"
+#include "rules/rule_factory.h"
 
 namespace sonde::rules {
 
 // Where results and actions go (the collector persists and broadcasts).
-// Called from the runner's strand, one call at a time per runner.
+// Called from rule strands, possibly concurrently for different rules.
 class RuleSink {
  public:
   virtual ~RuleSink() = default;
   virtual void OnResult(const v1::RuleResult& result) = 0;
   virtual void OnAction(const v1::Action& action) = 0;
+};
+
+struct RuleBudget {
+  // Longest one evaluation (one step, or the end of training) may take.
+  // Default 30 s.
+  absl::Duration max_evaluation = absl::Seconds(30);
+  // Most steps a rule may have waiting before it is declared too slow.
+  // Default 10000.
+  int64_t max_backlog = 10000;
 };
 
 class RuleRunner {
@@ -37,10 +52,11 @@ class RuleRunner {
   // do not fire twice). `pool` and `sink` must outlive the runner.
   static absl::StatusOr<std::unique_ptr<RuleRunner>> Create(
       std::string job, const std::vector<v1::RuleSpec>& specs,
-      const std::vector<v1::RuleResult>& previous, ThreadPool* pool, RuleSink* sink);
+      const std::vector<v1::RuleResult>& previous, const RuleFactory& factory,
+      ThreadPool* pool, RuleSink* sink, RuleBudget budget = RuleBudget());
   ~RuleRunner();
 
-  // Queue a complete step / the end of training. Returns at once.
+  // Queue a complete step / the end of training. Return at once.
   void SubmitStep(StepData step);
   void SubmitJobEnd();
   // Waits until everything submitted has been evaluated.
@@ -51,33 +67,25 @@ class RuleRunner {
  private:
   struct Instance {
     v1::RuleSpec spec;
+    std::string suggestion;  // the catalogue's advice for this rule
     std::unique_ptr<Rule> rule;
-    v1::RuleResult result;
+    v1::RuleResult result;  // touched only on the instance's strand
+    std::unique_ptr<Strand> strand;
+    std::atomic<int64_t> backlog{0};
+    std::atomic<bool> stopped_feeding{false};
   };
 
-  // What one evaluation wants told to the sink, sent once no lock is held.
-  struct Outbox {
-    std::vector<v1::RuleResult> results;
-    std::vector<v1::Action> actions;
-  };
-
-  RuleRunner(std::string job, ThreadPool* pool, RuleSink* sink);
-  void EvaluateStep(const StepData& step);
-  void EvaluateJobEnd();
-  void Publish(Instance& instance, Outbox& out);
-  void Conclude(Instance& instance, const absl::StatusOr<std::optional<Finding>>& outcome,
-                const StepData* step, Outbox& out);
-  // Refreshes the snapshot, then delivers `out` to the sink without locks.
-  void Flush(Outbox& out);
+  RuleRunner(std::string job, RuleSink* sink, RuleBudget budget)
+      : job_(std::move(job)), sink_(sink), budget_(budget) {}
+  void Evaluate(size_t index, const StepData* step);  // step == nullptr: job end
+  void Publish(size_t index, const std::vector<v1::Action>& actions);
 
   const std::string job_;
   RuleSink* const sink_;
-  // Only the strand touches the instances after Create; no lock needed.
-  std::vector<Instance> instances_;
-  // What Results() returns; mu_ is a leaf lock (never held while calling out).
-  mutable absl::Mutex mu_;
+  const RuleBudget budget_;
+  std::vector<std::unique_ptr<Instance>> instances_;  // fixed after Create
+  mutable absl::Mutex mu_;  // leaf lock: never held while calling out
   std::vector<v1::RuleResult> snapshot_ ABSL_GUARDED_BY(mu_);
-  Strand strand_;
 };
 
 // True for IssuesFound, NoIssuesFound, Error and Stopped.

@@ -1,10 +1,13 @@
 #include "rules/rule_runner.h"
 
+#include "rules/builtin_rules.h"
+
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -29,6 +32,8 @@ class RecordingSink : public RuleSink {
   std::vector<v1::RuleResult> results;
   std::vector<v1::Action> actions;
 };
+
+const std::unique_ptr<RuleFactory> factory_ = RuleFactory::WithBuiltins();
 
 v1::TensorRecord Tensor(const std::string& name, float value, const std::string& coll) {
   v1::TensorRecord r;
@@ -60,7 +65,7 @@ std::vector<v1::RuleSpec> Specs() {
 TEST(RuleRunner, IssueFoundAtFirstBadStepTriggersStopOnce) {
   ThreadPool pool(2, 16);
   RecordingSink sink;
-  auto runner = RuleRunner::Create("job", Specs(), {}, &pool, &sink);
+  auto runner = RuleRunner::Create("job", Specs(), {}, *factory_, &pool, &sink);
   SONDE_ASSERT_OK(runner);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int s = 0; s < 8; ++s) (*runner)->SubmitStep(Step(s, s < 3 ? 1.0f : nan, 10.0f - s));
@@ -84,7 +89,7 @@ TEST(RuleRunner, IssueFoundAtFirstBadStepTriggersStopOnce) {
 TEST(RuleRunner, HealthyJobEndsNoIssuesFound) {
   ThreadPool pool(1, 4);
   RecordingSink sink;
-  auto runner = RuleRunner::Create("job", Specs(), {}, &pool, &sink);
+  auto runner = RuleRunner::Create("job", Specs(), {}, *factory_, &pool, &sink);
   SONDE_ASSERT_OK(runner);
   for (int s = 0; s < 40; ++s) (*runner)->SubmitStep(Step(s, 1.0f, 100.0f / (s + 1)));
   (*runner)->SubmitJobEnd();
@@ -105,7 +110,7 @@ TEST(RuleRunner, FinalResultsFromAnEarlierRunAreKeptAndNotReFired) {
   previous.set_rule("ExplodingTensor");
   previous.set_status(v1::RULE_STATUS_ISSUES_FOUND);
   previous.set_step(3);
-  auto runner = RuleRunner::Create("job", Specs(), {previous}, &pool, &sink);
+  auto runner = RuleRunner::Create("job", Specs(), {previous}, *factory_, &pool, &sink);
   SONDE_ASSERT_OK(runner);
   (*runner)->SubmitStep(Step(9, std::numeric_limits<float>::infinity(), 1));
   (*runner)->Drain();
@@ -119,13 +124,153 @@ TEST(RuleRunner, RejectsDuplicateNamesAndBadSpecs) {
   RecordingSink sink;
   auto specs = Specs();
   specs.push_back(specs[0]);
-  EXPECT_THAT(RuleRunner::Create("job", specs, {}, &pool, &sink),
+  EXPECT_THAT(RuleRunner::Create("job", specs, {}, *factory_, &pool, &sink),
               StatusIs(absl::StatusCode::kInvalidArgument, "two rules are named"));
   v1::RuleSpec bad;
   bad.set_rule_type("LossNotDecreasing");
   (*bad.mutable_parameters())["num_steps"] = "ten";
-  EXPECT_THAT(RuleRunner::Create("job", {bad}, {}, &pool, &sink),
+  EXPECT_THAT(RuleRunner::Create("job", {bad}, {}, *factory_, &pool, &sink),
               StatusIs(absl::StatusCode::kInvalidArgument, "num_steps='ten'"));
+}
+
+// Test-only rule types, registered the way plugins register theirs.
+class BlockingRule : public Rule {
+ public:
+  explicit BlockingRule(absl::Notification* release) : release_(release) {}
+  absl::StatusOr<std::optional<Finding>> OnStep(const StepData&) override {
+    release_->WaitForNotification();
+    return std::optional<Finding>();
+  }
+
+ private:
+  absl::Notification* release_;
+};
+
+class FailingRule : public Rule {
+ public:
+  absl::StatusOr<std::optional<Finding>> OnStep(const StepData& step) override {
+    if (step.step == 2) return absl::InternalError("cannot divide by zero");
+    return std::optional<Finding>();
+  }
+};
+
+class SlowRule : public Rule {
+ public:
+  absl::StatusOr<std::optional<Finding>> OnStep(const StepData&) override {
+    absl::SleepFor(absl::Milliseconds(30));  // longer than the test's budget
+    return std::optional<Finding>();
+  }
+};
+
+v1::RuleSpec Spec(const std::string& type) {
+  v1::RuleSpec s;
+  s.set_rule_type(type);
+  return s;
+}
+
+TEST(RuleRunner, AStuckRuleDelaysOnlyItself) {
+  absl::Notification release;
+  RuleFactory factory;
+  RegisterBuiltinRules(factory);
+  SONDE_ASSERT_OK(factory.Register({"Blocking", "blocks until released", {}, {}, "", "test"},
+                                   [&](RuleParams&) -> absl::StatusOr<std::unique_ptr<Rule>> {
+                                     return std::make_unique<BlockingRule>(&release);
+                                   }));
+  v1::RuleSpec exploding = Spec("ExplodingTensor");
+  exploding.add_actions("StopTraining");
+  ThreadPool pool(2, 16);
+  RecordingSink sink;
+  auto runner = RuleRunner::Create("job", {Spec("Blocking"), exploding}, {}, factory, &pool, &sink);
+  SONDE_ASSERT_OK(runner);
+  (*runner)->SubmitStep(Step(0, std::numeric_limits<float>::quiet_NaN(), 1));
+  // ExplodingTensor reaches its verdict while Blocking is still stuck on step 0.
+  {
+    absl::MutexLock lock(&sink.mu_);
+    auto has_action = [&sink]() { return !sink.actions.empty(); };
+    sink.mu_.Await(absl::Condition(&has_action));
+  }
+  auto results = (*runner)->Results();
+  EXPECT_EQ(results[0].status(), v1::RULE_STATUS_IN_PROGRESS);
+  EXPECT_EQ(results[1].status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_FALSE(results[1].suggestion().empty());
+  release.Notify();
+  (*runner)->Drain();
+}
+
+TEST(RuleRunner, AFailingRuleGetsErrorWithTheReasonAndOthersGoOn) {
+  RuleFactory factory;
+  RegisterBuiltinRules(factory);
+  SONDE_ASSERT_OK(factory.Register({"Failing", "fails at step 2", {}, {}, "", "test"},
+                                   [](RuleParams&) -> absl::StatusOr<std::unique_ptr<Rule>> {
+                                     return std::make_unique<FailingRule>();
+                                   }));
+  ThreadPool pool(2, 16);
+  RecordingSink sink;
+  auto runner = RuleRunner::Create("job", {Spec("Failing"), Spec("ExplodingTensor")}, {}, factory,
+                                   &pool, &sink);
+  SONDE_ASSERT_OK(runner);
+  for (int s = 0; s < 5; ++s) (*runner)->SubmitStep(Step(s, 1, 1));
+  (*runner)->SubmitJobEnd();
+  (*runner)->Drain();
+  auto results = (*runner)->Results();
+  EXPECT_EQ(results[0].status(), v1::RULE_STATUS_ERROR);
+  EXPECT_EQ(results[0].step(), 2);
+  EXPECT_NE(results[0].message().find("cannot divide by zero"), std::string::npos);
+  EXPECT_EQ(results[0].steps_evaluated(), 3);
+  EXPECT_EQ(results[1].status(), v1::RULE_STATUS_NO_ISSUES_FOUND);
+  EXPECT_EQ(results[1].steps_evaluated(), 5);
+}
+
+TEST(RuleRunner, ARuleOverItsTimeBudgetIsStoppedWithError) {
+  RuleFactory factory;
+  SONDE_ASSERT_OK(factory.Register({"Slow", "sleeps", {}, {}, "", "test"},
+                                   [](RuleParams&) -> absl::StatusOr<std::unique_ptr<Rule>> {
+                                     return std::make_unique<SlowRule>();
+                                   }));
+  ThreadPool pool(1, 16);
+  RecordingSink sink;
+  RuleBudget budget;
+  budget.max_evaluation = absl::Milliseconds(5);
+  auto runner = RuleRunner::Create("job", {Spec("Slow")}, {}, factory, &pool, &sink, budget);
+  SONDE_ASSERT_OK(runner);
+  for (int s = 0; s < 3; ++s) (*runner)->SubmitStep(Step(s, 1, 1));
+  (*runner)->Drain();
+  auto r = (*runner)->Results()[0];
+  EXPECT_EQ(r.status(), v1::RULE_STATUS_ERROR);
+  EXPECT_EQ(r.steps_evaluated(), 1);
+  EXPECT_NE(r.message().find("over its budget"), std::string::npos) << r.message();
+}
+
+TEST(RuleRunner, ARuleTooFarBehindIsStoppedWithError) {
+  absl::Notification release;
+  RuleFactory factory;
+  SONDE_ASSERT_OK(factory.Register({"Blocking", "blocks", {}, {}, "", "test"},
+                                   [&](RuleParams&) -> absl::StatusOr<std::unique_ptr<Rule>> {
+                                     return std::make_unique<BlockingRule>(&release);
+                                   }));
+  ThreadPool pool(1, 16);
+  RecordingSink sink;
+  RuleBudget budget;
+  budget.max_backlog = 3;
+  auto runner = RuleRunner::Create("job", {Spec("Blocking")}, {}, factory, &pool, &sink, budget);
+  SONDE_ASSERT_OK(runner);
+  for (int s = 0; s < 10; ++s) (*runner)->SubmitStep(Step(s, 1, 1));  // never blocks the caller
+  release.Notify();
+  (*runner)->Drain();
+  auto r = (*runner)->Results()[0];
+  EXPECT_EQ(r.status(), v1::RULE_STATUS_ERROR);
+  EXPECT_NE(r.message().find("fell more than 3 steps behind"), std::string::npos) << r.message();
+  EXPECT_LE(r.steps_evaluated(), 3);
+}
+
+TEST(RuleFactory, RejectsDuplicateAndEmptyTypes) {
+  auto factory = RuleFactory::WithBuiltins();
+  EXPECT_THAT(factory->Register({"ExplodingTensor", "", {}, {}, "", "test"}, nullptr),
+              StatusIs(absl::StatusCode::kAlreadyExists, "ExplodingTensor"));
+  EXPECT_THAT(factory->Register({"", "", {}, {}, "", "test"}, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, "empty"));
+  EXPECT_THAT(factory->Create(Spec("Nope")),
+              StatusIs(absl::StatusCode::kNotFound, "known: ExplodingTensor"));
 }
 
 }  // namespace

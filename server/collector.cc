@@ -12,6 +12,7 @@
 #include "server/collector_service.h"
 #include "server/job_registry.h"
 #include "server/query_service.h"
+#include "rules/rule_factory.h"
 #include "storage/store.h"
 
 namespace sonde::server {
@@ -32,6 +33,13 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   }
   std::unique_ptr<Collector> c(new Collector());
   c->shutdown_grace_ = options.shutdown_grace;
+  c->rule_factory_ = rules::RuleFactory::WithBuiltins();
+  for (const v1::RuleSpec& spec : options.default_rules) {
+    auto normalized = rules::NormalizeRuleSpec(spec);
+    if (!normalized.ok()) return normalized.status();
+    absl::Status valid = c->rule_factory_->Create(*normalized).status();
+    if (!valid.ok()) return valid;
+  }
   storage::Store::Options store_options;
   store_options.path = options.data_dir;
   store_options.sync_writes = options.sync_writes;
@@ -51,10 +59,11 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   c->storage_pool_ = std::make_unique<ThreadPool>(options.storage_threads, 4096);
   c->rule_pool_ = std::make_unique<ThreadPool>(options.rule_threads, 4096);
   c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),
-                                               options.default_rules);
+                                               c->rule_factory_.get(), options.default_rules);
   c->collector_service_ = std::make_unique<CollectorService>(
       c->registry_.get(), c->storage_pool_.get(), options.limits);
-  c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get());
+  c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get(),
+                                                     c->rule_factory_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

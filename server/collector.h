@@ -24,6 +24,10 @@ namespace sonde::storage {
 class Store;
 }  // namespace sonde::storage
 
+namespace sonde::rules {
+class RuleFactory;
+}  // namespace sonde::rules
+
 namespace sonde::server {
 
 class CollectorService;
@@ -53,7 +57,8 @@ struct CollectorOptions {
 
 class Collector {
  public:
-  // Opens the store and starts serving. InvalidArgument for bad options,
+  // Opens the store and starts serving. InvalidArgument for bad options
+  // (NotFound for an unknown default rule type),
   // Unavailable if the address cannot be bound, store errors as they come.
   static absl::StatusOr<std::unique_ptr<Collector>> Start(const CollectorOptions& options);
   ~Collector();
@@ -70,6 +75,7 @@ class Collector {
   Collector() = default;
 
   std::string address_;
+  std::unique_ptr<rules::RuleFactory> rule_factory_;
   std::unique_ptr<storage::Store> store_;
   std::unique_ptr<ThreadPool> storage_pool_;
   std::unique_ptr<ThreadPool> rule_pool_;

@@ -233,7 +233,8 @@ class IngestSessionTest : public ::testing::Test {
 
   void StartRegistry(std::vector<v1::RuleSpec> default_rules) {
     registry_.reset();
-    registry_ = std::make_unique<JobRegistry>(store_.get(), &pool_, std::move(default_rules));
+    registry_ = std::make_unique<JobRegistry>(store_.get(), &pool_, factory_.get(),
+                                              std::move(default_rules));
   }
 
   uint64_t JobId(const std::string& job) {
@@ -268,6 +269,7 @@ class IngestSessionTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<storage::Store> store_;
   ThreadPool pool_{2, 64};
+  std::unique_ptr<rules::RuleFactory> factory_ = rules::RuleFactory::WithBuiltins();
   std::unique_ptr<JobRegistry> registry_;
 };
 

@@ -10,7 +10,6 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "rules/builtin_rules.h"
 #include "storage/keys.h"
 
 namespace sonde::server {
@@ -65,8 +64,12 @@ bool IsFinished(v1::JobStatus s) {
 }  // namespace
 
 JobRegistry::JobRegistry(storage::Store* store, ThreadPool* rule_pool,
+                         const rules::RuleFactory* rule_factory,
                          std::vector<v1::RuleSpec> default_rules)
-    : store_(store), rule_pool_(rule_pool), default_rules_(std::move(default_rules)) {}
+    : store_(store),
+      rule_pool_(rule_pool),
+      rule_factory_(rule_factory),
+      default_rules_(std::move(default_rules)) {}
 
 JobRegistry::~JobRegistry() { DrainRules(); }
 
@@ -112,7 +115,7 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     for (const v1::RuleSpec& s : specs) {
       // Check each rule before anything is stored, so a bad hello leaves no trace.
       SONDE_ASSIGN_OR_RETURN(*fresh.add_rules(), rules::NormalizeRuleSpec(s));
-      SONDE_RETURN_IF_ERROR(rules::CreateRule(*fresh.rules().rbegin()).status());
+      SONDE_RETURN_IF_ERROR(rule_factory_->Create(*fresh.rules().rbegin()).status());
     }
     SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(fresh));
     if (IsFinished(info.status())) {
@@ -131,7 +134,7 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
         rules::RuleRunner::Create(hello.job(),
                                   std::vector<v1::RuleSpec>(info.rules().begin(),
                                                             info.rules().end()),
-                                  previous, rule_pool_, sink.get()));
+                                  previous, *rule_factory_, rule_pool_, sink.get()));
     for (const v1::RuleResult& r : runner->Results()) {
       SONDE_RETURN_IF_ERROR(store_->PutRuleResult(info.job_id(), r));
     }

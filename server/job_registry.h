@@ -21,6 +21,7 @@
 #include "proto/collector.pb.h"
 #include "proto/query.pb.h"
 #include "rules/rule.h"
+#include "rules/rule_factory.h"
 #include "rules/rule_runner.h"
 #include "storage/store.h"
 
@@ -44,7 +45,7 @@ class JobRegistry {
   // `default_rules` run for every job. `store` and `rule_pool` must outlive
   // the registry.
   JobRegistry(storage::Store* store, ThreadPool* rule_pool,
-              std::vector<v1::RuleSpec> default_rules);
+              const rules::RuleFactory* rule_factory, std::vector<v1::RuleSpec> default_rules);
   ~JobRegistry();
 
   // A worker says hello. Errors: InvalidArgument (bad names, rank out of
@@ -91,6 +92,7 @@ class JobRegistry {
 
   storage::Store* const store_;
   ThreadPool* const rule_pool_;
+  const rules::RuleFactory* const rule_factory_;
   const std::vector<v1::RuleSpec> default_rules_;
 
   absl::Mutex mu_;

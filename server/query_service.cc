@@ -210,4 +210,13 @@ grpc::Status QueryService::WatchRuleResults(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status QueryService::ListRuleCatalog(grpc::ServerContext*,
+                                           const v1::ListRuleCatalogRequest*,
+                                           v1::ListRuleCatalogResponse* response) {
+  for (const rules::RuleInfo& info : rule_factory_->Catalog()) {
+    *response->add_rules() = rules::ToProto(info);
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace sonde::server

@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "proto/query.grpc.pb.h"
+#include "rules/rule_factory.h"
 #include "server/job_registry.h"
 #include "storage/store.h"
 
@@ -14,8 +15,9 @@ namespace sonde::server {
 
 class QueryService final : public v1::Query::Service {
  public:
-  QueryService(storage::Store* store, JobRegistry* registry)
-      : store_(store), registry_(registry) {}
+  QueryService(storage::Store* store, JobRegistry* registry,
+               const rules::RuleFactory* rule_factory)
+      : store_(store), registry_(registry), rule_factory_(rule_factory) {}
 
   // Makes open WatchRuleResults calls return (collector shutting down).
   void Close() { closing_ = true; }
@@ -35,10 +37,13 @@ class QueryService final : public v1::Query::Service {
                               v1::GetRuleResultsResponse*) override;
   grpc::Status WatchRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
                                 grpc::ServerWriter<v1::RuleResult>*) override;
+  grpc::Status ListRuleCatalog(grpc::ServerContext*, const v1::ListRuleCatalogRequest*,
+                               v1::ListRuleCatalogResponse*) override;
 
  private:
   storage::Store* const store_;
   JobRegistry* const registry_;
+  const rules::RuleFactory* const rule_factory_;
   std::atomic<bool> closing_{false};
 };
 

@@ -126,6 +126,29 @@ TEST_F(CliTest, SeriesTensorsAndStepsCoverTheRun) {
   EXPECT_EQ(nlohmann::json::parse(st.out).size(), 5u);
 }
 
+TEST_F(CliTest, RuleCatalogListsRulesWithParametersAndDefaults) {
+  CliRun r = Cli(absl::StrCat("rule-catalog --json ", Flags()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto rules = nlohmann::json::parse(r.out);
+  const nlohmann::json* lnd = nullptr;
+  for (const auto& rule : rules) {
+    if (rule["rule"] == "LossNotDecreasing") lnd = &rule;
+  }
+  ASSERT_NE(lnd, nullptr) << r.out;
+  EXPECT_EQ((*lnd)["source"], "built-in");
+  bool found = false;
+  for (const auto& p : (*lnd)["parameters"]) {
+    if (p["name"] == "num_steps") {
+      EXPECT_EQ(p["default"], "10");
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+  CliRun table = Cli(absl::StrCat("rule-catalog ", Flags()));
+  ASSERT_EQ(table.exit_code, 0);
+  EXPECT_NE(table.out.find("ExplodingTensor (built-in)"), std::string::npos) << table.out;
+}
+
 TEST_F(CliTest, ErrorsSayWhatWasWrong) {
   CliRun missing = Cli(absl::StrCat("rules --job=nope ", Flags()));
   EXPECT_EQ(missing.exit_code, 3);

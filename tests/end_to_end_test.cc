@@ -419,6 +419,20 @@ TEST(EndToEnd, HookConfiguredFromSageMakerJsonFile) {
               StatusIs(absl::StatusCode::kNotFound, "missing.json"));
 }
 
+TEST(EndToEnd, ACollectorWithAnUnknownDefaultRuleRefusesToStart) {
+  ::sonde::testing::TempDir dir;
+  server::CollectorOptions co;
+  co.listen = "127.0.0.1:0";
+  co.data_dir = dir.Sub("db");
+  co.default_rules.emplace_back().set_rule_type("ExplodingTensors");
+  EXPECT_THAT(server::Collector::Start(co),
+              StatusIs(absl::StatusCode::kNotFound, "unknown rule type 'ExplodingTensors'"));
+  co.default_rules.back().set_rule_type("ExplodingTensor");
+  (*co.default_rules.back().mutable_parameters())["only_nan"] = "perhaps";
+  EXPECT_THAT(server::Collector::Start(co),
+              StatusIs(absl::StatusCode::kInvalidArgument, "perhaps"));
+}
+
 TEST(EndToEnd, HealthServiceReportsServing) {
   InProcessCollector collector;
   auto channel = grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials());

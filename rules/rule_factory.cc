@@ -1,0 +1,93 @@
+#include "rules/rule_factory.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "rules/builtin_rules.h"
+
+namespace sonde::rules {
+
+std::unique_ptr<RuleFactory> RuleFactory::WithBuiltins() {
+  auto factory = std::make_unique<RuleFactory>();
+  RegisterBuiltinRules(*factory);
+  return factory;
+}
+
+absl::Status RuleFactory::Register(RuleInfo info, RuleMaker maker) {
+  if (info.rule_type.empty()) return absl::InvalidArgumentError("rule type is empty");
+  if (Find(info.rule_type) != nullptr) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("rule type '", info.rule_type, "' is already registered"));
+  }
+  entries_.push_back({std::move(info), std::move(maker)});
+  return absl::OkStatus();
+}
+
+const RuleInfo* RuleFactory::Find(const std::string& rule_type) const {
+  for (const Entry& e : entries_) {
+    if (e.info.rule_type == rule_type) return &e.info;
+  }
+  return nullptr;
+}
+
+std::vector<RuleInfo> RuleFactory::Catalog() const {
+  std::vector<RuleInfo> out;
+  for (const Entry& e : entries_) out.push_back(e.info);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Rule>> RuleFactory::Create(const v1::RuleSpec& spec) const {
+  for (const Entry& e : entries_) {
+    if (e.info.rule_type != spec.rule_type()) continue;
+    RuleParams params(spec.rule_type(), std::map<std::string, std::string>(
+                                            spec.parameters().begin(),
+                                            spec.parameters().end()));
+    SONDE_ASSIGN_OR_RETURN(auto rule, e.maker(params));
+    SONDE_RETURN_IF_ERROR(params.CheckAllUsed());
+    if (rule == nullptr) {
+      return absl::InternalError(absl::StrCat("rule type '", spec.rule_type(),
+                                              "' made no rule"));
+    }
+    return rule;
+  }
+  std::string known;
+  for (const Entry& e : entries_) {
+    absl::StrAppend(&known, known.empty() ? "" : ", ", e.info.rule_type);
+  }
+  return absl::NotFoundError(absl::StrCat("unknown rule type '", spec.rule_type(),
+                                          "' (known: ", known, ")"));
+}
+
+absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
+  if (spec.rule_type().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rule '", spec.name(), "' has no rule_type"));
+  }
+  if (spec.name().empty()) spec.set_name(spec.rule_type());
+  for (const std::string& a : spec.actions()) {
+    if (a != "StopTraining") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rule '", spec.name(), "': unknown action '", a, "' (known: StopTraining)"));
+    }
+  }
+  return spec;
+}
+
+v1::RuleCatalogEntry ToProto(const RuleInfo& info) {
+  v1::RuleCatalogEntry e;
+  e.set_rule_type(info.rule_type);
+  e.set_description(info.description);
+  for (const auto& p : info.parameters) {
+    v1::RuleParameterInfo* pi = e.add_parameters();
+    pi->set_name(p.name);
+    pi->set_default_value(p.default_value);
+    pi->set_description(p.description);
+  }
+  for (const auto& c : info.default_collections) e.add_default_collections(c);
+  e.set_suggestion(info.suggestion);
+  e.set_source(info.source);
+  return e;
+}
+
+}  // namespace sonde::rules

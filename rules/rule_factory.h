@@ -1,0 +1,74 @@
+// The catalogue of rule types a collector can run: built-ins, and whatever
+// plugins register. Creates rule instances from RuleSpecs, checking every
+// parameter. Register everything before sharing the factory; after that it
+// is read-only and thread-safe.
+#ifndef SONDE_RULES_RULE_FACTORY_H_
+#define SONDE_RULES_RULE_FACTORY_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/rule.pb.h"
+#include "rules/params.h"
+#include "rules/rule.h"
+
+namespace sonde::rules {
+
+struct RuleParameterInfo {
+  std::string name;
+  std::string default_value;
+  std::string description;
+};
+
+struct RuleInfo {
+  std::string rule_type;
+  std::string description;
+  std::vector<RuleParameterInfo> parameters;
+  std::vector<std::string> default_collections;  // what the rule reads
+  std::string suggestion;                        // what to try when it fires
+  std::string source = "built-in";               // or the plugin's path
+};
+
+// Builds a rule from its parameters; read each one through `params` (an
+// unread parameter is reported to the user as unknown).
+using RuleMaker = std::function<absl::StatusOr<std::unique_ptr<Rule>>(RuleParams& params)>;
+
+class RuleFactory {
+ public:
+  RuleFactory() = default;
+  RuleFactory(const RuleFactory&) = delete;
+  RuleFactory& operator=(const RuleFactory&) = delete;
+
+  // A factory with every built-in rule registered.
+  static std::unique_ptr<RuleFactory> WithBuiltins();
+
+  // AlreadyExists if the type is taken; InvalidArgument for an empty type.
+  absl::Status Register(RuleInfo info, RuleMaker maker);
+
+  // NotFound for an unknown type (naming the known ones); InvalidArgument
+  // for unknown parameters and bad values.
+  absl::StatusOr<std::unique_ptr<Rule>> Create(const v1::RuleSpec& spec) const;
+
+  std::vector<RuleInfo> Catalog() const;
+  const RuleInfo* Find(const std::string& rule_type) const;
+
+ private:
+  struct Entry {
+    RuleInfo info;
+    RuleMaker maker;
+  };
+  std::vector<Entry> entries_;
+};
+
+// Fills name from rule_type when empty and checks actions.
+absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec);
+
+// The catalogue entry as it travels in the Query service.
+v1::RuleCatalogEntry ToProto(const RuleInfo& info);
+
+}  // namespace sonde::rules
+
+#endif  // SONDE_RULES_RULE_FACTORY_H_
