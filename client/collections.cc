@@ -77,6 +77,26 @@ absl::StatusOr<CollectionSet> CollectionSet::Create(const HookConfig& config) {
   return set;
 }
 
+absl::Status CollectionSet::Require(const v1::CollectionRequest& request) {
+  if (request.name().empty()) return absl::InvalidArgumentError("collection request has no name");
+  Collection& c = Get(request.name());
+  for (const std::string& pattern : request.include_regex()) {
+    auto re = Compile(pattern);
+    if (!re.ok()) return re.status();
+    c.regexes.push_back(*re);
+  }
+  if (!c.save_config.has_value() && !request.parameters().empty()) {
+    auto sc = SaveConfig::FromParameters(std::map<std::string, std::string>(
+        request.parameters().begin(), request.parameters().end()));
+    if (!sc.ok()) return sc.status();
+    c.save_config = *sc;
+  }
+  c.force_values = c.force_values || request.values();
+  included_.insert(request.name());
+  member_cache_.clear();
+  return absl::OkStatus();
+}
+
 void CollectionSet::AddToCollection(const std::string& collection, const std::string& tensor) {
   Get(collection).tensors.insert(tensor);
   member_cache_.erase(tensor);
@@ -123,7 +143,10 @@ SaveDecision CollectionSet::Decide(const std::string& tensor,
     const std::optional<ReductionConfig>& rc =
         coll != nullptr && coll->reduction_config.has_value() ? coll->reduction_config
                                                               : config_.reduction_config;
-    if (AlwaysValues(c) || !rc.has_value() || rc->save_raw_tensor) any_values = true;
+    if (AlwaysValues(c) || !rc.has_value() || rc->save_raw_tensor ||
+        (coll != nullptr && coll->force_values)) {
+      any_values = true;
+    }
   }
   d.values = d.save && any_values;
   return d;

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/save_config.h"
+#include "proto/rule.pb.h"
 
 namespace sonde {
 
@@ -57,6 +58,12 @@ class CollectionSet {
   // Adds a tensor name to a collection (creating a custom collection).
   void AddToCollection(const std::string& collection, const std::string& tensor);
 
+  // What a rule needs (from the collector's hello ack): the collection is
+  // included from now on, gains the request's regexes, keeps its own save
+  // settings if the user gave any (else takes the request's), and is saved
+  // with values when the rule reads values. InvalidArgument for a bad regex.
+  absl::Status Require(const v1::CollectionRequest& request);
+
   SaveDecision Decide(const std::string& tensor, const std::vector<std::string>& explicit_collections,
                       v1::Mode mode, int64_t mode_step);
 
@@ -68,6 +75,7 @@ class CollectionSet {
     std::set<std::string> tensors;
     std::optional<SaveConfig> save_config;
     std::optional<ReductionConfig> reduction_config;
+    bool force_values = false;  // a rule reads its raw values
   };
   Collection& Get(const std::string& name);
   const std::vector<std::string>& Members(const std::string& tensor);

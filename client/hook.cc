@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
     raw->stop_ = true;
     if (raw->options_.on_stop) raw->options_.on_stop(action);
   };
+  so.on_hello_ack = [raw](const v1::HelloAck& ack) { raw->ApplyHelloAck(ack); };
   hook->sender_ = std::make_unique<Sender>(std::move(so));
   return hook;
 }
@@ -95,6 +96,24 @@ void Hook::LogOnce(const std::string& key, const std::string& message) {
     logged_.push_back(key);
   }
   LOG(WARNING) << "sonde: " << message << " (logged once)";
+}
+
+void Hook::ApplyHelloAck(const v1::HelloAck& ack) {
+  for (const v1::CollectionRequest& request : ack.collections()) {
+    absl::Status s;
+    {
+      absl::MutexLock lock(&mu_);
+      s = collections_.Require(request);
+    }
+    if (!s.ok()) {
+      LogOnce(absl::StrCat("request:", request.name()),
+              absl::StrCat("rule ", request.rule(), " asked for collection '", request.name(),
+                           "': ", s.message()));
+    } else {
+      VLOG(1) << "sonde: rule " << request.rule() << " needs collection '" << request.name()
+              << "'" << (request.values() ? " with values" : "");
+    }
+  }
 }
 
 void Hook::StartStepLocked() {
@@ -217,6 +236,13 @@ absl::Status Hook::SaveScalar(const std::string& name, double value,
 void Hook::AddToCollection(const std::string& collection, const std::string& name) {
   absl::MutexLock lock(&mu_);
   collections_.AddToCollection(collection, name);
+}
+
+absl::Status Hook::WaitUntilConnected(absl::Duration timeout) {
+  if (sender_->WaitForHelloAck(timeout)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat("not connected to collector ",
+                                                  options_.collector, " within ",
+                                                  absl::FormatDuration(timeout)));
 }
 
 std::optional<v1::Action> Hook::stop_action() const {

@@ -114,6 +114,12 @@ class Hook {
   // Puts a tensor name in a collection (smdebug's add_to_collection).
   void AddToCollection(const std::string& collection, const std::string& name);
 
+  // Waits until the collector has accepted this process (and told it what
+  // its rules need saved). Training never has to call this; it is for
+  // programs that want their first step judged with the rules' collections.
+  // DeadlineExceeded if not connected within `timeout`.
+  absl::Status WaitUntilConnected(absl::Duration timeout);
+
   // True once a rule's StopTraining action has reached this process.
   bool should_stop() const { return stop_.load(); }
   std::optional<v1::Action> stop_action() const;
@@ -134,6 +140,7 @@ class Hook {
  private:
   Hook(HookOptions options, CollectionSet collections);
   void EndStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyHelloAck(const v1::HelloAck& ack);
   void StartStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogOnce(const std::string& key, const std::string& message);
 

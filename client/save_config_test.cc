@@ -149,6 +149,38 @@ TEST(Collections, CustomCollectionWithItsOwnIntervalAndSaveAll) {
   EXPECT_TRUE(all->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 100).save);
 }
 
+TEST(Collections, ARulesRequestIncludesItsCollectionWithValues) {
+  HookConfig config;
+  config.save_config = SaveConfig::Every(1);
+  config.reduction_config = ReductionConfig{{"mean"}, {}, {}, {}, false};  // statistics only
+  CollectionConfig weights;
+  weights.name = "weights";
+  weights.save_config = SaveConfig::Every(10);
+  config.collections = {weights};
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  EXPECT_FALSE(set->Decide("Net_relu_output", {}, v1::MODE_TRAIN, 0).save);
+  v1::CollectionRequest relu;
+  relu.set_name("relu_output");
+  relu.add_include_regex(".*relu_output");
+  relu.set_values(true);
+  SONDE_ASSERT_OK(set->Require(relu));
+  SaveDecision d = set->Decide("Net_relu_output", {}, v1::MODE_TRAIN, 3);
+  EXPECT_TRUE(d.save);
+  EXPECT_TRUE(d.values);  // the rule reads values, whatever the reductions say
+  // A collection the user configured keeps the user's interval.
+  v1::CollectionRequest w;
+  w.set_name("weights");
+  (*w.mutable_parameters())["save_interval"] = "1";
+  SONDE_ASSERT_OK(set->Require(w));
+  EXPECT_FALSE(set->Decide("Net_fc1.weight", {}, v1::MODE_TRAIN, 3).save);
+  EXPECT_TRUE(set->Decide("Net_fc1.weight", {}, v1::MODE_TRAIN, 10).save);
+  v1::CollectionRequest bad;
+  bad.set_name("x");
+  bad.add_include_regex("([");
+  EXPECT_THAT(set->Require(bad), StatusIs(absl::StatusCode::kInvalidArgument, "regex"));
+}
+
 TEST(HookConfigJson, ReadsSageMakersShape) {
   auto parsed = ParseHookConfigJson(R"({
       "S3OutputPath": "s3://bucket/prefix", "LocalPath": "/tmp/out",

@@ -105,6 +105,12 @@ absl::Status Sender::Close(const std::string& reason, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+bool Sender::WaitForHelloAck(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return connected_ || give_up_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) && connected_;
+}
+
 SenderCounters Sender::counters() const {
   absl::MutexLock lock(&mu_);
   return counters_;
@@ -216,7 +222,12 @@ bool Sender::StreamOnce() {
       switch (in.kind_case()) {
         case v1::ServerMessage::kHelloAck:
           server_chunk_limit = in.hello_ack().max_chunk_bytes();
+          if (options_.on_hello_ack) options_.on_hello_ack(in.hello_ack());
           hello_acked = true;
+          {
+            absl::MutexLock lock(&mu_);
+            connected_ = true;
+          }
           break;
         case v1::ServerMessage::kAck: {
           absl::MutexLock lock(&mu_);
@@ -238,6 +249,7 @@ bool Sender::StreamOnce() {
     }
     broken = true;
     absl::MutexLock lock(&mu_);  // wakes the writer's Await
+    connected_ = false;
   });
 
   v1::ClientMessage hello;

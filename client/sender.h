@@ -34,6 +34,7 @@ struct SenderOptions {
   absl::Duration reconnect_min = absl::Milliseconds(100);
   absl::Duration reconnect_max = absl::Seconds(5);
   std::function<void(const v1::Action&)> on_action;  // called on the reader thread
+  std::function<void(const v1::HelloAck&)> on_hello_ack;  // likewise, once per stream
 };
 
 // One tensor to send: values copied out of the training code's memory.
@@ -74,6 +75,9 @@ class Sender {
 
   SenderCounters counters() const;
 
+  // Waits until the collector has accepted the hello on the current stream.
+  bool WaitForHelloAck(absl::Duration timeout);
+
  private:
   struct Item {
     enum Kind { kTensor, kStepEnd, kJobEnd } kind;
@@ -99,6 +103,7 @@ class Sender {
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // the sender thread has exited
   bool job_end_acked_ ABSL_GUARDED_BY(mu_) = false;
   bool give_up_ ABSL_GUARDED_BY(mu_) = false;   // Close timed out: stop retrying
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;  // hello acked on the current stream
   SenderCounters counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> logged_ ABSL_GUARDED_BY(mu_);
 

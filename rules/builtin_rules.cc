@@ -9,6 +9,8 @@
 #include "common/dtype.h"
 #include "common/status_macros.h"
 #include "rules/params.h"
+#include "rules/stats_rules.h"
+#include "rules/value_rules.h"
 #include "rules/tensor_selector.h"
 
 namespace sonde::rules {
@@ -213,6 +215,8 @@ void RegisterBuiltinRules(RuleFactory& factory) {
     absl::Status s = factory.Register(info, maker);
     (void)s;  // built-in names are distinct
   }
+  RegisterStatisticsRules(factory);
+  RegisterValueRules(factory);
 }
 
 }  // namespace sonde::rules

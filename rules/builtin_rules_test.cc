@@ -104,7 +104,15 @@ TEST(RuleCatalog, RejectsUnknownRulesParametersAndBadValues) {
   lnd.set_rule_type("LossNotDecreasing");
   (*lnd.mutable_parameters())["num_steps"] = "0";
   EXPECT_THAT(Factory().Create(lnd), StatusIs(absl::StatusCode::kInvalidArgument, "at least 1"));
-  EXPECT_EQ(Factory().Catalog().size(), 2u);
+  for (const char* type : {"ExplodingTensor", "LossNotDecreasing", "UnchangedTensor",
+                           "WeightUpdateRatio", "DeadRelu", "SaturatedActivation",
+                           "ClassImbalance", "Confusion", "CheckInputImages", "NLPSequenceRatio",
+                           "FeatureImportanceOverweight", "TreeDepth"}) {
+    const RuleInfo* info = Factory().Find(type);
+    ASSERT_NE(info, nullptr) << type;
+    EXPECT_FALSE(info->description.empty()) << type;
+    EXPECT_FALSE(info->suggestion.empty()) << type;
+  }
 }
 
 TEST(RuleCatalog, NormalizeNamesAfterTypeAndChecksActions) {
@@ -189,6 +197,43 @@ TEST(LossNotDecreasing, IgnoresTensorsOutsideTheLossesCollection) {
   auto rule = Make("LossNotDecreasing", {{"num_steps", "1"}});
   EXPECT_FALSE(rule->OnStep(Step(0, {Tensor("w", {1}, {"weights"})}))->has_value());
   EXPECT_FALSE(rule->OnStep(Step(1, {Tensor("w", {1}, {"weights"})}))->has_value());
+}
+
+}  // namespace
+}  // namespace sonde::rules
+
+namespace sonde::rules {
+namespace {
+
+TEST(CollectionRequests, FollowTheCatalogueAndTheSpecsSelectors) {
+  auto requests = [](const std::string& type, std::map<std::string, std::string> params) {
+    v1::RuleSpec spec;
+    spec.set_rule_type(type);
+    spec.set_name(type);
+    for (auto& [k, v] : params) (*spec.mutable_parameters())[k] = v;
+    return CollectionRequestsFor(spec, *Factory().Find(type));
+  };
+  auto dead = requests("DeadRelu", {});
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].name(), "relu_output");
+  EXPECT_EQ(dead[0].include_regex(0), ".*relu_output");
+  EXPECT_TRUE(dead[0].values());
+  EXPECT_EQ(dead[0].rule(), "DeadRelu");
+
+  auto exploding = requests("ExplodingTensor", {{"collection_names", "gradients, weights"}});
+  ASSERT_EQ(exploding.size(), 2u);
+  EXPECT_EQ(exploding[1].name(), "weights");
+  EXPECT_EQ(exploding[1].include_regex_size(), 0);
+  EXPECT_FALSE(exploding[1].values());
+
+  auto by_regex = requests("ExplodingTensor", {{"tensor_regex", "^fc1\\\\."}});
+  ASSERT_EQ(by_regex.size(), 2u);  // the default "all" plus the regex
+  EXPECT_EQ(by_regex[1].name(), "rule:ExplodingTensor");
+  EXPECT_EQ(by_regex[1].include_regex(0), "^fc1\\\\.");
+
+  auto loss = requests("LossNotDecreasing", {});
+  ASSERT_EQ(loss.size(), 1u);
+  EXPECT_EQ(loss[0].name(), "losses");
 }
 
 }  // namespace

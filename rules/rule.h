@@ -6,6 +6,7 @@
 #define SONDE_RULES_RULE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,7 +21,15 @@ struct StepData {
   int64_t step = 0;  // global step
   v1::Mode mode = v1::MODE_GLOBAL;
   int64_t mode_step = 0;
-  std::vector<v1::TensorRecord> tensors;  // every worker's tensors
+  std::vector<v1::TensorRecord> tensors;  // every worker's tensors, in arrival order
+  // Raw little-endian values, parallel to `tensors`: kept only for tensors
+  // that were sent with values and that some rule WantsValues for; null
+  // (or missing) elsewhere.
+  std::vector<std::shared_ptr<const std::string>> values;
+
+  const std::string* ValuesOf(size_t i) const {
+    return i < values.size() ? values[i].get() : nullptr;
+  }
 };
 
 // What a rule saw when it found an issue.
@@ -40,6 +49,13 @@ class Rule {
   // Evaluates one complete step. A Finding means IssuesFound at this step;
   // an error status means the rule itself failed (status Error).
   virtual absl::StatusOr<std::optional<Finding>> OnStep(const StepData& step) = 0;
+
+  // Does the rule need the raw values of this tensor (not only its
+  // statistics)? Called from ingest threads: must be const and thread-safe.
+  virtual bool WantsValues(const v1::TensorRecord& record) const {
+    (void)record;
+    return false;
+  }
 
   // End-of-training evaluation, after the last step.
   virtual absl::StatusOr<std::optional<Finding>> OnJobEnd() {

@@ -74,6 +74,69 @@ absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
   return spec;
 }
 
+namespace {
+
+// Collections rules read that the client does not define itself, with the
+// tensors smdebug_rulesconfig puts in them.
+const char* KnownRegex(const std::string& collection) {
+  static const std::map<std::string, const char*> known = {
+      {"relu_output", ".*relu_output"},
+      {"relu_input", ".*relu_input"},
+      {"input_image", ".*hybridsequential0_input_0"},
+      {"input_sequence", ".*embedding0_input_0"},
+      {"feature_importance", "^feature_importance/.*"},
+      {"trees", "^trees/.*"},
+  };
+  auto it = known.find(collection);
+  return it == known.end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+std::vector<v1::CollectionRequest> CollectionRequestsFor(const v1::RuleSpec& spec,
+                                                         const RuleInfo& info) {
+  std::vector<v1::CollectionRequest> out;
+  auto add = [&](const std::string& name, const std::string& regex) {
+    v1::CollectionRequest r;
+    r.set_name(name);
+    if (!regex.empty()) r.add_include_regex(regex);
+    r.set_values(info.needs_values);
+    r.set_rule(spec.name());
+    out.push_back(std::move(r));
+  };
+  auto param = [&](const char* key) -> std::string {
+    auto it = spec.parameters().find(key);
+    return it == spec.parameters().end() ? "" : it->second;
+  };
+  const std::string names = param("collection_names");
+  if (!names.empty()) {
+    size_t start = 0;
+    while (start <= names.size()) {
+      size_t comma = names.find(',', start);
+      if (comma == std::string::npos) comma = names.size();
+      std::string name = names.substr(start, comma - start);
+      name.erase(0, name.find_first_not_of(' '));
+      name.erase(name.find_last_not_of(' ') + 1);
+      if (!name.empty()) {
+        const char* regex = KnownRegex(name);
+        add(name, regex != nullptr ? regex : "");
+      }
+      start = comma + 1;
+    }
+  } else {
+    for (const std::string& name : info.default_collections) {
+      const char* regex = KnownRegex(name);
+      add(name, regex != nullptr ? regex : "");
+    }
+  }
+  for (const char* key : {"tensor_regex", "regex", "activation_inputs_regex", "labels_regex",
+                          "predictions_regex"}) {
+    const std::string regex = param(key);
+    if (!regex.empty()) add(absl::StrCat("rule:", spec.name()), regex);
+  }
+  return out;
+}
+
 v1::RuleCatalogEntry ToProto(const RuleInfo& info) {
   v1::RuleCatalogEntry e;
   e.set_rule_type(info.rule_type);

@@ -30,6 +30,7 @@ struct RuleInfo {
   std::vector<std::string> default_collections;  // what the rule reads
   std::string suggestion;                        // what to try when it fires
   std::string source = "built-in";               // or the plugin's path
+  bool needs_values = false;                     // reads raw values, not only statistics
 };
 
 // Builds a rule from its parameters; read each one through `params` (an
@@ -65,6 +66,12 @@ class RuleFactory {
 
 // Fills name from rule_type when empty and checks actions.
 absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec);
+
+// What the training clients must save for one rule instance: its
+// collections (default_collections, or the spec's collection_names) and, for
+// the spec's regex parameters, a collection "rule:<name>" of those tensors.
+std::vector<v1::CollectionRequest> CollectionRequestsFor(const v1::RuleSpec& spec,
+                                                         const RuleInfo& info);
 
 // The catalogue entry as it travels in the Query service.
 v1::RuleCatalogEntry ToProto(const RuleInfo& info);

@@ -95,6 +95,21 @@ void RuleRunner::Drain() {
   for (auto& inst : instances_) inst->strand->Drain();
 }
 
+bool RuleRunner::WantsValues(const v1::TensorRecord& record) const {
+  std::string key = record.tensor_name();
+  for (const std::string& c : record.collections()) absl::StrAppend(&key, "\n", c);
+  {
+    absl::MutexLock lock(&wants_mu_);
+    auto it = wants_values_.find(key);
+    if (it != wants_values_.end()) return it->second;
+  }
+  bool wants = false;
+  for (const auto& inst : instances_) wants = wants || inst->rule->WantsValues(record);
+  absl::MutexLock lock(&wants_mu_);
+  wants_values_[key] = wants;
+  return wants;
+}
+
 std::vector<v1::RuleResult> RuleRunner::Results() const {
   absl::MutexLock lock(&mu_);
   return snapshot_;

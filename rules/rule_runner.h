@@ -10,6 +10,7 @@
 #define SONDE_RULES_RULE_RUNNER_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,10 @@ class RuleRunner {
 
   std::vector<v1::RuleResult> Results() const;
 
+  // True if any rule of the job wants the raw values of this tensor.
+  // Thread-safe.
+  bool WantsValues(const v1::TensorRecord& record) const;
+
  private:
   struct Instance {
     v1::RuleSpec spec;
@@ -86,6 +91,10 @@ class RuleRunner {
   std::vector<std::unique_ptr<Instance>> instances_;  // fixed after Create
   mutable absl::Mutex mu_;  // leaf lock: never held while calling out
   std::vector<v1::RuleResult> snapshot_ ABSL_GUARDED_BY(mu_);
+  // WantsValues answers by tensor name and collections: names repeat every
+  // step and regex matching is slow.
+  mutable absl::Mutex wants_mu_;
+  mutable std::map<std::string, bool> wants_values_ ABSL_GUARDED_BY(wants_mu_);
 };
 
 // True for IssuesFound, NoIssuesFound, Error and Stopped.

@@ -22,14 +22,23 @@ absl::StatusOr<TensorSelector> TensorSelector::Create(std::vector<std::string> c
   return s;
 }
 
-bool TensorSelector::Matches(const v1::TensorRecord& record) {
-  if (empty()) return true;
+bool TensorSelector::InCollections(const v1::TensorRecord& record) const {
   for (const std::string& c : collections_) {
     if (std::find(record.collections().begin(), record.collections().end(), c) !=
         record.collections().end()) {
       return true;
     }
   }
+  return false;
+}
+
+bool TensorSelector::MatchesUncached(const v1::TensorRecord& record) const {
+  if (empty() || InCollections(record)) return true;
+  return regex_ && std::regex_search(record.tensor_name(), *regex_);
+}
+
+bool TensorSelector::Matches(const v1::TensorRecord& record) {
+  if (empty() || InCollections(record)) return true;
   if (regex_) {
     auto it = regex_cache_.find(record.tensor_name());
     if (it == regex_cache_.end()) {

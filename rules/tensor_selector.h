@@ -23,8 +23,12 @@ class TensorSelector {
 
   bool empty() const { return collections_.empty() && !regex_; }
   bool Matches(const v1::TensorRecord& record);
+  // The same answer without the cache: const and thread-safe, slower.
+  bool MatchesUncached(const v1::TensorRecord& record) const;
 
  private:
+  bool InCollections(const v1::TensorRecord& record) const;
+
   std::vector<std::string> collections_;
   std::shared_ptr<std::regex> regex_;
   std::map<std::string, bool> regex_cache_;

@@ -172,6 +172,13 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
   SONDE_RETURN_IF_ERROR(store_->PutJob(job->info));
   result.ack.set_job_id(job->info.job_id());
   *result.ack.mutable_rules() = job->info.rules();
+  for (const v1::RuleSpec& spec : job->info.rules()) {
+    if (const rules::RuleInfo* info = rule_factory_->Find(spec.rule_type())) {
+      for (auto& request : rules::CollectionRequestsFor(spec, *info)) {
+        *result.ack.add_collections() = std::move(request);
+      }
+    }
+  }
   auto last = job->info.worker_last_step().find(hello.worker());
   result.ack.set_resume_step(last == job->info.worker_last_step().end() ? -1 : last->second);
   result.pending_stop = job->stop;
@@ -264,6 +271,12 @@ absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker
   }
   for (storage::TensorWrite& t : write.tensors) {
     t.record.set_worker(worker);
+    std::shared_ptr<const std::string> values;
+    if (t.record.has_values() && job->runner->WantsValues(t.record)) {
+      values = std::make_shared<const std::string>(std::move(t.bytes));
+    }
+    data.values.resize(data.tensors.size());
+    data.values.push_back(std::move(values));
     data.tensors.push_back(std::move(t.record));
   }
   auto ls = job->last_step.find(worker);

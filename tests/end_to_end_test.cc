@@ -164,6 +164,75 @@ TEST(EndToEnd, NaNIsCaughtAtItsStepAndTheStopActionReachesTraining) {
   EXPECT_EQ(job->end_reason(), "stopped by rule ExplodingTensor");
 }
 
+TEST(EndToEnd, ValueRulesReceiveTheValuesTheyAskFor) {
+  // UnchangedTensor needs raw values: the collector keeps them for it.
+  InProcessCollector collector(
+      "UnchangedTensor(collection_names=weights,actions=StopTraining)");
+  auto hook = Hook::Create(Options(collector.address(), "frozen"));
+  SONDE_ASSERT_OK(hook);
+  std::vector<float> frozen = {0.25f, -1.0f, 3.0f};
+  std::vector<float> learning = {0.25f, -1.0f, 3.0f};
+  for (int step = 0; step < 6; ++step) {
+    (*hook)->StartStep();
+    learning[0] += 0.5f;
+    SONDE_ASSERT_OK((*hook)->SaveTensor("fc1.weight", HostTensor(frozen.data(), {3}), {"weights"}));
+    SONDE_ASSERT_OK((*hook)->SaveTensor("fc2.weight", HostTensor(learning.data(), {3}), {"weights"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q = QueryClient::Connect(collector.address());
+  auto results = FinalResults(*q, "frozen");
+  const v1::RuleResult* r = Find(results, "UnchangedTensor");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(r->step(), 2);
+  ASSERT_EQ(r->tensors_size(), 1);
+  EXPECT_EQ(r->tensors(0), "fc1.weight");
+  EXPECT_FALSE(r->suggestion().empty());
+}
+
+TEST(EndToEnd, EnablingARuleMakesTheHookSaveWhatItNeeds) {
+  // The user saves nothing but the loss; DeadRelu's collection (relu
+  // outputs, with values) arrives with the hello ack.
+  InProcessCollector collector("DeadRelu");
+  HookOptions o;
+  o.collector = collector.address();
+  o.job = "needs";
+  o.config.save_config = SaveConfig::Every(1);
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  SONDE_ASSERT_OK((*hook)->WaitUntilConnected(absl::Seconds(20)));
+  std::vector<float> dead(32 * 16, 0.0f);  // every unit inactive for every sample
+  std::vector<float> other(4, 1.0f);
+  for (int step = 0; step < 3; ++step) {
+    (*hook)->StartStep();
+    SONDE_ASSERT_OK((*hook)->SaveTensor("Net_relu_output", HostTensor(dead.data(), {32, 16})));
+    SONDE_ASSERT_OK((*hook)->SaveTensor("Net_fc1.weight", HostTensor(other.data(), {4})));
+    SONDE_ASSERT_OK((*hook)->SaveScalar("loss", 1.0, {"losses"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q = QueryClient::Connect(collector.address());
+  auto results = FinalResults(*q, "needs");
+  const v1::RuleResult* r = Find(results, "DeadRelu");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(r->step(), 0);
+  auto tensors = q->ListTensors("needs");
+  SONDE_ASSERT_OK(tensors);
+  std::vector<std::string> names;
+  for (const auto& t : *tensors) names.push_back(t.name());
+  // Weights were not asked for by anyone: not saved.
+  EXPECT_EQ(names, (std::vector<std::string>{"Net_relu_output", "loss"}));
+}
+
+TEST(EndToEnd, WaitUntilConnectedTimesOutWithoutACollector) {
+  HookOptions o = Options("127.0.0.1:1", "nobody");
+  o.close_timeout = absl::Milliseconds(100);
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  EXPECT_THAT((*hook)->WaitUntilConnected(absl::Milliseconds(200)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, "127.0.0.1:1"));
+}
+
 TEST(EndToEnd, ReductionsOnlyTensorsHaveStatisticsButNoValues) {
   InProcessCollector collector;
   HookOptions o = Options(collector.address(), "reduced");
