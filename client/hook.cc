@@ -245,6 +245,17 @@ absl::Status Hook::WaitUntilConnected(absl::Duration timeout) {
                                                   absl::FormatDuration(timeout)));
 }
 
+absl::Status Hook::Flush(absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    EndStepLocked();
+  }
+  if (sender_->WaitForAcks(timeout)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat("the collector did not acknowledge "
+                                                  "everything within ",
+                                                  absl::FormatDuration(timeout)));
+}
+
 std::optional<v1::Action> Hook::stop_action() const {
   absl::MutexLock lock(&mu_);
   return stop_action_;

@@ -120,6 +120,10 @@ class Hook {
   // DeadlineExceeded if not connected within `timeout`.
   absl::Status WaitUntilConnected(absl::Duration timeout);
 
+  // Ends the open step and waits until everything saved so far is stored
+  // (acknowledged by the collector). DeadlineExceeded after `timeout`.
+  absl::Status Flush(absl::Duration timeout);
+
   // True once a rule's StopTraining action has reached this process.
   bool should_stop() const { return stop_.load(); }
   std::optional<v1::Action> stop_action() const;

@@ -111,6 +111,15 @@ bool Sender::WaitForHelloAck(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) && connected_;
 }
 
+bool Sender::WaitForAcks(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return give_up_ || (queue_.empty() && connected_ &&
+                        counters_.last_acked_seq >= counters_.messages_sent);
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&flushed), timeout) && !give_up_;
+}
+
 SenderCounters Sender::counters() const {
   absl::MutexLock lock(&mu_);
   return counters_;

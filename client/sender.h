@@ -77,6 +77,8 @@ class Sender {
 
   // Waits until the collector has accepted the hello on the current stream.
   bool WaitForHelloAck(absl::Duration timeout);
+  // Waits until everything queued so far has been written and acknowledged.
+  bool WaitForAcks(absl::Duration timeout);
 
  private:
   struct Item {

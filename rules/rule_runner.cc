@@ -47,7 +47,9 @@ absl::StatusOr<std::unique_ptr<RuleRunner>> RuleRunner::Create(
     inst->result.set_status(v1::RULE_STATUS_IN_PROGRESS);
     inst->result.set_step(-1);
     for (const v1::RuleResult& p : previous) {
-      if (p.rule() == spec.name()) inst->result = p;
+      if (p.rule() != spec.name()) continue;
+      inst->result = p;
+      if (p.status() == v1::RULE_STATUS_IN_PROGRESS) inst->cursor = p.step();
     }
     inst->strand = std::make_unique<Strand>(pool);
     runner->instances_.push_back(std::move(inst));
@@ -130,6 +132,11 @@ void RuleRunner::Evaluate(size_t index, const StepData* step) {
   Instance& inst = *instances_[index];
   v1::RuleResult& r = inst.result;
   if (IsFinal(r.status())) return;
+  if (step != nullptr && step->step <= inst.cursor) {
+    // Evaluated before a restart: rebuild the rule's state only.
+    inst.rule->OnStep(*step).IgnoreError();
+    return;
+  }
   const absl::Time start = absl::Now();
   auto outcome = step != nullptr ? inst.rule->OnStep(*step) : inst.rule->OnJobEnd();
   const absl::Duration took = absl::Now() - start;

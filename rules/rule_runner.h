@@ -50,7 +50,10 @@ class RuleRunner {
   // Creates every rule of `specs` (InvalidArgument/NotFound on a bad spec).
   // `previous` are results stored by an earlier collector run: a rule whose
   // stored status is final keeps it and is not evaluated again (so actions
-  // do not fire twice). `pool` and `sink` must outlive the runner.
+  // do not fire twice); an InProgress rule's stored step is its cursor:
+  // steps up to it are replayed silently (the rule rebuilds its state, and
+  // nothing is published or acted on), later steps are evaluated for real.
+  // `pool` and `sink` must outlive the runner.
   static absl::StatusOr<std::unique_ptr<RuleRunner>> Create(
       std::string job, const std::vector<v1::RuleSpec>& specs,
       const std::vector<v1::RuleResult>& previous, const RuleFactory& factory,
@@ -76,6 +79,7 @@ class RuleRunner {
     std::unique_ptr<Rule> rule;
     v1::RuleResult result;  // touched only on the instance's strand
     std::unique_ptr<Strand> strand;
+    int64_t cursor = -1;  // steps <= cursor were evaluated before a restart
     std::atomic<int64_t> backlog{0};
     std::atomic<bool> stopped_feeding{false};
   };

@@ -138,7 +138,12 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     for (const v1::RuleResult& r : runner->Results()) {
       SONDE_RETURN_IF_ERROR(store_->PutRuleResult(info.job_id(), r));
     }
+    std::map<int64_t, rules::StepData> pending;
+    if (info.last_step() >= 0) {
+      SONDE_ASSIGN_OR_RETURN(pending, Replay(info, *runner));
+    }
     absl::MutexLock lock(&mu_);
+    job->pending = std::move(pending);
     job->info = info;
     job->sink = std::move(sink);
     job->runner = std::move(runner);
@@ -159,7 +164,9 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
         "worker ", hello.worker(), " of job '", hello.job(), "' is already streaming"));
   }
   job->streams[hello.worker()] = stream;
-  job->last_step[hello.worker()] = -1;
+  auto stored = job->info.worker_last_step().find(hello.worker());
+  job->last_step[hello.worker()] =
+      stored == job->info.worker_last_step().end() ? -1 : stored->second;
   job->joined.insert(hello.worker());
   job->ended.erase(hello.worker());
   auto& workers = *job->info.mutable_workers();
@@ -183,6 +190,56 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
   result.ack.set_resume_step(last == job->info.worker_last_step().end() ? -1 : last->second);
   result.pending_stop = job->stop;
   return result;
+}
+
+absl::StatusOr<std::map<int64_t, rules::StepData>> JobRegistry::Replay(
+    const v1::JobInfo& info, rules::RuleRunner& runner) {
+  // Steps every worker of the job has committed are complete.
+  int64_t complete_through = info.workers_size() > 0 ? INT64_MAX : -1;
+  for (int32_t w : info.workers()) {
+    auto it = info.worker_last_step().find(w);
+    complete_through = std::min(complete_through, it == info.worker_last_step().end()
+                                                      ? int64_t{-1}
+                                                      : it->second);
+  }
+  SONDE_ASSIGN_OR_RETURN(auto steps, store_->ListSteps(info.job_id(), v1::MODE_UNSPECIFIED));
+  std::map<int64_t, rules::StepData> pending;
+  int replayed = 0;
+  for (const v1::StepInfo& s : steps) {
+    rules::StepData data;
+    data.step = s.step();
+    data.mode = s.mode();
+    data.mode_step = s.mode_step();
+    SONDE_ASSIGN_OR_RETURN(auto records,
+                           store_->TensorsAtStep(info.job_id(), s.mode(), s.mode_step()));
+    for (v1::TensorRecord& r : records) {
+      std::shared_ptr<const std::string> values;
+      if (r.has_values() && runner.WantsValues(r)) {
+        std::string bytes;
+        SONDE_RETURN_IF_ERROR(
+            store_
+                ->ReadTensor(info.job_id(), s.mode(), s.mode_step(), r.tensor_name(), r.worker(),
+                             [&bytes](const v1::TensorRecord&, absl::string_view piece) {
+                               bytes.append(piece.data(), piece.size());
+                               return absl::OkStatus();
+                             })
+                .status());
+        values = std::make_shared<const std::string>(std::move(bytes));
+      }
+      data.values.push_back(std::move(values));
+      data.tensors.push_back(std::move(r));
+    }
+    if (s.step() > complete_through) {
+      pending[s.step()] = std::move(data);
+      continue;
+    }
+    runner.SubmitStep(std::move(data));
+    if (++replayed % 64 == 0) runner.Drain();  // bounds what is held in memory
+  }
+  runner.Drain();
+  LOG(INFO) << "job '" << info.job() << "': replayed " << replayed << " stored steps to its rules, "
+            << pending.size() << " wait for other workers";
+  return pending;
 }
 
 void JobRegistry::Leave(const std::string& job_name, int32_t worker, StreamHandle* stream) {

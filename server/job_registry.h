@@ -85,6 +85,11 @@ class JobRegistry {
   class Sink;
 
   LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a collector restart: feeds the job's stored steps to its new rule
+  // runner (complete ones; see RuleRunner::Create for what rules do with
+  // them) and returns the steps some worker has not committed yet.
+  absl::StatusOr<std::map<int64_t, rules::StepData>> Replay(const v1::JobInfo& info,
+                                                            rules::RuleRunner& runner);
   void DeliverCompleteSteps(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeEndJobLocked(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const std::string& job, const v1::RuleResult& result);

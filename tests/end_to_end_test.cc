@@ -285,6 +285,54 @@ TEST(EndToEnd, DataAndRuleResultsSurviveACollectorRestart) {
   EXPECT_FALSE((*again)->Close().ok());
 }
 
+TEST(EndToEnd, RulesKeepTheirHistoryAndVerdictsAcrossACollectorRestart) {
+  // UnchangedTensor needs the last 4 saved steps: two before the restart and
+  // two after. ExplodingTensor fired before the restart and must not again.
+  InProcessCollector collector(
+      "UnchangedTensor(collection_names=weights,num_steps=4);"
+      "ExplodingTensor(tensor_regex=^probe$,actions=StopTraining)");
+  HookOptions o = Options(collector.address(), "restarted");
+  int stops = 0;
+  o.on_stop = [&stops](const v1::Action&) { ++stops; };
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  std::vector<float> frozen = {1.0f, 2.0f};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int step = 0; step < 2; ++step) {
+    (*hook)->StartStep();
+    SONDE_ASSERT_OK((*hook)->SaveTensor("fc.weight", HostTensor(frozen.data(), {2}), {"weights"}));
+    std::vector<float> probe = {step == 1 ? nan : 0.0f};
+    SONDE_ASSERT_OK((*hook)->SaveTensor("probe", HostTensor(probe.data(), {1}), {"weights"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(20)));
+  auto q = QueryClient::Connect(collector.address());
+  // Wait until ExplodingTensor's verdict is stored.
+  SONDE_ASSERT_OK(q->WatchRuleResults(
+      "restarted",
+      [](const v1::RuleResult& r) {
+        return !(r.rule() == "ExplodingTensor" && r.status() == v1::RULE_STATUS_ISSUES_FOUND);
+      },
+      absl::Seconds(20)));
+
+  collector.RestartInPlace();  // the hook reconnects by itself
+  for (int step = 2; step < 4; ++step) {
+    (*hook)->StartStep();
+    SONDE_ASSERT_OK((*hook)->SaveTensor("fc.weight", HostTensor(frozen.data(), {2}), {"weights"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q2 = QueryClient::Connect(collector.address());
+  auto results = FinalResults(*q2, "restarted");
+  const v1::RuleResult* unchanged = Find(results, "UnchangedTensor");
+  ASSERT_NE(unchanged, nullptr);
+  EXPECT_EQ(unchanged->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(unchanged->step(), 3);  // history 0..3 spans the restart
+  const v1::RuleResult* exploding = Find(results, "ExplodingTensor");
+  ASSERT_NE(exploding, nullptr);
+  EXPECT_EQ(exploding->step(), 1);
+  EXPECT_EQ(exploding->actions_taken_size(), 1);
+  EXPECT_EQ(stops, 1);
+}
+
 TEST(EndToEnd, JobsRunningWhenTheCollectorDiedShowAsDisconnectedAfterRestart) {
   ::sonde::testing::TempDir dir;
   {

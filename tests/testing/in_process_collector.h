@@ -33,9 +33,19 @@ class InProcessCollector {
   server::Collector& collector() { return *collector_; }
 
   void Stop() { collector_.reset(); }
+  // A new collector on the same data (and a new port).
   void Restart() {
     Stop();
     Start();
+  }
+  // A new collector on the same data and the same address, as a restarted
+  // service would be: clients reconnect on their own.
+  void RestartInPlace() {
+    const std::string address = collector_->address();
+    Stop();
+    options_.listen = address;
+    Start();
+    options_.listen = "127.0.0.1:0";
   }
 
  private:
