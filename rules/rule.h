@@ -26,6 +26,9 @@ struct StepData {
   // that were sent with values and that some rule WantsValues for; null
   // (or missing) elsewhere.
   std::vector<std::shared_ptr<const std::string>> values;
+  // Workers that had not sent this step when the collector's step wait ran
+  // out; the step is judged with what arrived.
+  std::vector<int32_t> missing_workers;
 
   const std::string* ValuesOf(size_t i) const {
     return i < values.size() ? values[i].get() : nullptr;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
@@ -167,6 +168,12 @@ void RuleRunner::Evaluate(size_t index, const StepData* step) {
     const Finding& f = **outcome;
     r.set_status(v1::RULE_STATUS_ISSUES_FOUND);
     r.set_message(f.message);
+    if (step != nullptr && !step->missing_workers.empty()) {
+      r.set_message(absl::StrCat(f.message, " (step judged without worker",
+                                 step->missing_workers.size() > 1 ? "s " : " ",
+                                 absl::StrJoin(step->missing_workers, ", "),
+                                 ", which had not sent it within the step wait)"));
+    }
     r.set_suggestion(f.suggestion.empty() ? inst.suggestion : f.suggestion);
     r.set_worker(f.worker);
     r.set_observed(f.observed);

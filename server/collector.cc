@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   c->storage_pool_ = std::make_unique<ThreadPool>(options.storage_threads, 4096);
   c->rule_pool_ = std::make_unique<ThreadPool>(options.rule_threads, 4096);
   c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),
-                                               c->rule_factory_.get(), options.default_rules);
+                                               c->rule_factory_.get(), options.default_rules,
+                                               options.step_wait);
   c->collector_service_ = std::make_unique<CollectorService>(
       c->registry_.get(), c->storage_pool_.get(), options.limits);
   c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get(),

@@ -46,6 +46,9 @@ struct CollectorOptions {
   IngestLimits limits;
   // Rules run for every job, besides those a client asks for in its hello.
   std::vector<v1::RuleSpec> default_rules;
+  // How long a step waits for every connected worker before the rules
+  // judge it with what arrived. Default 60 s.
+  absl::Duration step_wait = absl::Seconds(60);
   // Threads committing steps to RocksDB. Default 2.
   int storage_threads = 2;
   // Threads evaluating rules. Default 2.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/crc32c.h"
 #include "common/tensor_chunks.h"
 #include "common/thread_pool.h"
@@ -231,10 +232,11 @@ class IngestSessionTest : public ::testing::Test {
     StartRegistry({});
   }
 
-  void StartRegistry(std::vector<v1::RuleSpec> default_rules) {
+  void StartRegistry(std::vector<v1::RuleSpec> default_rules,
+                     absl::Duration step_wait = absl::Seconds(60)) {
     registry_.reset();
     registry_ = std::make_unique<JobRegistry>(store_.get(), &pool_, factory_.get(),
-                                              std::move(default_rules));
+                                              std::move(default_rules), step_wait);
   }
 
   uint64_t JobId(const std::string& job) {
@@ -1204,6 +1206,42 @@ TEST_F(IngestSessionTest, RuleResultNamesTheWorkerWhoseTensorHadTheIssue) {
   ASSERT_NE(r, nullptr);
   ASSERT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
   EXPECT_EQ(r->worker(), 1);
+}
+
+TEST_F(IngestSessionTest, AStepIsJudgedWithoutASilentWorkerAfterTheStepWait) {
+  StartRegistry({StopOnExplodingTensor()}, absl::Milliseconds(100));
+  absl::Notification judged;
+  v1::RuleResult verdict;
+  const uint64_t sub = registry_->Subscribe("slow-peer", [&](const v1::RuleResult& r) {
+    if (r.status() == v1::RULE_STATUS_ISSUES_FOUND && !judged.HasBeenNotified()) {
+      verdict = r;
+      judged.Notify();
+    }
+  });
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Worker w0(registry_.get());
+  Worker w1(registry_.get());
+  ASSERT_THAT(w0.Join(MakeHello("slow-peer", 0, 2)), IsOk());
+  ASSERT_THAT(w1.Join(MakeHello("slow-peer", 1, 2)), IsOk());  // connected, but silent
+  SONDE_ASSERT_OK(w0.SendTensor(Header("grad", 0, {2}), F32Bytes({nan, 1})));
+  ASSERT_THAT(w0.EndStep(0, 1), IsOk());
+  ASSERT_TRUE(judged.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  registry_->Unsubscribe(sub);
+  EXPECT_EQ(verdict.step(), 0);
+  EXPECT_NE(verdict.message().find("judged without worker 1"), std::string::npos)
+      << verdict.message();
+  // The late worker's data is still stored; the step is not judged again.
+  SONDE_ASSERT_OK(w1.SendTensor(Header("grad", 0, {2}), F32Bytes({1, 1})));
+  ASSERT_THAT(w1.EndStep(0, 1), IsOk());
+  registry_->DrainRules();
+  auto records = store_->TensorsAtStep(JobId("slow-peer"), v1::MODE_TRAIN, 0);
+  ASSERT_THAT(records, IsOk());
+  EXPECT_EQ(records->size(), 2u);
+  auto results = store_->RuleResults(JobId("slow-peer"));
+  ASSERT_THAT(results, IsOk());
+  const v1::RuleResult* r = FindResult(*results, "ExplodingTensor");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->steps_evaluated(), 1);
 }
 
 }  // namespace

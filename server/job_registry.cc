@@ -45,6 +45,8 @@ struct JobRegistry::LiveJob {
   std::set<int32_t> joined;
   std::set<int32_t> ended;
   std::map<int64_t, rules::StepData> pending;  // committed, not yet complete
+  std::map<int64_t, absl::Time> pending_since;   // when each pending step first arrived
+  int64_t delivered_through = -1;                // last step handed to the rules
   std::unique_ptr<Sink> sink;
   std::unique_ptr<rules::RuleRunner> runner;
   std::optional<v1::Action> stop;
@@ -65,13 +67,64 @@ bool IsFinished(v1::JobStatus s) {
 
 JobRegistry::JobRegistry(storage::Store* store, ThreadPool* rule_pool,
                          const rules::RuleFactory* rule_factory,
-                         std::vector<v1::RuleSpec> default_rules)
+                         std::vector<v1::RuleSpec> default_rules, absl::Duration step_wait)
     : store_(store),
       rule_pool_(rule_pool),
       rule_factory_(rule_factory),
-      default_rules_(std::move(default_rules)) {}
+      default_rules_(std::move(default_rules)),
+      step_wait_(step_wait) {
+  ticker_ = std::thread([this] { TickLoop(); });
+}
 
-JobRegistry::~JobRegistry() { DrainRules(); }
+JobRegistry::~JobRegistry() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  ticker_.join();
+  DrainRules();
+}
+
+void JobRegistry::TickLoop() {
+  const absl::Duration tick =
+      std::max(absl::Milliseconds(10), std::min(step_wait_ / 4, absl::Seconds(1)));
+  while (true) {
+    std::vector<LiveJob*> jobs;
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop), tick)) return;
+      for (auto& [name, job] : jobs_) jobs.push_back(job.get());
+    }
+    const absl::Time now = absl::Now();
+    for (LiveJob* job : jobs) {
+      absl::MutexLock commit(&job->commit_mu);
+      absl::MutexLock lock(&mu_);
+      if (job->runner == nullptr) continue;
+      while (!job->pending.empty() &&
+             now - job->pending_since[job->pending.begin()->first] >= step_wait_) {
+        const int64_t step = job->pending.begin()->first;
+        std::vector<int32_t> missing;
+        for (const auto& [worker, last] : job->last_step) {
+          if (last < step) missing.push_back(worker);
+        }
+        LOG(WARNING) << "job '" << job->info.job() << "': step " << step << " judged after "
+                     << absl::FormatDuration(step_wait_) << " without " << missing.size()
+                     << " worker(s)";
+        DeliverStep(*job, std::move(missing));
+      }
+    }
+  }
+}
+
+void JobRegistry::DeliverStep(LiveJob& job, std::vector<int32_t> missing) {
+  auto it = job.pending.begin();
+  it->second.missing_workers = std::move(missing);
+  job.delivered_through = it->first;
+  job.runner->SubmitStep(std::move(it->second));
+  job.pending_since.erase(it->first);
+  job.pending.erase(it);
+}
 
 JobRegistry::LiveJob* JobRegistry::FindLocked(const std::string& job) {
   auto it = jobs_.find(job);
@@ -143,6 +196,10 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
       SONDE_ASSIGN_OR_RETURN(pending, Replay(info, *runner));
     }
     absl::MutexLock lock(&mu_);
+    if (info.last_step() >= 0) {
+      job->delivered_through = pending.empty() ? info.last_step() : pending.begin()->first - 1;
+    }
+    for (const auto& [step, data] : pending) job->pending_since[step] = absl::Now();
     job->pending = std::move(pending);
     job->info = info;
     job->sink = std::move(sink);
@@ -273,8 +330,7 @@ void JobRegistry::DeliverCompleteSteps(LiveJob& job) {
     complete_through = std::min(complete_through, step);
   }
   while (!job.pending.empty() && job.pending.begin()->first <= complete_through) {
-    job.runner->SubmitStep(std::move(job.pending.begin()->second));
-    job.pending.erase(job.pending.begin());
+    DeliverStep(job, {});
   }
 }
 
@@ -320,6 +376,14 @@ absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker
   *job->info.mutable_modes() = info.modes();
   job->info.set_last_step(info.last_step());
   *job->info.mutable_worker_last_step() = info.worker_last_step();
+  if (step.step() <= job->delivered_through) {
+    // This worker is late: the step was judged without it. Its data is stored.
+    auto ls = job->last_step.find(worker);
+    if (ls != job->last_step.end()) ls->second = std::max(ls->second, step.step());
+    DeliverCompleteSteps(*job);
+    return absl::OkStatus();
+  }
+  if (job->pending.count(step.step()) == 0) job->pending_since[step.step()] = absl::Now();
   rules::StepData& data = job->pending[step.step()];
   if (data.tensors.empty()) {
     data.step = step.step();

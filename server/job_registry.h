@@ -12,11 +12,13 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/thread_pool.h"
 #include "proto/collector.pb.h"
 #include "proto/query.pb.h"
@@ -44,8 +46,11 @@ class JobRegistry {
  public:
   // `default_rules` run for every job. `store` and `rule_pool` must outlive
   // the registry.
+  // A step waits at most `step_wait` for every connected worker; then it is
+  // judged with what arrived, and rule verdicts name the missing workers.
   JobRegistry(storage::Store* store, ThreadPool* rule_pool,
-              const rules::RuleFactory* rule_factory, std::vector<v1::RuleSpec> default_rules);
+              const rules::RuleFactory* rule_factory, std::vector<v1::RuleSpec> default_rules,
+              absl::Duration step_wait = absl::Seconds(60));
   ~JobRegistry();
 
   // A worker says hello. Errors: InvalidArgument (bad names, rank out of
@@ -91,6 +96,9 @@ class JobRegistry {
   absl::StatusOr<std::map<int64_t, rules::StepData>> Replay(const v1::JobInfo& info,
                                                             rules::RuleRunner& runner);
   void DeliverCompleteSteps(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeliverStep(LiveJob& job, std::vector<int32_t> missing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step-wait clock: hands overdue steps to the rules.
+  void TickLoop();
   void MaybeEndJobLocked(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const std::string& job, const v1::RuleResult& result);
   void Broadcast(const std::string& job, const v1::Action& action);
@@ -99,9 +107,12 @@ class JobRegistry {
   ThreadPool* const rule_pool_;
   const rules::RuleFactory* const rule_factory_;
   const std::vector<v1::RuleSpec> default_rules_;
+  const absl::Duration step_wait_;
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread ticker_;
 
   absl::Mutex subscribers_mu_;
   uint64_t next_subscriber_ ABSL_GUARDED_BY(subscribers_mu_) = 1;

@@ -30,6 +30,8 @@ ABSL_FLAG(uint64_t, max_chunk_bytes, 4 << 20, "largest chunk payload a client ma
 ABSL_FLAG(uint64_t, max_tensor_bytes, uint64_t{1} << 30, "largest tensor a client may send");
 ABSL_FLAG(uint64_t, max_step_bytes, uint64_t{2} << 30,
           "largest total of tensor values one worker may send for one step");
+ABSL_FLAG(absl::Duration, step_wait, absl::Seconds(60),
+          "how long a step waits for every worker before rules judge it with what arrived");
 ABSL_FLAG(int, storage_threads, 2, "threads committing to RocksDB");
 ABSL_FLAG(int, rule_threads, 2, "threads evaluating rules");
 
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   options.limits.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.limits.max_step_bytes = absl::GetFlag(FLAGS_max_step_bytes);
   options.storage_threads = absl::GetFlag(FLAGS_storage_threads);
+  options.step_wait = absl::GetFlag(FLAGS_step_wait);
   options.rule_threads = absl::GetFlag(FLAGS_rule_threads);
 
   const std::string rules_file = absl::GetFlag(FLAGS_rules_config);
