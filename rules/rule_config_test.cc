@@ -28,6 +28,11 @@ TEST(RuleFlag, RejectsMalformedAndUnknown) {
               StatusIs(absl::StatusCode::kInvalidArgument, "not key=value"));
   EXPECT_THAT(ParseRuleFlag("ExplodingTensor(actions=Reboot)"),
               StatusIs(absl::StatusCode::kInvalidArgument, "Reboot"));
+  EXPECT_THAT(ParseRuleFlag("ExplodingTensor(actions=Webhook:ftp://host/x)"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must start with http"));
+  auto ok = ParseRuleFlag("ExplodingTensor(actions=Log|Webhook:https://example.invalid/h)");
+  SONDE_ASSERT_OK(ok);
+  EXPECT_EQ((*ok)[0].actions_size(), 2);
 }
 
 TEST(RulesJson, ReadsOurShapeAndSageMakersSpelling) {

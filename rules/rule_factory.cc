@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "rules/builtin_rules.h"
@@ -66,10 +67,18 @@ absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
   }
   if (spec.name().empty()) spec.set_name(spec.rule_type());
   for (const std::string& a : spec.actions()) {
-    if (a != "StopTraining") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rule '", spec.name(), "': unknown action '", a, "' (known: StopTraining)"));
+    if (a == "StopTraining" || a == "Log") continue;
+    if (absl::StartsWith(a, "Webhook:")) {
+      const std::string url = a.substr(8);
+      if (!absl::StartsWith(url, "http://") && !absl::StartsWith(url, "https://")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rule '", spec.name(), "': webhook URL '", url, "' must start with http:// or https://"));
+      }
+      continue;
     }
+    return absl::InvalidArgumentError(
+        absl::StrCat("rule '", spec.name(), "': unknown action '", a,
+                     "' (known: StopTraining, Log, Webhook:<url>)"));
   }
   return spec;
 }

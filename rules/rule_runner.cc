@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -180,16 +181,26 @@ void RuleRunner::Evaluate(size_t index, const StepData* step) {
     r.set_threshold(f.threshold);
     r.clear_tensors();
     for (const auto& t : f.tensors) r.add_tensors(t);
+    for (const std::string& action : inst.spec.actions()) r.add_actions_taken(action);
+    r.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
     std::vector<v1::Action> actions;
     for (const std::string& action : inst.spec.actions()) {
-      if (action != "StopTraining") continue;
       v1::Action a;
-      a.set_type(v1::ACTION_STOP_TRAINING);
+      if (action == "StopTraining") {
+        a.set_type(v1::ACTION_STOP_TRAINING);
+      } else if (action == "Log") {
+        a.set_type(v1::ACTION_LOG);
+      } else if (absl::StartsWith(action, "Webhook:")) {
+        a.set_type(v1::ACTION_WEBHOOK);
+        a.set_target(action.substr(8));
+      } else {
+        continue;  // NormalizeRuleSpec admits no other
+      }
       a.set_rule(inst.spec.name());
-      a.set_reason(f.message);
+      a.set_reason(r.message());
       a.set_step(r.step());
-      actions.push_back(a);
-      r.add_actions_taken(action);
+      *a.mutable_verdict() = r;
+      actions.push_back(std::move(a));
     }
     Publish(index, actions);
     return;

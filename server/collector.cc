@@ -12,6 +12,7 @@
 #include "server/collector_service.h"
 #include "server/job_registry.h"
 #include "server/query_service.h"
+#include "server/webhook_notifier.h"
 #include "rules/rule_factory.h"
 #include "storage/store.h"
 
@@ -58,9 +59,10 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   }
   c->storage_pool_ = std::make_unique<ThreadPool>(options.storage_threads, 4096);
   c->rule_pool_ = std::make_unique<ThreadPool>(options.rule_threads, 4096);
+  c->webhooks_ = std::make_unique<WebhookNotifier>(options.webhooks);
   c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),
                                                c->rule_factory_.get(), options.default_rules,
-                                               options.step_wait);
+                                               options.step_wait, c->webhooks_.get());
   c->collector_service_ = std::make_unique<CollectorService>(
       c->registry_.get(), c->storage_pool_.get(), options.limits);
   c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get(),
@@ -110,6 +112,7 @@ void Collector::Shutdown() {
   storage_pool_.reset();
   registry_.reset();
   rule_pool_.reset();
+  webhooks_.reset();
   server_.reset();
   store_.reset();
   LOG(INFO) << "collector stopped";

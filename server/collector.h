@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "proto/rule.pb.h"
 #include "server/ingest_session.h"
+#include "server/webhook_notifier.h"
 
 namespace grpc {
 class Server;
@@ -49,6 +50,8 @@ struct CollectorOptions {
   // How long a step waits for every connected worker before the rules
   // judge it with what arrived. Default 60 s.
   absl::Duration step_wait = absl::Seconds(60);
+  // Webhook deliveries: attempts, backoff, timeout, queue.
+  WebhookNotifierOptions webhooks;
   // Threads committing steps to RocksDB. Default 2.
   int storage_threads = 2;
   // Threads evaluating rules. Default 2.
@@ -82,6 +85,7 @@ class Collector {
   std::unique_ptr<storage::Store> store_;
   std::unique_ptr<ThreadPool> storage_pool_;
   std::unique_ptr<ThreadPool> rule_pool_;
+  std::unique_ptr<WebhookNotifier> webhooks_;
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<CollectorService> collector_service_;
   std::unique_ptr<QueryService> query_service_;

@@ -27,9 +27,30 @@ class JobRegistry::Sink : public rules::RuleSink {
   }
 
   void OnAction(const v1::Action& action) override {
-    LOG(INFO) << "job '" << job_ << "': rule " << action.rule()
-              << " asks to stop training: " << action.reason();
-    registry_->Broadcast(job_, action);
+    switch (action.type()) {
+      case v1::ACTION_STOP_TRAINING:
+        LOG(INFO) << "job '" << job_ << "': rule " << action.rule()
+                  << " asks to stop training: " << action.reason();
+        registry_->Broadcast(job_, action);
+        break;
+      case v1::ACTION_LOG:
+        LOG(WARNING) << "job '" << job_ << "' rule " << action.rule() << " found issues at step "
+                     << action.step() << ": " << action.reason()
+                     << (action.verdict().suggestion().empty()
+                             ? ""
+                             : absl::StrCat(" Suggestion: ", action.verdict().suggestion()));
+        break;
+      case v1::ACTION_WEBHOOK:
+        if (registry_->webhooks_ != nullptr) {
+          registry_->webhooks_->Post(action);
+        } else {
+          LOG(WARNING) << "job '" << job_ << "': no webhook notifier; verdict of "
+                       << action.rule() << " for " << action.target() << " not sent";
+        }
+        break;
+      default:
+        break;
+    }
   }
 
  private:
@@ -67,12 +88,14 @@ bool IsFinished(v1::JobStatus s) {
 
 JobRegistry::JobRegistry(storage::Store* store, ThreadPool* rule_pool,
                          const rules::RuleFactory* rule_factory,
-                         std::vector<v1::RuleSpec> default_rules, absl::Duration step_wait)
+                         std::vector<v1::RuleSpec> default_rules, absl::Duration step_wait,
+                         WebhookNotifier* webhooks)
     : store_(store),
       rule_pool_(rule_pool),
       rule_factory_(rule_factory),
       default_rules_(std::move(default_rules)),
-      step_wait_(step_wait) {
+      step_wait_(step_wait),
+      webhooks_(webhooks) {
   ticker_ = std::thread([this] { TickLoop(); });
 }
 

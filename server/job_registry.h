@@ -25,6 +25,7 @@
 #include "rules/rule.h"
 #include "rules/rule_factory.h"
 #include "rules/rule_runner.h"
+#include "server/webhook_notifier.h"
 #include "storage/store.h"
 
 namespace sonde::server {
@@ -50,7 +51,7 @@ class JobRegistry {
   // judged with what arrived, and rule verdicts name the missing workers.
   JobRegistry(storage::Store* store, ThreadPool* rule_pool,
               const rules::RuleFactory* rule_factory, std::vector<v1::RuleSpec> default_rules,
-              absl::Duration step_wait = absl::Seconds(60));
+              absl::Duration step_wait = absl::Seconds(60), WebhookNotifier* webhooks = nullptr);
   ~JobRegistry();
 
   // A worker says hello. Errors: InvalidArgument (bad names, rank out of
@@ -108,6 +109,7 @@ class JobRegistry {
   const rules::RuleFactory* const rule_factory_;
   const std::vector<v1::RuleSpec> default_rules_;
   const absl::Duration step_wait_;
+  WebhookNotifier* const webhooks_;  // may be null: webhook actions are logged only
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);

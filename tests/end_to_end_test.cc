@@ -19,6 +19,8 @@
 #include "proto/collector.grpc.pb.h"
 #include "storage/store.h"
 #include "tests/testing/health.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/http_server.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -231,6 +233,33 @@ TEST(EndToEnd, WaitUntilConnectedTimesOutWithoutACollector) {
   SONDE_ASSERT_OK(hook);
   EXPECT_THAT((*hook)->WaitUntilConnected(absl::Milliseconds(200)),
               StatusIs(absl::StatusCode::kDeadlineExceeded, "127.0.0.1:1"));
+}
+
+TEST(EndToEnd, AVerdictIsPostedToTheWebhookOnceAndLogged) {
+  ::sonde::testing::TestHttpServer hook_server;
+  InProcessCollector collector(absl::StrCat(
+      "ExplodingTensor(actions=Webhook:", hook_server.Url("/sonde"), "|Log|StopTraining)"));
+  auto hook = Hook::Create(Options(collector.address(), "notify"));
+  SONDE_ASSERT_OK(hook);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int step = 0; step < 5; ++step) {  // NaN from step 2 on: one transition
+    (*hook)->StartStep();
+    std::vector<float> g = {step >= 2 ? nan : 1.0f};
+    SONDE_ASSERT_OK((*hook)->SaveTensor("gradient/w", HostTensor(g.data(), {1}), {"gradients"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q = QueryClient::Connect(collector.address());
+  FinalResults(*q, "notify");
+  collector.Stop();  // waits for queued webhook deliveries
+  auto requests = hook_server.requests();
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_EQ(requests[0].path, "/sonde");
+  auto doc = nlohmann::json::parse(requests[0].body);
+  EXPECT_EQ(doc["job"], "notify");
+  EXPECT_EQ(doc["rule"], "ExplodingTensor");
+  EXPECT_EQ(doc["status"], "IssuesFound");
+  EXPECT_EQ(doc["step"], 2);
+  EXPECT_NE(doc["message"].get<std::string>().find("1 NaN"), std::string::npos);
 }
 
 TEST(EndToEnd, ReductionsOnlyTensorsHaveStatisticsButNoValues) {
