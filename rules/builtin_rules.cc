@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "rules/params.h"
 #include "rules/stats_rules.h"
+#include "rules/threshold_rule.h"
 #include "rules/value_rules.h"
 #include "rules/tensor_selector.h"
 
@@ -217,6 +218,7 @@ void RegisterBuiltinRules(RuleFactory& factory) {
   }
   RegisterStatisticsRules(factory);
   RegisterValueRules(factory);
+  RegisterThresholdRule(factory);
 }
 
 }  // namespace sonde::rules
