@@ -66,6 +66,11 @@ absl::StatusOr<std::vector<std::string>> RuleParams::List(absl::string_view key)
   return out;
 }
 
+std::map<std::string, std::string> RuleParams::TakeAll() {
+  for (const auto& [key, value] : values_) used_.insert(key);
+  return values_;
+}
+
 absl::Status RuleParams::CheckAllUsed() const {
   for (const auto& [key, value] : values_) {
     if (used_.count(key) == 0) {

@@ -23,6 +23,9 @@ class RuleParams {
   absl::StatusOr<bool> Bool(absl::string_view key, bool fallback);
   absl::StatusOr<int64_t> Int(absl::string_view key, int64_t fallback, int64_t min);
   absl::StatusOr<double> Double(absl::string_view key, double fallback);
+  // Every parameter given, all marked as read (for rules that check their
+  // parameters themselves, such as plugins).
+  std::map<std::string, std::string> TakeAll();
   // A comma-separated list; empty entries dropped.
   absl::StatusOr<std::vector<std::string>> List(absl::string_view key);
 

@@ -13,6 +13,7 @@
 #include "server/job_registry.h"
 #include "server/query_service.h"
 #include "server/webhook_notifier.h"
+#include "rules/plugin_loader.h"
 #include "rules/rule_factory.h"
 #include "storage/store.h"
 
@@ -35,6 +36,11 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   std::unique_ptr<Collector> c(new Collector());
   c->shutdown_grace_ = options.shutdown_grace;
   c->rule_factory_ = rules::RuleFactory::WithBuiltins();
+  for (const std::string& plugin : options.rule_plugins) {
+    absl::Status loaded = rules::LoadRulePlugin(plugin, *c->rule_factory_);
+    if (!loaded.ok()) return loaded;
+    LOG(INFO) << "loaded rule plugin " << plugin;
+  }
   for (const v1::RuleSpec& spec : options.default_rules) {
     auto normalized = rules::NormalizeRuleSpec(spec);
     if (!normalized.ok()) return normalized.status();

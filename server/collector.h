@@ -47,6 +47,8 @@ struct CollectorOptions {
   IngestLimits limits;
   // Rules run for every job, besides those a client asks for in its hello.
   std::vector<v1::RuleSpec> default_rules;
+  // Shared libraries of rule types (rules/plugin_api.h), loaded at start.
+  std::vector<std::string> rule_plugins;
   // How long a step waits for every connected worker before the rules
   // judge it with what arrived. Default 60 s.
   absl::Duration step_wait = absl::Seconds(60);

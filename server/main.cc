@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -24,6 +25,8 @@ ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecr
           "(e.g. actions=StopTraining) are special. Empty: none");
 ABSL_FLAG(std::string, rules_config, "",
           "JSON file of rules run for every job (replaces --rules when given)");
+ABSL_FLAG(std::vector<std::string>, rule_plugins, {},
+          "comma-separated shared libraries of rule types (see rules/plugin_api.h)");
 ABSL_FLAG(bool, sync_writes, false,
           "fsync the write-ahead log on every commit (survives power loss, slower)");
 ABSL_FLAG(uint64_t, max_chunk_bytes, 4 << 20, "largest chunk payload a client may send");
@@ -57,6 +60,7 @@ int main(int argc, char** argv) {
   options.limits.max_step_bytes = absl::GetFlag(FLAGS_max_step_bytes);
   options.storage_threads = absl::GetFlag(FLAGS_storage_threads);
   options.step_wait = absl::GetFlag(FLAGS_step_wait);
+  options.rule_plugins = absl::GetFlag(FLAGS_rule_plugins);
   options.rule_threads = absl::GetFlag(FLAGS_rule_threads);
 
   const std::string rules_file = absl::GetFlag(FLAGS_rules_config);

@@ -579,6 +579,45 @@ TEST(EndToEnd, ACollectorWithAnUnknownDefaultRuleRefusesToStart) {
               StatusIs(absl::StatusCode::kInvalidArgument, "perhaps"));
 }
 
+TEST(EndToEnd, ARulePluginLoadedByTheCollectorJudgesAJob) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  const std::string plugin = absl::StrCat(srcdir ? srcdir : ".", "/",
+                                          workspace ? workspace : "sonde",
+                                          "/examples/rule_plugin/liblarge_weights.so");
+  ::sonde::testing::TempDir dir;
+  server::CollectorOptions co;
+  co.listen = "127.0.0.1:0";
+  co.data_dir = dir.Sub("db");
+  co.rule_plugins = {plugin};
+  co.default_rules.emplace_back().set_rule_type("LargeWeights");
+  auto collector = server::Collector::Start(co);
+  SONDE_ASSERT_OK(collector);
+  auto q = QueryClient::Connect((*collector)->address());
+  auto catalog = q->RuleCatalog();
+  SONDE_ASSERT_OK(catalog);
+  bool listed = false;
+  for (const auto& e : *catalog) listed |= e.rule_type() == "LargeWeights" && e.source() == plugin;
+  EXPECT_TRUE(listed);
+  auto hook = Hook::Create(Options((*collector)->address(), "plugged"));
+  SONDE_ASSERT_OK(hook);
+  for (int step = 0; step < 3; ++step) {
+    (*hook)->StartStep();
+    std::vector<float> w = {1.0f, step == 2 ? 42.0f : 3.0f};
+    SONDE_ASSERT_OK((*hook)->SaveTensor("fc.weight", HostTensor(w.data(), {2}), {"weights"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto results = FinalResults(*q, "plugged");
+  const v1::RuleResult* r = Find(results, "LargeWeights");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(r->step(), 2);
+  EXPECT_EQ(r->observed(), 42.0);
+  EXPECT_EQ(r->suggestion(), "Add weight decay or lower the learning rate.");
+  co.rule_plugins = {"/nonexistent/lib.so"};
+  EXPECT_THAT(server::Collector::Start(co), StatusIs(absl::StatusCode::kNotFound, "lib.so"));
+}
+
 TEST(EndToEnd, HealthServiceReportsServing) {
   InProcessCollector collector;
   auto channel = grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials());
