@@ -144,6 +144,9 @@ void JobRegistry::DeliverStep(LiveJob& job, std::vector<int32_t> missing) {
   auto it = job.pending.begin();
   it->second.missing_workers = std::move(missing);
   job.delivered_through = it->first;
+  for (auto& [id, sub] : step_subscribers_) {
+    if (sub.first == job.info.job()) sub.second(it->second);
+  }
   job.runner->SubmitStep(std::move(it->second));
   job.pending_since.erase(it->first);
   job.pending.erase(it);
@@ -459,13 +462,93 @@ void JobRegistry::MaybeEndJobLocked(LiveJob& job) {
 }
 
 absl::StatusOr<std::vector<v1::RuleResult>> JobRegistry::RuleResults(const std::string& job_name) {
+  std::optional<std::vector<v1::RuleResult>> live;
   {
     absl::MutexLock lock(&mu_);
     LiveJob* job = FindLocked(job_name);
-    if (job != nullptr && job->runner != nullptr) return job->runner->Results();
+    if (job != nullptr && job->runner != nullptr) live = job->runner->Results();
   }
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->GetJob(job_name));
-  return store_->RuleResults(info.job_id());
+  SONDE_ASSIGN_OR_RETURN(auto stored, store_->RuleResults(info.job_id()));
+  if (!live.has_value()) return stored;
+  // The live view of the job's own rules, plus external workers' verdicts.
+  for (const v1::RuleResult& r : stored) {
+    bool own = false;
+    for (const v1::RuleResult& l : *live) own = own || l.rule() == r.rule();
+    if (!own) live->push_back(r);
+  }
+  return *live;
+}
+
+uint64_t JobRegistry::SubscribeSteps(const std::string& job,
+                                     std::function<void(const rules::StepData&)> fn) {
+  absl::MutexLock lock(&mu_);
+  uint64_t id;
+  {
+    absl::MutexLock sub(&subscribers_mu_);
+    id = next_subscriber_++;
+  }
+  step_subscribers_[id] = {job, std::move(fn)};
+  return id;
+}
+
+int64_t JobRegistry::DeliveredThrough(const std::string& job_name) {
+  absl::MutexLock lock(&mu_);
+  LiveJob* job = FindLocked(job_name);
+  return job == nullptr ? -1 : job->delivered_through;
+}
+
+absl::Status JobRegistry::PostExternalResult(v1::RuleResult result,
+                                             const std::vector<std::string>& actions) {
+  SONDE_RETURN_IF_ERROR(ValidateJobName(result.job()));
+  SONDE_RETURN_IF_ERROR(storage::ValidateKeyName("rule name", result.rule()));
+  if (!v1::RuleStatus_IsValid(result.status()) ||
+      result.status() == v1::RULE_STATUS_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rule result has no valid status (", static_cast<int>(result.status()), ")"));
+  }
+  for (const std::string& a : actions) {
+    if (a != "StopTraining" && a != "Log") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "external rules may ask for StopTraining or Log, not '", a, "'"));
+    }
+  }
+  SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->GetJob(result.job()));
+  for (const v1::RuleSpec& spec : info.rules()) {
+    if (spec.name() == result.rule()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "'", result.rule(), "' is one of job '", result.job(), "''s own rules"));
+    }
+  }
+  SONDE_ASSIGN_OR_RETURN(auto stored, store_->RuleResults(info.job_id()));
+  bool already_found = false;
+  for (const v1::RuleResult& r : stored) {
+    if (r.rule() == result.rule()) already_found = r.status() == v1::RULE_STATUS_ISSUES_FOUND;
+  }
+  if (result.rule_type().empty()) result.set_rule_type("external");
+  result.set_updated_unix_micros(NowMicros());
+  const bool act = result.status() == v1::RULE_STATUS_ISSUES_FOUND && !already_found;
+  if (act) {
+    for (const std::string& a : actions) result.add_actions_taken(a);
+  }
+  SONDE_RETURN_IF_ERROR(store_->PutRuleResult(info.job_id(), result));
+  Notify(result.job(), result);
+  if (!act) return absl::OkStatus();
+  for (const std::string& a : actions) {
+    if (a == "Log") {
+      LOG(WARNING) << "job '" << result.job() << "' external rule " << result.rule()
+                   << " found issues at step " << result.step() << ": " << result.message();
+    } else {
+      v1::Action stop;
+      stop.set_type(v1::ACTION_STOP_TRAINING);
+      stop.set_rule(result.rule());
+      stop.set_reason(result.message());
+      stop.set_step(result.step());
+      *stop.mutable_verdict() = result;
+      Broadcast(result.job(), stop);
+    }
+  }
+  return absl::OkStatus();
 }
 
 uint64_t JobRegistry::Subscribe(const std::string& job,
@@ -477,8 +560,12 @@ uint64_t JobRegistry::Subscribe(const std::string& job,
 }
 
 void JobRegistry::Unsubscribe(uint64_t id) {
-  absl::MutexLock lock(&subscribers_mu_);
-  subscribers_.erase(id);
+  {
+    absl::MutexLock lock(&subscribers_mu_);
+    if (subscribers_.erase(id) > 0) return;
+  }
+  absl::MutexLock lock(&mu_);
+  step_subscribers_.erase(id);
 }
 
 void JobRegistry::Notify(const std::string& job, const v1::RuleResult& result) {

@@ -80,6 +80,20 @@ class JobRegistry {
   uint64_t Subscribe(const std::string& job, std::function<void(const v1::RuleResult&)> fn);
   void Unsubscribe(uint64_t id);
 
+  // Calls `fn` with every step of `job` handed to the rules from now on,
+  // until Unsubscribe. `fn` runs under the registry's lock: it must only
+  // queue the step.
+  uint64_t SubscribeSteps(const std::string& job, std::function<void(const rules::StepData&)> fn);
+  // The last step of the job handed to its rules (-1: none yet, or the job
+  // is not live here).
+  int64_t DeliveredThrough(const std::string& job);
+
+  // An external rule worker's verdict: stored, shown to watchers, and its
+  // StopTraining/Log actions taken when the rule first reports IssuesFound.
+  // NotFound for an unknown job, AlreadyExists if the name is one of the
+  // job's own rules, InvalidArgument for a bad result.
+  absl::Status PostExternalResult(v1::RuleResult result, const std::vector<std::string>& actions);
+
   // True while the job has streams or rules still evaluating.
   bool IsActive(const std::string& job);
 
@@ -120,6 +134,8 @@ class JobRegistry {
   uint64_t next_subscriber_ ABSL_GUARDED_BY(subscribers_mu_) = 1;
   std::map<uint64_t, std::pair<std::string, std::function<void(const v1::RuleResult&)>>>
       subscribers_ ABSL_GUARDED_BY(subscribers_mu_);
+  std::map<uint64_t, std::pair<std::string, std::function<void(const rules::StepData&)>>>
+      step_subscribers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sonde::server

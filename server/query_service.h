@@ -39,6 +39,10 @@ class QueryService final : public v1::Query::Service {
                                 grpc::ServerWriter<v1::RuleResult>*) override;
   grpc::Status ListRuleCatalog(grpc::ServerContext*, const v1::ListRuleCatalogRequest*,
                                v1::ListRuleCatalogResponse*) override;
+  grpc::Status WatchSteps(grpc::ServerContext*, const v1::WatchStepsRequest*,
+                          grpc::ServerWriter<v1::CompletedStep>*) override;
+  grpc::Status PostRuleResult(grpc::ServerContext*, const v1::PostRuleResultRequest*,
+                              v1::PostRuleResultResponse*) override;
 
  private:
   storage::Store* const store_;
