@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde::rules {
@@ -43,6 +44,7 @@ struct Finding {
   double observed = 0;
   double threshold = 0;
   std::string suggestion;  // empty: the catalogue's advice for the rule
+  bool stop_training = false;  // also stop training, whatever the spec's actions
 };
 
 class Rule {
@@ -58,6 +60,14 @@ class Rule {
   virtual bool WantsValues(const v1::TensorRecord& record) const {
     (void)record;
     return false;
+  }
+
+  // Rules that judge the passing of time (e.g. a stalled job) get OnTick
+  // about once a second while the job runs, in order with its steps.
+  virtual bool WantsTicks() const { return false; }
+  virtual absl::StatusOr<std::optional<Finding>> OnTick(absl::Time now) {
+    (void)now;
+    return std::optional<Finding>();
   }
 
   // End-of-training evaluation, after the last step.

@@ -1,5 +1,6 @@
 #include "rules/rule_runner.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -95,6 +96,14 @@ void RuleRunner::SubmitJobEnd() {
   }
 }
 
+void RuleRunner::Tick(absl::Time now) {
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    Instance& inst = *instances_[i];
+    if (!inst.rule->WantsTicks() || inst.stopped_feeding.load()) continue;
+    inst.strand->Post([this, i, now] { Evaluate(i, nullptr, now); });
+  }
+}
+
 void RuleRunner::Drain() {
   for (auto& inst : instances_) inst->strand->Drain();
 }
@@ -130,7 +139,7 @@ void RuleRunner::Publish(size_t index, const std::vector<v1::Action>& actions) {
   sink_->OnResult(inst.result);
 }
 
-void RuleRunner::Evaluate(size_t index, const StepData* step) {
+void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick) {
   Instance& inst = *instances_[index];
   v1::RuleResult& r = inst.result;
   if (IsFinal(r.status())) return;
@@ -140,7 +149,9 @@ void RuleRunner::Evaluate(size_t index, const StepData* step) {
     return;
   }
   const absl::Time start = absl::Now();
-  auto outcome = step != nullptr ? inst.rule->OnStep(*step) : inst.rule->OnJobEnd();
+  auto outcome = step != nullptr          ? inst.rule->OnStep(*step)
+                 : tick.has_value()       ? inst.rule->OnTick(*tick)
+                                          : inst.rule->OnJobEnd();
   const absl::Duration took = absl::Now() - start;
   if (step != nullptr) {
     r.set_steps_evaluated(r.steps_evaluated() + 1);
@@ -148,8 +159,9 @@ void RuleRunner::Evaluate(size_t index, const StepData* step) {
     r.set_mode(step->mode);
     r.set_mode_step(step->mode_step);
   }
-  const std::string where =
-      step != nullptr ? absl::StrCat("step ", step->step) : std::string("the end of training");
+  const std::string where = step != nullptr  ? absl::StrCat("step ", step->step)
+                            : tick.has_value() ? std::string("a clock tick")
+                                               : std::string("the end of training");
   if (!outcome.ok()) {
     r.set_status(v1::RULE_STATUS_ERROR);
     r.set_message(absl::StrCat("rule failed at ", where, ": ", outcome.status().ToString()));
@@ -184,7 +196,13 @@ void RuleRunner::Evaluate(size_t index, const StepData* step) {
     for (const std::string& action : inst.spec.actions()) r.add_actions_taken(action);
     r.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
     std::vector<v1::Action> actions;
-    for (const std::string& action : inst.spec.actions()) {
+    std::vector<std::string> wanted(inst.spec.actions().begin(), inst.spec.actions().end());
+    if (f.stop_training &&
+        std::find(wanted.begin(), wanted.end(), "StopTraining") == wanted.end()) {
+      wanted.push_back("StopTraining");
+      r.add_actions_taken("StopTraining");
+    }
+    for (const std::string& action : wanted) {
       v1::Action a;
       if (action == "StopTraining") {
         a.set_type(v1::ACTION_STOP_TRAINING);
@@ -205,6 +223,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step) {
     Publish(index, actions);
     return;
   }
+  if (tick.has_value()) return;  // time passed, nothing found
   if (step == nullptr) {
     r.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
     r.set_message(absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));

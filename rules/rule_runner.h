@@ -63,6 +63,8 @@ class RuleRunner {
   // Queue a complete step / the end of training. Return at once.
   void SubmitStep(StepData step);
   void SubmitJobEnd();
+  // Passes the time to rules that want ticks. Returns at once.
+  void Tick(absl::Time now);
   // Waits until everything submitted has been evaluated.
   void Drain();
 
@@ -86,7 +88,8 @@ class RuleRunner {
 
   RuleRunner(std::string job, RuleSink* sink, RuleBudget budget)
       : job_(std::move(job)), sink_(sink), budget_(budget) {}
-  void Evaluate(size_t index, const StepData* step);  // step == nullptr: job end
+  // step == nullptr: the end of training, or a tick when `tick` is set.
+  void Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick = std::nullopt);
   void Publish(size_t index, const std::vector<v1::Action>& actions);
 
   const std::string job_;

@@ -152,9 +152,73 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeThreshold(RuleParams& p) {
       new ThresholdRule(std::move(selector), statistic, comparison, threshold, consecutive, mode));
 }
 
+// StalledTrainingRule: no new step has reached the rules for `threshold`
+// seconds while the job runs (SageMaker: no new tensor emitted). With
+// stop_training_on_fire the job is stopped, as if StopTraining were among
+// its actions. training_job_name_prefix is SageMaker's way of finding the
+// job to stop; here the job is known, so it is accepted and ignored.
+class StalledTraining : public Rule {
+ public:
+  StalledTraining(absl::Duration threshold, bool stop)
+      : threshold_(threshold), stop_(stop), last_(absl::Now()) {}
+
+  bool WantsTicks() const override { return true; }
+
+  absl::StatusOr<std::optional<Finding>> OnStep(const StepData& step) override {
+    last_ = absl::Now();
+    last_step_ = step.step;
+    return std::optional<Finding>();
+  }
+
+  absl::StatusOr<std::optional<Finding>> OnTick(absl::Time now) override {
+    const absl::Duration idle = now - last_;
+    if (idle <= threshold_) return std::optional<Finding>();
+    Finding f;
+    f.observed = absl::ToDoubleSeconds(idle);
+    f.threshold = absl::ToDoubleSeconds(threshold_);
+    f.stop_training = stop_;
+    f.message = last_step_ < 0
+                    ? absl::StrFormat("no step in %.0f s since the job started (threshold %.0f s)",
+                                      f.observed, f.threshold)
+                    : absl::StrFormat("no new step for %.0f s after step %d (threshold %.0f s)",
+                                      f.observed, last_step_, f.threshold);
+    return std::optional<Finding>(std::move(f));
+  }
+
+ private:
+  absl::Duration threshold_;
+  bool stop_;
+  absl::Time last_;
+  int64_t last_step_ = -1;
+};
+
+absl::StatusOr<std::unique_ptr<Rule>> MakeStalledTraining(RuleParams& p) {
+  SONDE_ASSIGN_OR_RETURN(double seconds, p.Double("threshold", 1800));
+  if (!(seconds > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StalledTrainingRule: threshold=", seconds, " must be positive seconds"));
+  }
+  SONDE_ASSIGN_OR_RETURN(bool stop, p.Bool("stop_training_on_fire", false));
+  SONDE_ASSIGN_OR_RETURN(auto prefix, p.String("training_job_name_prefix", ""));
+  (void)prefix;
+  return std::unique_ptr<Rule>(new StalledTraining(absl::Seconds(seconds), stop));
+}
+
 }  // namespace
 
 void RegisterThresholdRule(RuleFactory& factory) {
+  {
+    RuleInfo stalled{
+        "StalledTrainingRule",
+        "Finds a job that stopped making progress: no new step for `threshold` seconds.",
+        {{"threshold", "1800", "seconds without a new step"},
+         {"stop_training_on_fire", "false", "also stop the job's training"},
+         {"training_job_name_prefix", "", "accepted for SageMaker compatibility; unused"}},
+        {},
+        "Look for a hung data loader, a deadlock between workers, or a dead worker."};
+    absl::Status s = factory.Register(std::move(stalled), &MakeStalledTraining);
+    (void)s;  // a built-in name
+  }
   RuleInfo info{
       "Threshold",
       "Declarative: a statistic of the selected tensors compared with a threshold for a number "

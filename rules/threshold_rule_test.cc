@@ -123,5 +123,31 @@ TEST(Threshold, TheFlagSyntaxCarriesComparisons) {
   SONDE_EXPECT_OK(Factory().Create((*specs)[0]).status());
 }
 
+TEST(StalledTrainingRule, FiresWhenNoStepArrivesWithinTheThreshold) {
+  v1::RuleSpec spec;
+  spec.set_rule_type("StalledTrainingRule");
+  (*spec.mutable_parameters())["threshold"] = "60";
+  (*spec.mutable_parameters())["stop_training_on_fire"] = "true";
+  (*spec.mutable_parameters())["training_job_name_prefix"] = "ignored";
+  auto rule = Factory().Create(spec);
+  SONDE_ASSERT_OK(rule);
+  EXPECT_TRUE((*rule)->WantsTicks());
+  const absl::Time start = absl::Now();
+  SONDE_ASSERT_OK((*rule)->OnStep(Step(7, {})).status());
+  auto early = (*rule)->OnTick(start + absl::Seconds(30));
+  SONDE_ASSERT_OK(early);
+  EXPECT_FALSE(early->has_value());
+  auto late = (*rule)->OnTick(absl::Now() + absl::Seconds(90));
+  SONDE_ASSERT_OK(late);
+  ASSERT_TRUE(late->has_value());
+  EXPECT_TRUE((*late)->stop_training);
+  EXPECT_EQ((*late)->threshold, 60);
+  EXPECT_GE((*late)->observed, 90);
+  EXPECT_NE((*late)->message.find("after step 7"), std::string::npos) << (*late)->message;
+  spec.mutable_parameters()->clear();
+  (*spec.mutable_parameters())["threshold"] = "0";
+  EXPECT_THAT(Factory().Create(spec), StatusIs(absl::StatusCode::kInvalidArgument, "positive"));
+}
+
 }  // namespace
 }  // namespace sonde::rules

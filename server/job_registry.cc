@@ -124,6 +124,7 @@ void JobRegistry::TickLoop() {
       absl::MutexLock commit(&job->commit_mu);
       absl::MutexLock lock(&mu_);
       if (job->runner == nullptr) continue;
+      if (job->info.status() == v1::JOB_STATUS_RUNNING) job->runner->Tick(now);
       while (!job->pending.empty() &&
              now - job->pending_since[job->pending.begin()->first] >= step_wait_) {
         const int64_t step = job->pending.begin()->first;

@@ -618,6 +618,29 @@ TEST(EndToEnd, ARulePluginLoadedByTheCollectorJudgesAJob) {
   EXPECT_THAT(server::Collector::Start(co), StatusIs(absl::StatusCode::kNotFound, "lib.so"));
 }
 
+TEST(EndToEnd, AStalledJobIsFoundByTheClockAndStopped) {
+  InProcessCollector collector("StalledTrainingRule(threshold=0.5,stop_training_on_fire=true)");
+  absl::Notification stopped;
+  HookOptions o = Options(collector.address(), "stalled");
+  o.on_stop = [&](const v1::Action&) { stopped.Notify(); };
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  (*hook)->StartStep();
+  SONDE_ASSERT_OK((*hook)->SaveScalar("loss", 1.0, {"losses"}));
+  (*hook)->EndStep();
+  // Training "hangs": no more steps. The collector's clock notices.
+  ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q = QueryClient::Connect(collector.address());
+  auto results = q->RuleResults("stalled");
+  SONDE_ASSERT_OK(results);
+  const v1::RuleResult* r = Find(*results, "StalledTrainingRule");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_NE(r->message().find("no new step"), std::string::npos) << r->message();
+  EXPECT_EQ(r->actions_taken(0), "StopTraining");
+}
+
 TEST(EndToEnd, HealthServiceReportsServing) {
   InProcessCollector collector;
   auto channel = grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials());
