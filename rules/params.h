@@ -14,10 +14,17 @@
 
 namespace sonde::rules {
 
+class RuleEnvironment;
+
 class RuleParams {
  public:
-  RuleParams(std::string rule, std::map<std::string, std::string> values)
-      : rule_(std::move(rule)), values_(std::move(values)) {}
+  RuleParams(std::string rule, std::map<std::string, std::string> values,
+             const RuleEnvironment* environment = nullptr)
+      : rule_(std::move(rule)), values_(std::move(values)), environment_(environment) {}
+
+  // What the collector offers rules beyond their steps (may be null, e.g. in
+  // unit tests of rules that do not need it).
+  const RuleEnvironment* environment() const { return environment_; }
 
   absl::StatusOr<std::string> String(absl::string_view key, absl::string_view fallback);
   absl::StatusOr<bool> Bool(absl::string_view key, bool fallback);
@@ -36,6 +43,7 @@ class RuleParams {
   const std::string* Find(absl::string_view key);
   std::string rule_;
   std::map<std::string, std::string> values_;
+  const RuleEnvironment* environment_;
   std::set<std::string> used_;
 };
 

@@ -41,9 +41,10 @@ std::vector<RuleInfo> RuleFactory::Catalog() const {
 absl::StatusOr<std::unique_ptr<Rule>> RuleFactory::Create(const v1::RuleSpec& spec) const {
   for (const Entry& e : entries_) {
     if (e.info.rule_type != spec.rule_type()) continue;
-    RuleParams params(spec.rule_type(), std::map<std::string, std::string>(
-                                            spec.parameters().begin(),
-                                            spec.parameters().end()));
+    RuleParams params(spec.rule_type(),
+                      std::map<std::string, std::string>(spec.parameters().begin(),
+                                                         spec.parameters().end()),
+                      environment_);
     SONDE_ASSIGN_OR_RETURN(auto rule, e.maker(params));
     SONDE_RETURN_IF_ERROR(params.CheckAllUsed());
     if (rule == nullptr) {

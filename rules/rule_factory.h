@@ -33,6 +33,19 @@ struct RuleInfo {
   bool needs_values = false;                     // reads raw values, not only statistics
 };
 
+// What the collector lets rules read beyond the steps they are fed: other
+// jobs' stored tensors (for rules that compare runs). Thread-safe.
+class RuleEnvironment {
+ public:
+  virtual ~RuleEnvironment() = default;
+  // The values of `tensor` of `worker` at a mode step of another job, as
+  // doubles; NotFound if it is not stored (or stored as statistics only).
+  virtual absl::StatusOr<std::vector<double>> ReadValues(const std::string& job, v1::Mode mode,
+                                                         int64_t mode_step,
+                                                         const std::string& tensor,
+                                                         int32_t worker) const = 0;
+};
+
 // Builds a rule from its parameters; read each one through `params` (an
 // unread parameter is reported to the user as unknown).
 using RuleMaker = std::function<absl::StatusOr<std::unique_ptr<Rule>>(RuleParams& params)>;
@@ -54,6 +67,9 @@ class RuleFactory {
   absl::StatusOr<std::unique_ptr<Rule>> Create(const v1::RuleSpec& spec) const;
 
   std::vector<RuleInfo> Catalog() const;
+
+  // Offered to rules as RuleParams::environment(); set before creating rules.
+  void SetEnvironment(const RuleEnvironment* environment) { environment_ = environment; }
   const RuleInfo* Find(const std::string& rule_type) const;
 
  private:
@@ -62,6 +78,7 @@ class RuleFactory {
     RuleMaker maker;
   };
   std::vector<Entry> entries_;
+  const RuleEnvironment* environment_ = nullptr;
 };
 
 // Fills name from rule_type when empty and checks actions.

@@ -768,6 +768,79 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeTreeDepth(RuleParams& p) {
   return std::unique_ptr<Rule>(new TreeDepth(depth, std::move(selector)));
 }
 
+// SimilarAcrossRuns: compares each selected tensor with the same tensor
+// (same mode step and worker) of reference jobs stored by this collector;
+// fires at the first step where they differ beyond numpy.allclose's
+// tolerance. SageMaker leaves the tolerance undocumented: rtol and atol are
+// parameters here. A tensor the reference job does not have is skipped.
+class SimilarAcrossRuns : public Rule {
+ public:
+  SimilarAcrossRuns(std::vector<std::string> others, TensorSelector s, double rtol, double atol,
+                    const RuleEnvironment* env)
+      : others_(std::move(others)), selector_(std::move(s)), rtol_(rtol), atol_(atol), env_(env) {}
+
+  bool WantsValues(const v1::TensorRecord& r) const override {
+    return selector_.MatchesUncached(r);
+  }
+
+  Result OnStep(const StepData& step) override {
+    for (size_t i = 0; i < step.tensors.size(); ++i) {
+      const auto& r = step.tensors[i];
+      if (!selector_.Matches(r)) continue;
+      auto mine = ValuesAt(step, i);
+      if (!mine.has_value()) continue;
+      for (const std::string& other : others_) {
+        auto theirs = env_->ReadValues(other, step.mode, step.mode_step, r.tensor_name(), r.worker());
+        if (!theirs.ok()) {
+          if (theirs.status().code() == absl::StatusCode::kNotFound) continue;
+          return theirs.status();
+        }
+        size_t differ = theirs->size() == mine->size() ? 0 : mine->size();
+        double worst = 0;
+        for (size_t k = 0; k < mine->size() && k < theirs->size(); ++k) {
+          const double a = (*mine)[k], b = (*theirs)[k];
+          const double d = std::fabs(a - b);
+          if (!(d <= atol_ + rtol_ * std::fabs(b)) && !(a == b)) {
+            ++differ;
+            worst = std::max(worst, d);
+          }
+        }
+        if (differ > 0) {
+          return Fire(absl::StrFormat("tensor '%s' at %s step %d differs from job '%s' in %d of %d "
+                                      "values (largest difference %g)",
+                                      r.tensor_name(), ModeName(step.mode), step.mode_step, other,
+                                      differ, mine->size(), worst),
+                      {r.tensor_name()}, r.worker(), worst, atol_);
+        }
+      }
+    }
+    return Quiet();
+  }
+
+ private:
+  std::vector<std::string> others_;
+  TensorSelector selector_;
+  double rtol_, atol_;
+  const RuleEnvironment* env_;
+};
+
+absl::StatusOr<std::unique_ptr<Rule>> MakeSimilarAcrossRuns(RuleParams& p) {
+  SONDE_ASSIGN_OR_RETURN(auto others, p.List("other_trials"));
+  if (others.empty()) {
+    return absl::InvalidArgumentError(
+        "SimilarAcrossRuns: other_trials (the job names to compare with) is required");
+  }
+  SONDE_ASSIGN_OR_RETURN(auto selector, Selector(p, false, "SimilarAcrossRuns"));
+  SONDE_ASSIGN_OR_RETURN(double rtol, p.Double("rtol", 1e-5));
+  SONDE_ASSIGN_OR_RETURN(double atol, p.Double("atol", 1e-8));
+  if (p.environment() == nullptr) {
+    return absl::FailedPreconditionError(
+        "SimilarAcrossRuns needs the collector's store to read the other jobs");
+  }
+  return std::unique_ptr<Rule>(
+      new SimilarAcrossRuns(std::move(others), std::move(selector), rtol, atol, p.environment()));
+}
+
 }  // namespace
 
 void RegisterValueRules(RuleFactory& factory) {
@@ -866,6 +939,16 @@ void RegisterValueRules(RuleFactory& factory) {
         {"feature_importance"},
         "Check for leaked or dominant features; regularise the model."},
        &MakeFeatureImportanceOverweight},
+      {{"SimilarAcrossRuns",
+        "Finds tensors that differ from the same tensors of reference jobs at the same step.",
+        {{"other_trials", "", "comma-separated job names to compare with (required)"},
+         {"collection_names", "", "collections to compare"},
+         {"tensor_regex", "", "tensor names to compare; with neither, every tensor"},
+         {"rtol", "1e-05", "relative tolerance"},
+         {"atol", "1e-08", "absolute tolerance"}},
+        {},
+        "Check what changed between the runs: seeds, data order, code or library versions."},
+       &MakeSimilarAcrossRuns},
       {{"TreeDepth",
         "Finds tree models whose trees stay shallower than depth.",
         {{"depth", "4", "expected tree depth"},

@@ -12,6 +12,7 @@
 #include "server/collector_service.h"
 #include "server/job_registry.h"
 #include "server/query_service.h"
+#include "server/store_rule_environment.h"
 #include "server/webhook_notifier.h"
 #include "rules/plugin_loader.h"
 #include "rules/rule_factory.h"
@@ -41,18 +42,20 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
     if (!loaded.ok()) return loaded;
     LOG(INFO) << "loaded rule plugin " << plugin;
   }
-  for (const v1::RuleSpec& spec : options.default_rules) {
-    auto normalized = rules::NormalizeRuleSpec(spec);
-    if (!normalized.ok()) return normalized.status();
-    absl::Status valid = c->rule_factory_->Create(*normalized).status();
-    if (!valid.ok()) return valid;
-  }
   storage::Store::Options store_options;
   store_options.path = options.data_dir;
   store_options.sync_writes = options.sync_writes;
   auto store = storage::Store::Open(store_options);
   if (!store.ok()) return store.status();
   c->store_ = std::move(*store);
+  c->rule_environment_ = std::make_unique<StoreRuleEnvironment>(c->store_.get());
+  c->rule_factory_->SetEnvironment(c->rule_environment_.get());
+  for (const v1::RuleSpec& spec : options.default_rules) {
+    auto normalized = rules::NormalizeRuleSpec(spec);
+    if (!normalized.ok()) return normalized.status();
+    absl::Status valid = c->rule_factory_->Create(*normalized).status();
+    if (!valid.ok()) return valid;
+  }
   // Jobs that were running when the collector last stopped have lost their
   // streams; say so until their workers reconnect.
   auto jobs = c->store_->ListJobs();

@@ -26,6 +26,7 @@ class Store;
 }  // namespace sonde::storage
 
 namespace sonde::rules {
+class RuleEnvironment;
 class RuleFactory;
 }  // namespace sonde::rules
 
@@ -85,6 +86,7 @@ class Collector {
   std::string address_;
   std::unique_ptr<rules::RuleFactory> rule_factory_;
   std::unique_ptr<storage::Store> store_;
+  std::unique_ptr<rules::RuleEnvironment> rule_environment_;
   std::unique_ptr<ThreadPool> storage_pool_;
   std::unique_ptr<ThreadPool> rule_pool_;
   std::unique_ptr<WebhookNotifier> webhooks_;

@@ -641,6 +641,42 @@ TEST(EndToEnd, AStalledJobIsFoundByTheClockAndStopped) {
   EXPECT_EQ(r->actions_taken(0), "StopTraining");
 }
 
+TEST(EndToEnd, SimilarAcrossRunsComparesAJobWithAStoredReference) {
+  InProcessCollector collector;
+  auto run = [&](const std::string& job, int diverge_at, std::vector<v1::RuleSpec> rules) {
+    HookOptions o = Options(collector.address(), job);
+    o.rules = std::move(rules);
+    auto hook = Hook::Create(o);
+    EXPECT_THAT(hook, IsOk());
+    for (int step = 0; step < 5; ++step) {
+      (*hook)->StartStep();
+      std::vector<float> w = {0.5f * step, 1.0f};
+      if (step >= diverge_at) w[1] += 0.01f;
+      EXPECT_THAT((*hook)->SaveTensor("fc.weight", HostTensor(w.data(), {2}), {"weights"}), IsOk());
+    }
+    EXPECT_THAT((*hook)->Close(), IsOk());
+  };
+  run("reference", 99, {});
+  v1::RuleSpec similar;
+  similar.set_rule_type("SimilarAcrossRuns");
+  (*similar.mutable_parameters())["other_trials"] = "reference";
+  (*similar.mutable_parameters())["collection_names"] = "weights";
+  run("rerun", 3, {similar});
+  auto q = QueryClient::Connect(collector.address());
+  auto results = FinalResults(*q, "rerun");
+  const v1::RuleResult* r = Find(results, "SimilarAcrossRuns");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(r->step(), 3);
+  EXPECT_NE(r->message().find("differs from job 'reference' in 1 of 2 values"), std::string::npos)
+      << r->message();
+  // The same run again matches the reference: quiet.
+  run("identical", 99, {similar});
+  auto again = FinalResults(*q, "identical");
+  ASSERT_NE(Find(again, "SimilarAcrossRuns"), nullptr);
+  EXPECT_EQ(Find(again, "SimilarAcrossRuns")->status(), v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
 TEST(EndToEnd, HealthServiceReportsServing) {
   InProcessCollector collector;
   auto channel = grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials());
