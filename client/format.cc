@@ -26,6 +26,7 @@ absl::string_view JobStatusName(v1::JobStatus status) {
     case v1::JOB_STATUS_FINISHED: return "Finished";
     case v1::JOB_STATUS_STOPPED: return "Stopped";
     case v1::JOB_STATUS_DISCONNECTED: return "Disconnected";
+    case v1::JOB_STATUS_PENDING: return "Pending";
     default: return "Unknown";
   }
 }

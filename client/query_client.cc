@@ -144,6 +144,19 @@ absl::StatusOr<std::vector<v1::RuleCatalogEntry>> QueryClient::RuleCatalog() {
   return std::vector<v1::RuleCatalogEntry>(resp.rules().begin(), resp.rules().end());
 }
 
+absl::StatusOr<std::vector<v1::RuleSpec>> QueryClient::EnableRules(
+    const std::string& job, const std::vector<v1::RuleSpec>& rules) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::EnableRulesRequest req;
+  req.set_job(job);
+  for (const auto& r : rules) *req.add_rules() = r;
+  v1::EnableRulesResponse resp;
+  grpc::Status s = stub_->EnableRules(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::RuleSpec>(resp.rules().begin(), resp.rules().end());
+}
+
 absl::Status QueryClient::WatchRuleResults(const std::string& job,
                                            const std::function<bool(const v1::RuleResult&)>& fn,
                                            absl::Duration timeout) {

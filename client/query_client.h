@@ -46,6 +46,9 @@ class QueryClient {
                                                           int32_t worker = -1);
   absl::StatusOr<std::vector<v1::RuleResult>> RuleResults(const std::string& job);
   absl::StatusOr<std::vector<v1::RuleCatalogEntry>> RuleCatalog();
+  // Registers rules for a job before it starts; returns all its rules.
+  absl::StatusOr<std::vector<v1::RuleSpec>> EnableRules(const std::string& job,
+                                                        const std::vector<v1::RuleSpec>& rules);
   // Calls `fn` for the current results, then for every change, until the
   // job ends, `fn` returns false, or `timeout` passes.
   absl::Status WatchRuleResults(const std::string& job,

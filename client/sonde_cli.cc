@@ -9,6 +9,7 @@
 //   sonde rules --job J              rule results (like rule_job_summary)
 //   sonde watch --job J              follow rule results live until the job ends
 //   sonde rule-catalog               every rule the collector can run
+//   sonde enable-rules --job J --rules 'Type(k=v,...);...'   before the job starts
 //
 // Every command takes --collector (default 127.0.0.1:7070) and --json.
 #include <cmath>
@@ -28,6 +29,7 @@
 #include "client/query_client.h"
 #include "common/dtype.h"
 #include "nlohmann/json.hpp"
+#include "rules/rule_config.h"
 
 ABSL_FLAG(std::string, collector, "127.0.0.1:7070", "collector address host:port");
 ABSL_FLAG(std::string, job, "", "job name");
@@ -42,6 +44,8 @@ ABSL_FLAG(int32_t, worker, -1, "worker (default: 0 for show, every worker for se
 ABSL_FLAG(int32_t, max_values, 64, "values printed by show (0: all)");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
 ABSL_FLAG(absl::Duration, timeout, absl::Hours(24), "how long watch follows a job");
+ABSL_FLAG(std::string, rules, "",
+          "enable-rules: 'Type(key=value,...);...' as the collector's --rules flag");
 
 namespace sonde {
 namespace {
@@ -53,7 +57,8 @@ int Fail(const absl::Status& s) {
 
 int Usage(const std::string& msg) {
   std::cerr << "sonde: " << msg << "\n"
-            << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog} [flags]; "
+            << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules} "
+               "[flags]; "
                "sonde --help for flags\n";
   return 2;
 }
@@ -323,6 +328,24 @@ int Catalog(QueryClient& q, bool json) {
   return 0;
 }
 
+int EnableRules(QueryClient& q, const std::string& job, bool json) {
+  auto specs = rules::ParseRuleFlag(absl::GetFlag(FLAGS_rules));
+  if (!specs.ok()) return Fail(specs.status());
+  if (specs->empty()) return Usage("enable-rules needs --rules");
+  auto all = q.EnableRules(job, *specs);
+  if (!all.ok()) return Fail(all.status());
+  if (json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& r : *all) arr.push_back({{"name", r.name()}, {"rule_type", r.rule_type()}});
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "job '" << job << "' will start with " << all->size() << " rule(s):";
+  for (const auto& r : *all) std::cout << " " << r.name();
+  std::cout << "\n";
+  return 0;
+}
+
 int Main(const std::vector<char*>& args) {
   if (args.size() < 2) return Usage("no command");
   const std::string cmd = args[1];
@@ -335,7 +358,8 @@ int Main(const std::vector<char*>& args) {
   if (cmd == "rule-catalog") return Catalog(*q, json);
   const std::string job = absl::GetFlag(FLAGS_job);
   const bool known = cmd == "job" || cmd == "tensors" || cmd == "steps" || cmd == "show" ||
-                     cmd == "series" || cmd == "rules" || cmd == "watch";
+                     cmd == "series" || cmd == "rules" || cmd == "watch" ||
+                     cmd == "enable-rules";
   if (!known) return Usage(absl::StrCat("unknown command '", cmd, "'"));
   if (job.empty()) return Usage(absl::StrCat(cmd, " needs --job"));
   if (cmd == "job") return Job(*q, job, json);
@@ -344,6 +368,7 @@ int Main(const std::vector<char*>& args) {
   if (cmd == "show") return Show(*q, job, *mode, json);
   if (cmd == "series") return Series(*q, job, *mode, json);
   if (cmd == "rules") return Rules(*q, job, json);
+  if (cmd == "enable-rules") return EnableRules(*q, job, json);
   return Watch(*q, job, json);
 }
 

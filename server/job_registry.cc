@@ -198,6 +198,20 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
       SONDE_RETURN_IF_ERROR(rule_factory_->Create(*fresh.rules().rbegin()).status());
     }
     SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(fresh));
+    if (info.status() == v1::JOB_STATUS_PENDING) {
+      // Registered by EnableRules: start it now, with its rules first.
+      v1::JobInfo started = fresh;
+      started.set_job_id(info.job_id());
+      started.clear_rules();
+      for (const v1::RuleSpec& s : info.rules()) *started.add_rules() = s;
+      for (const v1::RuleSpec& s : fresh.rules()) {
+        bool taken = false;
+        for (const v1::RuleSpec& t : started.rules()) taken = taken || t.name() == s.name();
+        if (!taken) *started.add_rules() = s;
+      }
+      SONDE_RETURN_IF_ERROR(store_->PutJob(started));
+      info = started;
+    }
     if (IsFinished(info.status())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job '", hello.job(), "' has already finished; use a new job name"));
@@ -550,6 +564,46 @@ absl::Status JobRegistry::PostExternalResult(v1::RuleResult result,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::RuleSpec>> JobRegistry::EnableRules(
+    const std::string& job_name, const std::vector<v1::RuleSpec>& specs) {
+  SONDE_RETURN_IF_ERROR(ValidateJobName(job_name));
+  if (specs.empty()) return absl::InvalidArgumentError("no rules given");
+  std::vector<v1::RuleSpec> normalized;
+  for (const v1::RuleSpec& s : specs) {
+    SONDE_ASSIGN_OR_RETURN(v1::RuleSpec n, rules::NormalizeRuleSpec(s));
+    SONDE_RETURN_IF_ERROR(rule_factory_->Create(n).status());
+    normalized.push_back(std::move(n));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    LiveJob* live = FindLocked(job_name);
+    if (live != nullptr && live->runner != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job_name, "' has started; rules are enabled before a job starts"));
+    }
+  }
+  v1::JobInfo pending;
+  pending.set_job(job_name);
+  pending.set_status(v1::JOB_STATUS_PENDING);
+  pending.set_last_step(-1);
+  SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(pending));
+  if (info.status() != v1::JOB_STATUS_PENDING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_name, "' has started; rules are enabled before a job starts"));
+  }
+  for (const v1::RuleSpec& n : normalized) {
+    for (const v1::RuleSpec& existing : info.rules()) {
+      if (existing.name() == n.name()) {
+        return absl::AlreadyExistsError(absl::StrCat("job '", job_name,
+                                                     "' already has a rule named '", n.name(), "'"));
+      }
+    }
+    *info.add_rules() = n;
+  }
+  SONDE_RETURN_IF_ERROR(store_->PutJob(info));
+  return std::vector<v1::RuleSpec>(info.rules().begin(), info.rules().end());
 }
 
 uint64_t JobRegistry::Subscribe(const std::string& job,

@@ -94,6 +94,10 @@ class JobRegistry {
   // job's own rules, InvalidArgument for a bad result.
   absl::Status PostExternalResult(v1::RuleResult result, const std::vector<std::string>& actions);
 
+  // Registers rules for a job that has not started (see Query.EnableRules).
+  absl::StatusOr<std::vector<v1::RuleSpec>> EnableRules(const std::string& job,
+                                                        const std::vector<v1::RuleSpec>& specs);
+
   // True while the job has streams or rules still evaluating.
   bool IsActive(const std::string& job);
 

@@ -295,4 +295,13 @@ grpc::Status QueryService::PostRuleResult(grpc::ServerContext*,
       std::vector<std::string>(request->actions().begin(), request->actions().end())));
 }
 
+grpc::Status QueryService::EnableRules(grpc::ServerContext*, const v1::EnableRulesRequest* request,
+                                       v1::EnableRulesResponse* response) {
+  auto rules = registry_->EnableRules(
+      request->job(), std::vector<v1::RuleSpec>(request->rules().begin(), request->rules().end()));
+  if (!rules.ok()) return ToGrpcStatus(rules.status());
+  for (auto& r : *rules) *response->add_rules() = std::move(r);
+  return grpc::Status::OK;
+}
+
 }  // namespace sonde::server

@@ -43,6 +43,8 @@ class QueryService final : public v1::Query::Service {
                           grpc::ServerWriter<v1::CompletedStep>*) override;
   grpc::Status PostRuleResult(grpc::ServerContext*, const v1::PostRuleResultRequest*,
                               v1::PostRuleResultResponse*) override;
+  grpc::Status EnableRules(grpc::ServerContext*, const v1::EnableRulesRequest*,
+                           v1::EnableRulesResponse*) override;
 
  private:
   storage::Store* const store_;

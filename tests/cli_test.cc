@@ -149,6 +149,18 @@ TEST_F(CliTest, RuleCatalogListsRulesWithParametersAndDefaults) {
   EXPECT_NE(table.out.find("ExplodingTensor (built-in)"), std::string::npos) << table.out;
 }
 
+TEST_F(CliTest, EnableRulesRegistersAPendingJob) {
+  CliRun r = Cli(absl::StrCat("enable-rules --job=next-run --rules='LossNotDecreasing(num_steps=5)' ",
+                              Flags()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("will start with 1 rule(s): LossNotDecreasing"), std::string::npos) << r.out;
+  CliRun jobs = Cli(absl::StrCat("jobs --json ", Flags()));
+  EXPECT_NE(jobs.out.find("\"Pending\""), std::string::npos) << jobs.out;
+  CliRun started = Cli(absl::StrCat("enable-rules --job=cli-job --rules=ExplodingTensor ", Flags()));
+  EXPECT_EQ(started.exit_code, 1);
+  EXPECT_NE(started.out.find("has started"), std::string::npos) << started.out;
+}
+
 TEST_F(CliTest, ErrorsSayWhatWasWrong) {
   CliRun missing = Cli(absl::StrCat("rules --job=nope ", Flags()));
   EXPECT_EQ(missing.exit_code, 3);

@@ -677,6 +677,44 @@ TEST(EndToEnd, SimilarAcrossRunsComparesAJobWithAStoredReference) {
   EXPECT_EQ(Find(again, "SimilarAcrossRuns")->status(), v1::RULE_STATUS_NO_ISSUES_FOUND);
 }
 
+TEST(EndToEnd, RulesEnabledThroughTheApiRunWhenTheJobStarts) {
+  InProcessCollector collector("ExplodingTensor");
+  auto q = QueryClient::Connect(collector.address());
+  v1::RuleSpec high_loss;
+  high_loss.set_name("loss_high");
+  high_loss.set_rule_type("Threshold");
+  (*high_loss.mutable_parameters())["collection_names"] = "losses";
+  (*high_loss.mutable_parameters())["statistic"] = "mean";
+  (*high_loss.mutable_parameters())["threshold"] = "5";
+  auto enabled = q->EnableRules("planned", {high_loss});
+  SONDE_ASSERT_OK(enabled);
+  ASSERT_EQ(enabled->size(), 1u);
+  EXPECT_EQ(q->GetJob("planned")->status(), v1::JOB_STATUS_PENDING);
+  EXPECT_THAT(q->EnableRules("planned", {high_loss}),
+              StatusIs(absl::StatusCode::kAlreadyExists, "loss_high"));
+  v1::RuleSpec bad;
+  bad.set_rule_type("Threshold");
+  EXPECT_THAT(q->EnableRules("planned", {bad}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "collection_names or tensor_regex"));
+
+  auto hook = Hook::Create(Options(collector.address(), "planned"));
+  SONDE_ASSERT_OK(hook);
+  for (int step = 0; step < 3; ++step) {
+    (*hook)->StartStep();
+    SONDE_ASSERT_OK((*hook)->SaveScalar("loss", step == 2 ? 9.0 : 1.0, {"losses"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto results = FinalResults(*q, "planned");
+  ASSERT_EQ(results.size(), 2u);  // the API's rule and the collector's default
+  const v1::RuleResult* r = Find(results, "loss_high");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(r->step(), 2);
+  EXPECT_NE(Find(results, "ExplodingTensor"), nullptr);
+  EXPECT_THAT(q->EnableRules("planned", {high_loss}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "has started"));
+}
+
 TEST(EndToEnd, HealthServiceReportsServing) {
   InProcessCollector collector;
   auto channel = grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials());
