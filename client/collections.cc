@@ -81,6 +81,7 @@ absl::Status CollectionSet::Require(const v1::CollectionRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("collection request has no name");
   Collection& c = Get(request.name());
   for (const std::string& pattern : request.include_regex()) {
+    if (!c.requested_patterns.insert(pattern).second) continue;  // again after a reconnect
     auto re = Compile(pattern);
     if (!re.ok()) return re.status();
     c.regexes.push_back(*re);

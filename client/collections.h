@@ -76,6 +76,7 @@ class CollectionSet {
     std::optional<SaveConfig> save_config;
     std::optional<ReductionConfig> reduction_config;
     bool force_values = false;  // a rule reads its raw values
+    std::set<std::string> requested_patterns;  // regexes added by Require
   };
   Collection& Get(const std::string& name);
   const std::vector<std::string>& Members(const std::string& tensor);

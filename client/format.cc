@@ -72,7 +72,7 @@ std::string RulesJson(const std::vector<v1::RuleResult>& results) {
                    {"actions_taken", std::vector<std::string>(r.actions_taken().begin(),
                                                               r.actions_taken().end())}});
   }
-  return arr.dump(2);
+  return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string JobsJson(const std::vector<v1::JobInfo>& jobs) {
@@ -90,7 +90,7 @@ std::string JobsJson(const std::vector<v1::JobInfo>& jobs) {
                    {"start_unix_micros", j.start_unix_micros()},
                    {"end_unix_micros", j.end_unix_micros()}});
   }
-  return arr.dump(2);
+  return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string RuleSummary(const std::string& job, const std::vector<v1::RuleResult>& results) {

@@ -217,6 +217,12 @@ bool Sender::StreamOnce() {
     active_context_ = &context;
   }
   auto stream = stub->Stream(&context);
+  {
+    // Acks count messages of this stream only.
+    absl::MutexLock lock(&mu_);
+    counters_.messages_sent = 0;
+    counters_.last_acked_seq = 0;
+  }
   seq_ = 0;
   job_end_seq_ = 0;
   step_tensors_ = 0;

@@ -53,8 +53,8 @@ struct QueuedTensor {
 struct SenderCounters {
   uint64_t tensors_queued = 0;
   uint64_t tensors_dropped = 0;  // queue full
-  uint64_t messages_sent = 0;
-  uint64_t last_acked_seq = 0;
+  uint64_t messages_sent = 0;   // on the current stream
+  uint64_t last_acked_seq = 0;  // on the current stream
   uint64_t steps_acked = 0;
   uint64_t reconnects = 0;
 };

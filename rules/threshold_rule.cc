@@ -78,11 +78,9 @@ class ThresholdRule : public Rule {
 
   absl::StatusOr<std::optional<Finding>> OnStep(const StepData& step) override {
     if (mode_.has_value() && step.mode != *mode_) return std::optional<Finding>();
-    std::set<std::pair<std::string, int32_t>> seen;
     for (const v1::TensorRecord& t : step.tensors) {
       if (!selector_.Matches(t)) continue;
       const auto key = std::make_pair(t.tensor_name(), t.worker());
-      seen.insert(key);
       const double value = get_(t.statistics());
       int64_t& streak = streaks_[key];
       streak = compare_(value, threshold_) ? streak + 1 : 0;

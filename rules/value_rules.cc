@@ -460,9 +460,15 @@ class Confusion : public Rule {
     std::vector<int64_t> p = ClassIds(step.tensors[preds->first], preds->second, false);
     const size_t n = std::min(y.size(), p.size());
     if (n == 0) return Quiet();
+    constexpr int64_t kMaxCategories = 4096;  // a k x k matrix per step
     int64_t k = categories_.value_or(0);
     if (!categories_.has_value()) {
       for (size_t i = 0; i < n; ++i) k = std::max({k, y[i] + 1, p[i] + 1});
+    }
+    if (k > kMaxCategories) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "labels or predictions reach class ", k - 1, "; Confusion handles at most ",
+          kMaxCategories, " classes (set category_no, or check the labels tensor)"));
     }
     std::vector<std::vector<int64_t>> m(k, std::vector<int64_t>(k, 0));
     for (size_t i = 0; i < n; ++i) {
@@ -526,9 +532,9 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeConfusion(RuleParams& p) {
   std::optional<int64_t> categories;
   if (!cat.empty()) {
     int64_t v;
-    if (!absl::SimpleAtoi(cat, &v) || v < 2) {
+    if (!absl::SimpleAtoi(cat, &v) || v < 2 || v > 4096) {
       return absl::InvalidArgumentError(
-          absl::StrCat("Confusion: parameter category_no='", cat, "' must be an integer >= 2"));
+          absl::StrCat("Confusion: parameter category_no='", cat, "' must be an integer from 2 to 4096"));
     }
     categories = v;
   }

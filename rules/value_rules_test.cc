@@ -195,6 +195,15 @@ TEST(Confusion, FiresOnAnUntrainedClassifierAndIsQuietOnceItHasLearned) {
   EXPECT_FALSE(trained->has_value()) << (*trained)->message;
 }
 
+TEST(Confusion, AnAbsurdClassIdIsAnErrorNotACrash) {
+  auto rule = Make("Confusion");
+  StepBuilder b(0, *rule);
+  b.Add("labels", std::vector<int64_t>{0, 1000000}, {2}, {"labels"})
+      .Add("predictions", std::vector<int64_t>{0, 1}, {2}, {"predictions"});
+  EXPECT_THAT(rule->OnStep(b.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "at most 4096 classes"));
+}
+
 TEST(ClassImbalance, BalancedBlobsAreQuietSkewedLabelsFire) {
   auto quiet = Make("ClassImbalance", {{"samples", "300"}});
   MlpConfig c;

@@ -222,6 +222,20 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
                        ", hello says ", hello.world_size()));
     }
     SONDE_ASSIGN_OR_RETURN(auto previous, store_->RuleResults(info.job_id()));
+    // A stop decided before a restart still holds for workers that come back.
+    std::optional<v1::Action> stop;
+    for (const v1::RuleResult& r : previous) {
+      if (r.status() != v1::RULE_STATUS_ISSUES_FOUND || stop.has_value()) continue;
+      for (const std::string& a : r.actions_taken()) {
+        if (a != "StopTraining") continue;
+        stop.emplace();
+        stop->set_type(v1::ACTION_STOP_TRAINING);
+        stop->set_rule(r.rule());
+        stop->set_reason(r.message());
+        stop->set_step(r.step());
+        *stop->mutable_verdict() = r;
+      }
+    }
     auto sink = std::make_unique<Sink>(this, hello.job(), info.job_id());
     SONDE_ASSIGN_OR_RETURN(
         auto runner,
@@ -237,6 +251,7 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
       SONDE_ASSIGN_OR_RETURN(pending, Replay(info, *runner));
     }
     absl::MutexLock lock(&mu_);
+    if (stop.has_value() && !job->stop.has_value()) job->stop = stop;
     if (info.last_step() >= 0) {
       job->delivered_through = pending.empty() ? info.last_step() : pending.begin()->first - 1;
     }
@@ -528,6 +543,7 @@ absl::Status JobRegistry::PostExternalResult(v1::RuleResult result,
           "external rules may ask for StopTraining or Log, not '", a, "'"));
     }
   }
+  absl::MutexLock external(&external_mu_);  // one read-modify-write at a time
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->GetJob(result.job()));
   for (const v1::RuleSpec& spec : info.rules()) {
     if (spec.name() == result.rule()) {
@@ -576,13 +592,23 @@ absl::StatusOr<std::vector<v1::RuleSpec>> JobRegistry::EnableRules(
     SONDE_RETURN_IF_ERROR(rule_factory_->Create(n).status());
     normalized.push_back(std::move(n));
   }
+  // Under the job's commit lock, so a first hello cannot start the job
+  // halfway through (Join holds the same lock).
+  LiveJob* live;
   {
     absl::MutexLock lock(&mu_);
-    LiveJob* live = FindLocked(job_name);
-    if (live != nullptr && live->runner != nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job_name, "' has started; rules are enabled before a job starts"));
+    live = FindLocked(job_name);
+    if (live == nullptr) {
+      auto fresh = std::make_unique<LiveJob>();
+      live = fresh.get();
+      fresh->info.set_job(job_name);
+      jobs_[job_name] = std::move(fresh);
     }
+  }
+  absl::MutexLock commit(&live->commit_mu);
+  if (live->runner != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_name, "' has started; rules are enabled before a job starts"));
   }
   v1::JobInfo pending;
   pending.set_job(job_name);

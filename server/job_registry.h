@@ -134,6 +134,7 @@ class JobRegistry {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;
 
+  absl::Mutex external_mu_;  // serialises PostExternalResult's read-modify-write
   absl::Mutex subscribers_mu_;
   uint64_t next_subscriber_ ABSL_GUARDED_BY(subscribers_mu_) = 1;
   std::map<uint64_t, std::pair<std::string, std::function<void(const v1::RuleResult&)>>>

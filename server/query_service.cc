@@ -1,6 +1,7 @@
 #include "server/query_service.h"
 
 #include <deque>
+#include <map>
 #include <regex>
 #include <utility>
 
@@ -189,10 +190,15 @@ grpc::Status QueryService::WatchRuleResults(grpc::ServerContext* context,
     ~Unsubscribe() { registry->Unsubscribe(id); }
   } unsubscribe{registry_, id};
 
+  std::map<std::string, int64_t> sent;  // rule -> updated_unix_micros last written
+  auto write = [&](const v1::RuleResult& r) {
+    sent[r.rule()] = r.updated_unix_micros();
+    return writer->Write(r);
+  };
   auto current = registry_->RuleResults(request->job());
   if (!current.ok()) return ToGrpcStatus(current.status());
   for (const auto& r : *current) {
-    if (!writer->Write(r)) return grpc::Status::OK;
+    if (!write(r)) return grpc::Status::OK;
   }
   while (!context->IsCancelled() && !closing_) {
     std::deque<v1::RuleResult> batch;
@@ -203,9 +209,20 @@ grpc::Status QueryService::WatchRuleResults(grpc::ServerContext* context,
       batch.swap(queue);
     }
     for (const auto& r : batch) {
-      if (!writer->Write(r)) return grpc::Status::OK;
+      if (!write(r)) return grpc::Status::OK;
     }
-    if (batch.empty() && !registry_->IsActive(request->job())) break;
+    if (batch.empty() && !registry_->IsActive(request->job())) {
+      // A verdict can be in the results before its notification is queued:
+      // send whatever the final results hold that was not sent yet.
+      auto final_results = registry_->RuleResults(request->job());
+      if (!final_results.ok()) return ToGrpcStatus(final_results.status());
+      for (const auto& r : *final_results) {
+        auto it = sent.find(r.rule());
+        if (it != sent.end() && it->second >= r.updated_unix_micros()) continue;
+        if (!write(r)) return grpc::Status::OK;
+      }
+      break;
+    }
   }
   return grpc::Status::OK;
 }
@@ -282,7 +299,17 @@ grpc::Status QueryService::WatchSteps(grpc::ServerContext* context,
       if (!writer->Write(c)) return grpc::Status::OK;
       sent_through = c.step();
     }
-    if (batch.empty() && !registry_->IsActive(request->job())) break;
+    if (batch.empty() && !registry_->IsActive(request->job())) {
+      // Steps are queued under the registry's lock before the job can turn
+      // inactive: one last look finds any that arrived after the wait.
+      absl::MutexLock lock(&mu);
+      for (const auto& c : queue) {
+        if (c.step() <= sent_through) continue;
+        if (!writer->Write(c)) return grpc::Status::OK;
+        sent_through = c.step();
+      }
+      break;
+    }
   }
   return grpc::Status::OK;
 }

@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -48,11 +49,13 @@ std::string VerdictJson(const v1::Action& action) {
       {"time", absl::FormatTime(absl::RFC3339_full, absl::FromUnixMicros(r.updated_unix_micros()),
                                 absl::UTCTimeZone())},
   };
-  return doc.dump();
+  // Messages may come from plugins and be cut mid-character: replace, never throw.
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 WebhookNotifier::WebhookNotifier(Options options) : options_(options) {
-  curl_global_init(CURL_GLOBAL_DEFAULT);
+  static std::once_flag curl_once;
+  std::call_once(curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -60,6 +63,7 @@ WebhookNotifier::~WebhookNotifier() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    stop_deadline_ = absl::Now() + options_.shutdown_grace;
   }
   thread_.join();
 }
@@ -69,8 +73,8 @@ void WebhookNotifier::Post(const v1::Action& action) {
   absl::MutexLock lock(&mu_);
   if (stopping_ || queue_.size() >= options_.max_queue) {
     ++counters_.dropped;
-    LOG(WARNING) << "webhook " << d.url << ": queue full, verdict of rule "
-                 << action.rule() << " dropped";
+    LOG(WARNING) << "webhook " << d.url << ": " << (stopping_ ? "shutting down" : "queue full")
+                 << ", verdict of rule " << action.rule() << " dropped";
     return;
   }
   queue_.push_back(std::move(d));
@@ -128,6 +132,13 @@ void WebhookNotifier::Run() {
       };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;
+      if (stopping_ && absl::Now() > stop_deadline_) {
+        counters_.dropped += queue_.size();
+        LOG(WARNING) << "webhooks: shutting down, " << queue_.size()
+                     << " undelivered verdict(s) dropped";
+        queue_.clear();
+        return;
+      }
       d = std::move(queue_.front());
       queue_.pop_front();
       delivering_ = true;

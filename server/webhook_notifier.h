@@ -26,6 +26,9 @@ struct WebhookNotifierOptions {
   absl::Duration request_timeout = absl::Seconds(5);
   // Deliveries waiting at most. Default 1000.
   size_t max_queue = 1000;
+  // At shutdown, how long queued deliveries still get (one attempt each);
+  // what remains after is dropped. Default 5 s.
+  absl::Duration shutdown_grace = absl::Seconds(5);
 };
 
 class WebhookNotifier {
@@ -60,6 +63,7 @@ class WebhookNotifier {
   mutable absl::Mutex mu_;
   std::deque<Delivery> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time stop_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool delivering_ ABSL_GUARDED_BY(mu_) = false;
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

@@ -57,6 +57,14 @@ TEST(WebhookNotifier, PostsTheVerdictAsJson) {
   EXPECT_EQ(doc["time"], "2023-11-14T22:13:20+00:00");
 }
 
+TEST(WebhookNotifier, InvalidUtf8InAMessageIsReplacedNotFatal) {
+  v1::Action a = Verdict("http://127.0.0.1:1/h");
+  a.mutable_verdict()->set_message("cut in the middle of \xe2\x82");
+  const std::string json = VerdictJson(a);
+  auto doc = nlohmann::json::parse(json);
+  EXPECT_NE(doc["message"].get<std::string>().find("cut in the middle of"), std::string::npos);
+}
+
 TEST(WebhookNotifier, RetriesServerErrorsUntilDelivered) {
   TestHttpServer server({500, 503});
   WebhookNotifier notifier(Fast(5));

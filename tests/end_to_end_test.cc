@@ -360,6 +360,8 @@ TEST(EndToEnd, RulesKeepTheirHistoryAndVerdictsAcrossACollectorRestart) {
   EXPECT_EQ(exploding->step(), 1);
   EXPECT_EQ(exploding->actions_taken_size(), 1);
   EXPECT_EQ(stops, 1);
+  // The stop decided before the restart still decides how the job ended.
+  EXPECT_EQ(q2->GetJob("restarted")->status(), v1::JOB_STATUS_STOPPED);
 }
 
 TEST(EndToEnd, JobsRunningWhenTheCollectorDiedShowAsDisconnectedAfterRestart) {
