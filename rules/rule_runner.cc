@@ -90,9 +90,10 @@ void RuleRunner::SubmitStep(StepData step) {
   }
 }
 
-void RuleRunner::SubmitJobEnd() {
+void RuleRunner::SubmitJobEnd(std::optional<v1::Action> stopped_by) {
   for (size_t i = 0; i < instances_.size(); ++i) {
-    instances_[i]->strand->Post([this, i] { Evaluate(i, nullptr); });
+    instances_[i]->strand->Post(
+        [this, i, stopped_by] { Evaluate(i, nullptr, std::nullopt, stopped_by); });
   }
 }
 
@@ -139,7 +140,8 @@ void RuleRunner::Publish(size_t index, const std::vector<v1::Action>& actions) {
   sink_->OnResult(inst.result);
 }
 
-void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick) {
+void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick,
+                          const std::optional<v1::Action>& stopped_by) {
   Instance& inst = *instances_[index];
   v1::RuleResult& r = inst.result;
   if (IsFinal(r.status())) return;
@@ -224,7 +226,13 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     return;
   }
   if (tick.has_value()) return;  // time passed, nothing found
-  if (step == nullptr) {
+  if (step == nullptr && stopped_by.has_value()) {
+    r.set_status(v1::RULE_STATUS_STOPPED);
+    r.set_message(absl::StrCat("training was stopped by rule ", stopped_by->rule(), " at step ",
+                               stopped_by->step(), "; no issues found in ", r.steps_evaluated(),
+                               " steps until then"));
+    Publish(index, {});
+  } else if (step == nullptr) {
     r.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
     r.set_message(absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));
     Publish(index, {});

@@ -62,7 +62,9 @@ class RuleRunner {
 
   // Queue a complete step / the end of training. Return at once.
   void SubmitStep(StepData step);
-  void SubmitJobEnd();
+  // `stopped_by`: the action that stopped training, if a rule did; rules
+  // that found nothing by then end Stopped instead of NoIssuesFound.
+  void SubmitJobEnd(std::optional<v1::Action> stopped_by = std::nullopt);
   // Passes the time to rules that want ticks. Returns at once.
   void Tick(absl::Time now);
   // Waits until everything submitted has been evaluated.
@@ -89,7 +91,8 @@ class RuleRunner {
   RuleRunner(std::string job, RuleSink* sink, RuleBudget budget)
       : job_(std::move(job)), sink_(sink), budget_(budget) {}
   // step == nullptr: the end of training, or a tick when `tick` is set.
-  void Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick = std::nullopt);
+  void Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick = std::nullopt,
+                const std::optional<v1::Action>& stopped_by = std::nullopt);
   void Publish(size_t index, const std::vector<v1::Action>& actions);
 
   const std::string job_;

@@ -79,6 +79,20 @@ TEST(RuleRunner, IssueFoundAtFirstBadStepTriggersStopOnce) {
   EXPECT_EQ(results[0].steps_evaluated(), 4);  // stops evaluating once it fired
   EXPECT_EQ(results[0].actions_taken_size(), 1);
   EXPECT_EQ(results[1].status(), v1::RULE_STATUS_NO_ISSUES_FOUND);
+  // Had the job ended because of that stop, the other rule would say so.
+  ThreadPool pool2(1, 4);
+  RecordingSink sink2;
+  auto again = RuleRunner::Create("job", Specs(), {}, *factory_, &pool2, &sink2);
+  SONDE_ASSERT_OK(again);
+  (*again)->SubmitStep(Step(0, 1.0f, 1.0f));
+  v1::Action stop;
+  stop.set_rule("ExplodingTensor");
+  stop.set_step(3);
+  (*again)->SubmitJobEnd(stop);
+  (*again)->Drain();
+  EXPECT_EQ((*again)->Results()[1].status(), v1::RULE_STATUS_STOPPED);
+  EXPECT_NE((*again)->Results()[1].message().find("stopped by rule ExplodingTensor at step 3"),
+            std::string::npos);
   absl::MutexLock lock(&sink.mu_);
   ASSERT_EQ(sink.actions.size(), 1u);
   EXPECT_EQ(sink.actions[0].type(), v1::ACTION_STOP_TRAINING);

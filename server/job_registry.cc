@@ -488,7 +488,7 @@ void JobRegistry::MaybeEndJobLocked(LiveJob& job) {
   job.info.set_end_unix_micros(NowMicros());
   absl::Status s = store_->PutJob(job.info);
   if (!s.ok()) LOG(ERROR) << "job '" << job.info.job() << "': " << s;
-  job.runner->SubmitJobEnd();
+  job.runner->SubmitJobEnd(job.stop);
 }
 
 absl::StatusOr<std::vector<v1::RuleResult>> JobRegistry::RuleResults(const std::string& job_name) {
