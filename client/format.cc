@@ -5,20 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/names.h"
 #include "nlohmann/json.hpp"
 
 namespace sonde {
-
-absl::string_view RuleStatusName(v1::RuleStatus status) {
-  switch (status) {
-    case v1::RULE_STATUS_IN_PROGRESS: return "InProgress";
-    case v1::RULE_STATUS_ISSUES_FOUND: return "IssuesFound";
-    case v1::RULE_STATUS_NO_ISSUES_FOUND: return "NoIssuesFound";
-    case v1::RULE_STATUS_ERROR: return "Error";
-    case v1::RULE_STATUS_STOPPED: return "Stopped";
-    default: return "Unknown";
-  }
-}
 
 absl::string_view JobStatusName(v1::JobStatus status) {
   switch (status) {

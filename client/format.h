@@ -8,12 +8,11 @@
 
 #include "absl/strings/string_view.h"
 #include "proto/query.pb.h"
+#include "common/names.h"
 #include "proto/rule.pb.h"
 
 namespace sonde {
 
-// SageMaker's spellings: "InProgress", "IssuesFound", "NoIssuesFound", ...
-absl::string_view RuleStatusName(v1::RuleStatus status);
 // "Running", "Finished", "Stopped", "Disconnected".
 absl::string_view JobStatusName(v1::JobStatus status);
 

@@ -31,4 +31,15 @@ absl::Status ValidateTensorName(absl::string_view name) {
   return absl::OkStatus();
 }
 
+absl::string_view RuleStatusName(v1::RuleStatus status) {
+  switch (status) {
+    case v1::RULE_STATUS_IN_PROGRESS: return "InProgress";
+    case v1::RULE_STATUS_ISSUES_FOUND: return "IssuesFound";
+    case v1::RULE_STATUS_NO_ISSUES_FOUND: return "NoIssuesFound";
+    case v1::RULE_STATUS_ERROR: return "Error";
+    case v1::RULE_STATUS_STOPPED: return "Stopped";
+    default: return "Unknown";
+  }
+}
+
 }  // namespace sonde

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "proto/rule.pb.h"
 
 namespace sonde {
 
@@ -14,6 +15,10 @@ absl::Status ValidateJobName(absl::string_view job);
 
 // Tensor names: 1 to 1024 bytes, any bytes but NUL.
 absl::Status ValidateTensorName(absl::string_view name);
+
+// SageMaker's spellings of rule statuses: "InProgress", "IssuesFound",
+// "NoIssuesFound", "Error", "Stopped".
+absl::string_view RuleStatusName(v1::RuleStatus status);
 
 }  // namespace sonde
 

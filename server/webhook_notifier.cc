@@ -8,22 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
+#include "common/names.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
 
 namespace sonde::server {
 namespace {
-
-absl::string_view StatusName(v1::RuleStatus s) {
-  switch (s) {
-    case v1::RULE_STATUS_IN_PROGRESS: return "InProgress";
-    case v1::RULE_STATUS_ISSUES_FOUND: return "IssuesFound";
-    case v1::RULE_STATUS_NO_ISSUES_FOUND: return "NoIssuesFound";
-    case v1::RULE_STATUS_ERROR: return "Error";
-    case v1::RULE_STATUS_STOPPED: return "Stopped";
-    default: return "Unknown";
-  }
-}
 
 size_t Discard(char*, size_t size, size_t n, void*) { return size * n; }
 
@@ -35,7 +25,7 @@ std::string VerdictJson(const v1::Action& action) {
       {"job", r.job()},
       {"rule", r.rule()},
       {"rule_type", r.rule_type()},
-      {"status", std::string(StatusName(r.status()))},
+      {"status", std::string(RuleStatusName(r.status()))},
       {"step", r.step()},
       {"mode", std::string(ModeName(r.mode()))},
       {"mode_step", r.mode_step()},
