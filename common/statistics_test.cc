@@ -148,6 +148,27 @@ TEST(Statistics, NaNAndInfAreCountedApartAndDoNotPoisonTheRest) {
   EXPECT_DOUBLE_EQ(s->mean(), 6.0 / 5);
 }
 
+TEST(Statistics, BlocksWithAndWithoutNonFiniteValuesAgreeWithTheReference) {
+  // 5000 elements span five blocks; one NaN and one -Inf send two of them
+  // down the per-element path, the rest down the block path.
+  std::mt19937 rng(11);
+  std::normal_distribution<double> dist(1e6, 3.0);  // large mean, small spread
+  std::vector<double> v(5000);
+  for (auto& x : v) x = dist(rng);
+  v[1500] = kNaN;
+  v[3333] = -kInf;
+  v[4000] = 0.0;
+  auto s = ComputeStatistics(Bytes(v), v1::DTYPE_F64);
+  SONDE_ASSERT_OK(s);
+  ExpectNear(*s, Reference(v), 1e-9);
+  EXPECT_NEAR(s->std(), 0.0 + Reference(v).std(), 1e-6);  // no cancellation
+  for (size_t n : {1023, 1024, 1025, 2048}) {
+    std::vector<double> w(v.begin(), v.begin() + n);
+    SCOPED_TRACE(n);
+    ExpectNear(*ComputeStatistics(Bytes(w), v1::DTYPE_F64), Reference(w), 1e-9);
+  }
+}
+
 TEST(Statistics, AllNaNHasNoMinMax) {
   std::vector<float> v(4, std::numeric_limits<float>::quiet_NaN());
   auto s = ComputeStatistics(Bytes(v), v1::DTYPE_F32);
