@@ -219,6 +219,7 @@ absl::Status Hook::SaveTensor(const std::string& name, const TensorView& tensor,
   q.collections = std::move(d.collections);
   q.dtype = tensor.dtype;
   q.shape = tensor.shape;
+  q.bytes = sender_->AcquireBuffer(*bytes);
   q.bytes.assign(static_cast<const char*>(tensor.data), *bytes);
   q.send_values = d.values;
   q.step = step_;

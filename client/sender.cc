@@ -120,6 +120,25 @@ bool Sender::WaitForAcks(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&flushed), timeout) && !give_up_;
 }
 
+std::string Sender::AcquireBuffer(size_t bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < free_buffers_.size(); ++i) {
+      if (free_buffers_[i].capacity() >= bytes) {
+        std::string buf = std::move(free_buffers_[i]);
+        free_buffers_[i] = std::move(free_buffers_.back());
+        free_buffers_.pop_back();
+        free_bytes_ -= buf.capacity();
+        buf.clear();
+        return buf;
+      }
+    }
+  }
+  std::string buf;
+  buf.reserve(bytes);
+  return buf;
+}
+
 SenderCounters Sender::counters() const {
   absl::MutexLock lock(&mu_);
   return counters_;
@@ -289,7 +308,15 @@ bool Sender::StreamOnce() {
     const bool job_end = item->kind == Item::kJobEnd;
     if (!job_end) {
       absl::MutexLock lock(&mu_);
-      if (item->kind == Item::kTensor) queued_bytes_ -= item->tensor.bytes.size();
+      if (item->kind == Item::kTensor) {
+        queued_bytes_ -= item->tensor.bytes.size();
+        // Keep the buffer for the next copy, within a quarter of the queue's budget.
+        std::string& bytes = queue_.front().tensor.bytes;
+        if (bytes.capacity() > 0 && free_bytes_ + bytes.capacity() <= options_.max_queue_bytes / 4) {
+          free_bytes_ += bytes.capacity();
+          free_buffers_.push_back(std::move(bytes));
+        }
+      }
       queue_.pop_front();
     }
     if (job_end) {
