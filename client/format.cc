@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/names.h"
+#include "common/rule_json.h"
 #include "nlohmann/json.hpp"
 
 namespace sonde {
@@ -45,24 +46,8 @@ std::string Table(const std::vector<std::string>& header,
 
 std::string RulesJson(const std::vector<v1::RuleResult>& results) {
   nlohmann::json arr = nlohmann::json::array();
-  for (const auto& r : results) {
-    arr.push_back({{"rule", r.rule()},
-                   {"rule_type", r.rule_type()},
-                   {"status", std::string(RuleStatusName(r.status()))},
-                   {"step", r.step()},
-                   {"mode", std::string(ModeName(r.mode()))},
-                   {"mode_step", r.mode_step()},
-                   {"worker", r.worker()},
-                   {"tensors", std::vector<std::string>(r.tensors().begin(), r.tensors().end())},
-                   {"message", r.message()},
-                   {"suggestion", r.suggestion()},
-                   {"observed", r.observed()},
-                   {"threshold", r.threshold()},
-                   {"steps_evaluated", r.steps_evaluated()},
-                   {"actions_taken", std::vector<std::string>(r.actions_taken().begin(),
-                                                              r.actions_taken().end())}});
-  }
-  return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  for (const auto& r : results) arr.push_back(RuleResultJson(r));
+  return DumpJson(arr, 2);
 }
 
 std::string JobsJson(const std::vector<v1::JobInfo>& jobs) {
@@ -80,7 +65,7 @@ std::string JobsJson(const std::vector<v1::JobInfo>& jobs) {
                    {"start_unix_micros", j.start_unix_micros()},
                    {"end_unix_micros", j.end_unix_micros()}});
   }
-  return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  return DumpJson(arr, 2);
 }
 
 std::string RuleSummary(const std::string& job, const std::vector<v1::RuleResult>& results) {

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/dtype.h"
 #include "common/names.h"
+#include "common/rule_json.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
 
@@ -20,27 +21,9 @@ size_t Discard(char*, size_t size, size_t n, void*) { return size * n; }
 }  // namespace
 
 std::string VerdictJson(const v1::Action& action) {
-  const v1::RuleResult& r = action.verdict();
-  nlohmann::json doc = {
-      {"job", r.job()},
-      {"rule", r.rule()},
-      {"rule_type", r.rule_type()},
-      {"status", std::string(RuleStatusName(r.status()))},
-      {"step", r.step()},
-      {"mode", std::string(ModeName(r.mode()))},
-      {"mode_step", r.mode_step()},
-      {"worker", r.worker()},
-      {"tensors", std::vector<std::string>(r.tensors().begin(), r.tensors().end())},
-      {"message", r.message()},
-      {"observed", r.observed()},
-      {"threshold", r.threshold()},
-      {"suggestion", r.suggestion()},
-      {"action", "Webhook"},
-      {"time", absl::FormatTime(absl::RFC3339_full, absl::FromUnixMicros(r.updated_unix_micros()),
-                                absl::UTCTimeZone())},
-  };
-  // Messages may come from plugins and be cut mid-character: replace, never throw.
-  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  nlohmann::json doc = RuleResultJson(action.verdict());
+  doc["action"] = "Webhook";
+  return DumpJson(doc);
 }
 
 WebhookNotifier::WebhookNotifier(Options options) : options_(options) {

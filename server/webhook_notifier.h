@@ -69,9 +69,8 @@ class WebhookNotifier {
   std::thread thread_;
 };
 
-// The JSON document a webhook receives: job, rule, rule_type, status, step,
-// mode, mode_step, worker, tensors, message, observed, threshold,
-// suggestion, action, time (RFC 3339).
+// The JSON document a webhook receives: the rule result as
+// common/rule_json.h shapes it, plus "action": "Webhook".
 std::string VerdictJson(const v1::Action& action);
 
 }  // namespace sonde::server
