@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/statistics.h"
+#include "cuda/statistics.h"
 #include "common/tensor_chunks.h"
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"

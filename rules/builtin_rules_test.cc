@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/statistics.h"
+#include "cuda/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/statistics.h"
+#include "cuda/statistics.h"
 #include "examples/mlp.h"
 #include "gtest/gtest.h"
 #include "rules/builtin_rules.h"

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
-#include "common/statistics.h"
+#include "cuda/statistics.h"
 #include "common/status_macros.h"
 #include "storage/keys.h"
 

@@ -1,15 +1,15 @@
 // Statistics of tensors on the CPU: the reference implementation of the
 // sonde.v1.Statistics record (see proto/tensor.proto for the definitions).
 // Thread-safe; no state.
-#ifndef SONDE_COMMON_STATISTICS_H_
-#define SONDE_COMMON_STATISTICS_H_
+#ifndef SONDE_CUDA_STATISTICS_H_
+#define SONDE_CUDA_STATISTICS_H_
 
 #include <cstddef>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/stats_math.h"
+#include "cuda/stats_math.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde {
@@ -45,4 +45,4 @@ absl::StatusOr<double> ReductionValue(const v1::Statistics& stats,
 
 }  // namespace sonde
 
-#endif  // SONDE_COMMON_STATISTICS_H_
+#endif  // SONDE_CUDA_STATISTICS_H_

@@ -1,4 +1,4 @@
-#include "common/statistics.h"
+#include "cuda/statistics.h"
 
 #include <cmath>
 #include <cstring>
