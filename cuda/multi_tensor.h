@@ -1,0 +1,61 @@
+// How one multi-tensor launch splits its work: every tensor of a batch is cut
+// into chunks of at most `chunk_elements` elements, and the grid has one
+// block per chunk, so hundreds of tensors of any sizes take one launch (in
+// the style of multi-tensor-apply). The tables are plain structs built on
+// the host and read by the kernels; the planning is host code tested on the
+// CPU.
+#ifndef SONDE_CUDA_MULTI_TENSOR_H_
+#define SONDE_CUDA_MULTI_TENSOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/histogram_math.h"
+#include "cuda/stats_math.h"
+
+namespace sonde {
+
+// Element types the kernels read, numbered as sonde.v1.DType.
+enum KernelDType : int32_t {
+  kKernelF32 = 1,
+  kKernelF16 = 2,
+  kKernelBF16 = 3,
+  kKernelF64 = 4,
+};
+
+struct KernelTensor {
+  const void* data = nullptr;  // device pointer
+  uint64_t count = 0;          // elements
+  int32_t dtype = 0;           // KernelDType
+  int32_t histogram = 0;       // 1: fill counters at hist_offset
+  uint32_t first_chunk = 0;    // index of its first chunk in the chunk table
+  uint32_t chunk_count = 0;
+  uint64_t hist_offset = 0;    // into the batch's counter array
+};
+
+struct KernelChunk {
+  uint32_t tensor = 0;  // index into the tensor table
+  uint32_t reserved = 0;
+  uint64_t begin = 0;   // first element of the chunk
+  uint64_t count = 0;   // elements in the chunk
+};
+
+struct BatchPlan {
+  std::vector<KernelTensor> tensors;
+  std::vector<KernelChunk> chunks;
+  uint64_t histogram_counters = 0;  // total counters over all tensors
+};
+
+// The default chunk: 64 Ki elements (256 KiB of F32) per block.
+inline constexpr uint64_t kDefaultChunkElements = uint64_t{1} << 16;
+
+// Cuts `tensors` (data, count, dtype, histogram set by the caller) into
+// chunks; fills first_chunk/chunk_count/hist_offset. A tensor with no
+// elements gets no chunk; its record stays empty. `hist_counters` is the
+// number of counters of the batch's histogram spec.
+BatchPlan PlanBatch(std::vector<KernelTensor> tensors, uint64_t chunk_elements,
+                    uint32_t hist_counters);
+
+}  // namespace sonde
+
+#endif  // SONDE_CUDA_MULTI_TENSOR_H_

@@ -1,0 +1,245 @@
+// The fused statistics kernels. Each block reads one chunk once: counts,
+// NaN-skipping extremes in the element's precision, and sums in double
+// shifted by the chunk's first finite element (s1 = sum(x-K),
+// s2 = sum((x-K)^2), so the chunk's m2 = s2 - s1^2/n is free of
+// cancellation), with histogram counts in shared memory. Sums stay in double
+// per element, even for F16/BF16/F32 input: float partials would overflow on
+// values near the float maximum. That costs FP64 throughput on GPUs with
+// slow FP64 (consumer parts); data-centre parts have it at half rate.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/chunk_math.h"
+#include "cuda/float16_math.h"
+#include "cuda/histogram_math.h"
+#include "cuda/multi_tensor.h"
+#include "cuda/stats_kernels.h"
+#include "cuda/stats_math.h"
+
+namespace sonde {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMergeThreads = 64;
+constexpr uint32_t kMaxSharedCounters = 12 * 1024;  // 48 KiB of u32
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  using Acc = float;
+  __device__ static float Load(const void* p, uint64_t i) {
+    return static_cast<const float*>(p)[i];
+  }
+};
+template <>
+struct Elem<double> {
+  using Acc = double;
+  __device__ static double Load(const void* p, uint64_t i) {
+    return static_cast<const double*>(p)[i];
+  }
+};
+struct Half {};
+struct BFloat {};
+template <>
+struct Elem<Half> {
+  using Acc = float;
+  __device__ static float Load(const void* p, uint64_t i) {
+    return SondeHalfToFloat(static_cast<const uint16_t*>(p)[i]);
+  }
+};
+template <>
+struct Elem<BFloat> {
+  using Acc = float;
+  __device__ static float Load(const void* p, uint64_t i) {
+    return SondeBf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+  }
+};
+
+__device__ inline uint32_t Bin(const HistogramParams& p, float x) { return HistogramBinF32(p, x); }
+__device__ inline uint32_t Bin(const HistogramParams& p, double x) { return HistogramBinF64(p, x); }
+
+template <typename T>
+__device__ T ShflDown(T v, int offset) {
+  return __shfl_down_sync(0xffffffffu, v, offset);
+}
+
+// The warp's partials folded into lane 0, in the order the CPU emulation
+// (KernelEmulation in the tests) replays: offsets 16, 8, 4, 2, 1.
+template <typename Acc>
+__device__ void WarpReduce(ChunkPartial<Acc>& s) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    ChunkPartial<Acc> o;
+    o.nan = ShflDown(s.nan, offset);
+    o.pos_inf = ShflDown(s.pos_inf, offset);
+    o.neg_inf = ShflDown(s.neg_inf, offset);
+    o.zero = ShflDown(s.zero, offset);
+    o.mn = ShflDown(s.mn, offset);
+    o.mx = ShflDown(s.mx, offset);
+    o.amn = ShflDown(s.amn, offset);
+    o.amx = ShflDown(s.amx, offset);
+    o.s1 = ShflDown(s.s1, offset);
+    o.s2 = ShflDown(s.s2, offset);
+    o.l1 = ShflDown(s.l1, offset);
+    o.sq = ShflDown(s.sq, offset);
+    s.Merge(o);
+  }
+}
+
+template <typename T>
+__device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const HistogramParams& hp,
+                           uint32_t* shared_counters, unsigned long long* counters,
+                           StatsAccumulator* partial) {
+  using Acc = typename Elem<T>::Acc;
+  ChunkPartial<Acc> s;
+  s.Reset();
+  const bool hist = t.histogram != 0 && hp.count > 0;
+  const uint64_t base = c.begin;
+  const double shift = ChunkShift(Elem<T>::Load(t.data, base));
+  // Thread i takes elements i, i + kThreads, ... in that order; four loads
+  // are issued before they are used.
+  for (uint64_t start = 0; start < c.count; start += 4ull * kThreads) {
+    Acc x[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t i = start + threadIdx.x + static_cast<uint64_t>(j) * kThreads;
+      x[j] = i < c.count ? Elem<T>::Load(t.data, base + i) : static_cast<Acc>(0);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t i = start + threadIdx.x + static_cast<uint64_t>(j) * kThreads;
+      if (i >= c.count) break;
+      s.Add(x[j], shift);
+      if (hist) {
+        const uint32_t bin = Bin(hp, x[j]);
+        if (bin < hp.count) {
+          if (shared_counters != nullptr) {
+            atomicAdd(&shared_counters[bin], 1u);
+          } else {
+            atomicAdd(&counters[t.hist_offset + bin], 1ull);
+          }
+        }
+      }
+    }
+  }
+
+  WarpReduce(s);
+  __shared__ ChunkPartial<Acc> warp_partials[kWarps];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) warp_partials[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ChunkPartial<Acc> b = warp_partials[0];
+    for (int w = 1; w < kWarps; ++w) b.Merge(warp_partials[w]);
+    *partial = FinishChunk(b, c.count, shift);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    StatsPartialsKernel(const KernelTensor* tensors, const KernelChunk* chunks,
+                        HistogramParams hp, StatsAccumulator* partials,
+                        unsigned long long* counters, int shared_hist) {
+  extern __shared__ uint32_t shared_counters[];
+  const KernelChunk c = chunks[blockIdx.x];
+  const KernelTensor t = tensors[c.tensor];
+  const bool hist = t.histogram != 0 && hp.count > 0;
+  uint32_t* local = (hist && shared_hist) ? shared_counters : nullptr;
+  if (local != nullptr) {
+    for (uint32_t i = threadIdx.x; i < hp.count; i += kThreads) local[i] = 0;
+    __syncthreads();
+  }
+  switch (t.dtype) {
+    case kKernelF32: ChunkStats<float>(t, c, hp, local, counters, &partials[blockIdx.x]); break;
+    case kKernelF64: ChunkStats<double>(t, c, hp, local, counters, &partials[blockIdx.x]); break;
+    case kKernelF16: ChunkStats<Half>(t, c, hp, local, counters, &partials[blockIdx.x]); break;
+    case kKernelBF16: ChunkStats<BFloat>(t, c, hp, local, counters, &partials[blockIdx.x]); break;
+    default: break;
+  }
+  if (local != nullptr) {
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < hp.count; i += kThreads) {
+      if (local[i] != 0) atomicAdd(&counters[t.hist_offset + i], static_cast<unsigned long long>(local[i]));
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kMergeThreads)
+    StatsMergeKernel(const KernelTensor* tensors, const StatsAccumulator* partials,
+                     StatsAccumulator* out) {
+  // StatsAccumulator has default member initializers, which shared memory
+  // cannot run: raw storage, each slot assigned before it is read.
+  __shared__ alignas(StatsAccumulator) unsigned char storage[kMergeThreads * sizeof(StatsAccumulator)];
+  StatsAccumulator* acc = reinterpret_cast<StatsAccumulator*>(storage);
+  const KernelTensor t = tensors[blockIdx.x];
+  // Thread i merges a contiguous run of chunks, then a fixed tree merges the
+  // runs: the same order every time, so the same input gives the same bits.
+  const uint32_t per = (t.chunk_count + kMergeThreads - 1) / kMergeThreads;
+  StatsAccumulator mine;
+  const uint32_t begin = threadIdx.x * per;
+  for (uint32_t i = begin; i < begin + per && i < t.chunk_count; ++i) {
+    StatsMerge(mine, partials[t.first_chunk + i]);
+  }
+  acc[threadIdx.x] = mine;
+  __syncthreads();
+  for (int stride = kMergeThreads / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) StatsMerge(acc[threadIdx.x], acc[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = acc[0];
+}
+
+template <typename Src>
+__device__ float LoadAsFloat(const void* p, uint64_t i) {
+  return static_cast<float>(static_cast<const Src*>(p)[i]);
+}
+
+__global__ void ConvertKernel(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
+                              uint64_t count) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride) {
+    const float v = src_dtype == kKernelF64 ? LoadAsFloat<double>(src, i) : LoadAsFloat<float>(src, i);
+    if (dst_dtype == kKernelF16) {
+      static_cast<uint16_t*>(dst)[i] = SondeFloatToHalf(v);
+    } else if (dst_dtype == kKernelBF16) {
+      static_cast<uint16_t*>(dst)[i] = SondeFloatToBf16(v);
+    } else {
+      static_cast<float*>(dst)[i] = v;
+    }
+  }
+}
+
+}  // namespace
+
+int LaunchStatsBatch(const KernelTensor* tensors, uint32_t tensor_count,
+                     const KernelChunk* chunks, uint32_t chunk_count,
+                     const HistogramParams& histogram, StatsAccumulator* partials,
+                     unsigned long long* counters, StatsAccumulator* out, void* stream) {
+  if (tensor_count == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (chunk_count > 0) {
+    const int shared_hist = histogram.count > 0 && histogram.count <= kMaxSharedCounters;
+    const size_t shared_bytes = shared_hist ? histogram.count * sizeof(uint32_t) : 0;
+    StatsPartialsKernel<<<chunk_count, kThreads, shared_bytes, s>>>(tensors, chunks, histogram,
+                                                                   partials, counters, shared_hist);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  StatsMergeKernel<<<tensor_count, kMergeThreads, 0, s>>>(tensors, partials, out);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchConvert(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
+                  uint64_t count, void* stream) {
+  if (count == 0) return 0;
+  const uint64_t blocks64 = (count + 255) / 256;
+  const unsigned blocks = static_cast<unsigned>(blocks64 < 65535 ? blocks64 : 65535);
+  ConvertKernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(src, src_dtype, dst,
+                                                                      dst_dtype, count);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace sonde

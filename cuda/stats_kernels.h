@@ -1,0 +1,36 @@
+// Launchers of Sonde's CUDA kernels, callable from host C++ compiled by any
+// compiler (the kernels themselves are built by nvcc). Every launcher only
+// enqueues work on `stream` and returns the launch's cudaError_t as an int
+// (0 on success); none synchronizes.
+#ifndef SONDE_CUDA_STATS_KERNELS_H_
+#define SONDE_CUDA_STATS_KERNELS_H_
+
+#include <cstdint>
+
+#include "cuda/histogram_math.h"
+#include "cuda/multi_tensor.h"
+#include "cuda/stats_math.h"
+
+namespace sonde {
+
+// Statistics (and histograms where a tensor asks) of every tensor of a batch
+// in two launches: one block per chunk writes the chunk's partial record to
+// `partials[chunk]` and adds its counts into `counters` (zeroed by the
+// caller); then one block per tensor merges its chunks' partial records in
+// chunk order into `out[tensor]`. All pointers are device memory.
+int LaunchStatsBatch(const KernelTensor* tensors, uint32_t tensor_count,
+                     const KernelChunk* chunks, uint32_t chunk_count,
+                     const HistogramParams& histogram, StatsAccumulator* partials,
+                     unsigned long long* counters, StatsAccumulator* out, void* stream);
+
+// Converts `count` elements of `src` (F32 or F64) to `dst_dtype` (F32, F16
+// or BF16; rounding to nearest even) into `dst`, one launch.
+int LaunchConvert(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
+                  uint64_t count, void* stream);
+
+// Kernel launches LaunchStatsBatch makes for one batch (for reports).
+inline constexpr int kLaunchesPerBatch = 2;
+
+}  // namespace sonde
+
+#endif  // SONDE_CUDA_STATS_KERNELS_H_
