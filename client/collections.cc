@@ -68,6 +68,7 @@ absl::StatusOr<CollectionSet> CollectionSet::Create(const HookConfig& config) {
     }
     coll.save_config = c.save_config;
     coll.reduction_config = c.reduction_config;
+    coll.save_histogram = c.save_histogram;
     set.included_.insert(c.name);
   }
   set.included_.insert("losses");
@@ -141,6 +142,7 @@ SaveDecision CollectionSet::Decide(const std::string& tensor,
         coll != nullptr && coll->save_config.has_value() ? *coll->save_config : config_.save_config;
     if (!sc.ShouldSave(mode, mode_step)) continue;
     d.save = true;
+    if (coll != nullptr && coll->save_histogram) d.histogram = true;
     const std::optional<ReductionConfig>& rc =
         coll != nullptr && coll->reduction_config.has_value() ? coll->reduction_config
                                                               : config_.reduction_config;

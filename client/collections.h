@@ -33,6 +33,9 @@ struct CollectionConfig {
   std::vector<std::string> include_regex;
   std::optional<SaveConfig> save_config;            // default: the hook's
   std::optional<ReductionConfig> reduction_config;  // default: the hook's
+  // smdebug's save_histogram: also send a histogram of the tensor's values
+  // (bins from HookOptions::histogram, independent of the data).
+  bool save_histogram = false;
 };
 
 // smdebug's hook parameters: what to save.
@@ -48,6 +51,7 @@ struct HookConfig {
 struct SaveDecision {
   bool save = false;
   bool values = false;                   // raw values, else statistics only
+  bool histogram = false;                // a saving collection has save_histogram
   std::vector<std::string> collections;  // every collection the tensor is in
 };
 
@@ -76,6 +80,7 @@ class CollectionSet {
     std::optional<SaveConfig> save_config;
     std::optional<ReductionConfig> reduction_config;
     bool force_values = false;  // a rule reads its raw values
+    bool save_histogram = false;
     std::set<std::string> requested_patterns;  // regexes added by Require
   };
   Collection& Get(const std::string& name);

@@ -1,5 +1,7 @@
 #include "client/hook.h"
 
+#include "client/device_capture.h"
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -8,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/device_capture.h"
 #include "client/hook_config_json.h"
 #include "client/sender.h"
 #include "common/dtype.h"
@@ -61,6 +64,9 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
     if (raw->options_.on_stop) raw->options_.on_stop(action);
   };
   so.on_hello_ack = [raw](const v1::HelloAck& ack) { raw->ApplyHelloAck(ack); };
+  so.await_device = [raw](const std::shared_ptr<PendingDeviceTensor>& p) {
+    return raw->AwaitDevice(p);
+  };
   hook->sender_ = std::make_unique<Sender>(std::move(so));
   return hook;
 }
@@ -177,19 +183,11 @@ bool Hook::ShouldSave(const std::string& name, const std::vector<std::string>& c
   return collections_.Decide(name, collections, mode_, next_mode_step).save;
 }
 
-absl::Status Hook::SaveTensor(const std::string& name, const TensorView& tensor,
-                              const std::vector<std::string>& collections) {
+absl::StatusOr<uint64_t> Hook::CheckTensor(const std::string& name, const TensorView& tensor) {
   absl::Status valid = ValidateTensorName(name);
   if (!valid.ok()) {
     LogOnce("bad-name", absl::StrCat("tensor not saved: ", valid.message()));
     return valid;
-  }
-  if (tensor.device != Device::kHost) {
-    absl::Status s = absl::UnimplementedError(absl::StrCat(
-        "tensor '", name, "' is in device memory; this build computes statistics on the "
-        "CPU only: pass host memory"));
-    LogOnce("device", std::string(s.message()));
-    return s;
   }
   auto bytes = TensorBytes(tensor.dtype, tensor.shape);
   if (!bytes.ok()) {
@@ -208,6 +206,17 @@ absl::Status Hook::SaveTensor(const std::string& name, const TensorView& tensor,
     LogOnce(absl::StrCat("too-big:", name), std::string(s.message()));
     return s;
   }
+  return *bytes;
+}
+
+absl::Status Hook::SaveTensor(const std::string& name, const TensorView& tensor,
+                              const std::vector<std::string>& collections) {
+  if (tensor.device != Device::kHost) {
+    const NamedTensor one{name, tensor, collections};
+    return SaveDeviceTensors({&one});
+  }
+  absl::StatusOr<uint64_t> bytes = CheckTensor(name, tensor);
+  if (!bytes.ok()) return bytes.status();
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::FailedPreconditionError("the hook is closed");
   if (!step_open_) StartStepLocked();
@@ -222,11 +231,118 @@ absl::Status Hook::SaveTensor(const std::string& name, const TensorView& tensor,
   q.bytes = sender_->AcquireBuffer(*bytes);
   q.bytes.assign(static_cast<const char*>(tensor.data), *bytes);
   q.send_values = d.values;
+  q.histogram = d.histogram;
+  q.histogram_spec = options_.histogram;
   q.step = step_;
   q.mode = mode_;
   q.mode_step = mode_step;
   sender_->EnqueueTensor(std::move(q));
   return absl::OkStatus();
+}
+
+absl::Status Hook::SaveTensors(const std::vector<NamedTensor>& tensors) {
+  absl::Status first;
+  // Device tensors grouped by (device, stream), one batch per group.
+  std::map<std::pair<int, void*>, std::vector<const NamedTensor*>> groups;
+  for (const NamedTensor& t : tensors) {
+    if (t.tensor.device == Device::kHost) {
+      first.Update(SaveTensor(t.name, t.tensor, t.collections));
+    } else {
+      groups[{t.tensor.device_index, t.tensor.stream}].push_back(&t);
+    }
+  }
+  for (const auto& [key, group] : groups) first.Update(SaveDeviceTensors(group));
+  return first;
+}
+
+absl::Status Hook::SaveDeviceTensors(const std::vector<const NamedTensor*>& tensors) {
+  for (const NamedTensor* t : tensors) {
+    absl::StatusOr<uint64_t> bytes = CheckTensor(t->name, t->tensor);
+    if (!bytes.ok()) return bytes.status();
+  }
+  std::string log_key;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    status = SaveDeviceTensorsLocked(tensors, &log_key);
+  }
+  if (!log_key.empty()) LogOnce(log_key, std::string(status.message()));
+  return status;
+}
+
+absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>& tensors,
+                                           std::string* log_key) {
+  if (closed_) return absl::FailedPreconditionError("the hook is closed");
+  if (!capture_tried_) {
+    capture_tried_ = true;
+    DeviceStatsOptions device = options_.device;
+    device.device = tensors.empty() ? 0 : tensors[0]->tensor.device_index;
+    device.histogram = options_.histogram;
+    absl::StatusOr<std::unique_ptr<DeviceCapture>> capture = DeviceCapture::Create(device);
+    if (capture.ok()) {
+      capture_ = std::move(*capture);
+    } else {
+      capture_status_ = capture.status();
+    }
+  }
+  if (capture_ == nullptr) {
+    *log_key = "device";
+    return absl::UnavailableError(
+        absl::StrCat("device tensors are not saved: ", capture_status_.message()));
+  }
+  if (!step_open_) StartStepLocked();
+  const int64_t mode_step = mode_steps_[mode_];
+  std::vector<DeviceCapture::Request> requests;
+  std::vector<QueuedTensor> queued;
+  for (const NamedTensor* t : tensors) {
+    if (t->tensor.device_index != options_.device.device &&
+        t->tensor.device_index != tensors[0]->tensor.device_index) {
+      return absl::InvalidArgumentError("one hook captures tensors of one CUDA device");
+    }
+    SaveDecision d = collections_.Decide(t->name, t->collections, mode_, mode_step);
+    if (!d.save) continue;
+    uint64_t count = 1;
+    for (int64_t dim : t->tensor.shape) count *= static_cast<uint64_t>(dim);
+    DeviceCapture::Request r;
+    r.ref = DeviceTensorRef{t->tensor.data, t->tensor.dtype, count, d.histogram};
+    r.copy = d.values;
+    r.transfer_dtype = options_.device_transfer_dtype;
+    requests.push_back(r);
+    QueuedTensor q;
+    q.name = t->name;
+    q.collections = std::move(d.collections);
+    q.dtype = t->tensor.dtype;
+    q.shape = t->tensor.shape;
+    q.send_values = d.values;
+    q.histogram = d.histogram;
+    q.histogram_spec = options_.histogram;
+    q.step = step_;
+    q.mode = mode_;
+    q.mode_step = mode_step;
+    queued.push_back(std::move(q));
+  }
+  if (requests.empty()) return absl::OkStatus();
+  auto pending = capture_->Enqueue(requests, tensors[0]->tensor.stream);
+  if (!pending.ok()) {
+    *log_key = "device-enqueue";
+    return absl::Status(pending.status().code(),
+                        absl::StrCat("device tensors dropped: ", pending.status().message()));
+  }
+  for (size_t i = 0; i < queued.size(); ++i) {
+    queued[i].pending = (*pending)[i];
+    sender_->EnqueueTensor(std::move(queued[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Hook::AwaitDevice(const std::shared_ptr<PendingDeviceTensor>& pending) {
+  std::shared_ptr<DeviceCapture> capture;
+  {
+    absl::MutexLock lock(&mu_);
+    capture = capture_;
+  }
+  if (capture == nullptr) return absl::FailedPreconditionError("no device capture");
+  return capture->Await(pending, absl::Seconds(30));
 }
 
 absl::Status Hook::SaveScalar(const std::string& name, double value,

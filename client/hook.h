@@ -34,6 +34,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/collections.h"
+#include "cuda/device_stats.h"
+#include "cuda/histogram_math.h"
 #include "client/save_config.h"
 #include "client/tensor_view.h"
 #include "proto/collector.pb.h"
@@ -41,7 +43,9 @@
 
 namespace sonde {
 
+class DeviceCapture;
 class Sender;
+struct PendingDeviceTensor;
 
 struct HookOptions {
   // Collector address, host:port. Default: a collector on this machine.
@@ -67,6 +71,20 @@ struct HookOptions {
   absl::Duration close_timeout = absl::Seconds(30);
   // Called once, on a background thread, when a rule asks to stop training.
   std::function<void(const v1::Action&)> on_stop;
+  // Bins of the histograms sent for collections with save_histogram.
+  // Default: sign-aware log2 bins, 4 per octave, 2^-32..2^32.
+  HistogramSpecHD histogram = DefaultExponentialSpec();
+  // Device tensors: the engine's buffers and the dtype values travel in
+  // (F16 or BF16 halves the transfer of F32 tensors; default: unchanged).
+  DeviceStatsOptions device;
+  v1::DType device_transfer_dtype = v1::DTYPE_UNSPECIFIED;
+};
+
+// One tensor of a batch for Hook::SaveTensors.
+struct NamedTensor {
+  std::string name;
+  TensorView tensor;
+  std::vector<std::string> collections;
 };
 
 class Hook {
@@ -102,12 +120,20 @@ class Hook {
   // current step? Lets callers skip preparing tensors that are not due.
   bool ShouldSave(const std::string& name, const std::vector<std::string>& collections = {});
 
-  // Saves a tensor at the current step if its collections say so. The
-  // values are copied before returning. InvalidArgument for bad names,
-  // dtypes or shapes; Unimplemented for device memory (this build computes
-  // statistics on the CPU only).
+  // Saves a tensor at the current step if its collections say so.
+  // Host values are copied before returning. Device tensors are measured on
+  // the device, asynchronously: the call only enqueues work ordered after
+  // the tensor's stream and never synchronizes (see cuda/device_stats.h).
+  // InvalidArgument for bad names, dtypes or shapes; Unavailable for a
+  // device tensor where no GPU is usable (logged once); ResourceExhausted
+  // when the device path's buffers are all in flight (the tensor is
+  // dropped and counted, training goes on).
   absl::Status SaveTensor(const std::string& name, const TensorView& tensor,
                           const std::vector<std::string>& collections = {});
+  // Saves many tensors at once: all device tensors of one device and stream
+  // share one statistics batch (two kernel launches in total). Returns the
+  // first error; the other tensors are still saved.
+  absl::Status SaveTensors(const std::vector<NamedTensor>& tensors);
   // A scalar (float64, shape {}); collections default to "scalars".
   absl::Status SaveScalar(const std::string& name, double value,
                           const std::vector<std::string>& collections = {"scalars"});
@@ -147,6 +173,12 @@ class Hook {
   void ApplyHelloAck(const v1::HelloAck& ack);
   void StartStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogOnce(const std::string& key, const std::string& message);
+  // Validation shared by host and device tensors; the tensor's byte count.
+  absl::StatusOr<uint64_t> CheckTensor(const std::string& name, const TensorView& tensor);
+  absl::Status SaveDeviceTensors(const std::vector<const NamedTensor*>& tensors);
+  absl::Status SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>& tensors,
+                                       std::string* log_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AwaitDevice(const std::shared_ptr<PendingDeviceTensor>& pending);
 
   const HookOptions options_;
   std::unique_ptr<Sender> sender_;
@@ -163,6 +195,10 @@ class Hook {
   uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::Action> stop_action_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> logged_ ABSL_GUARDED_BY(mu_);
+  // The device path, created on the first device tensor (or its failure).
+  std::shared_ptr<DeviceCapture> capture_ ABSL_GUARDED_BY(mu_);
+  absl::Status capture_status_ ABSL_GUARDED_BY(mu_);
+  bool capture_tried_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace sonde

@@ -117,12 +117,17 @@ absl::StatusOr<ParsedHookConfig> ParseHookConfigJson(absl::string_view text) {
           "CollectionParameters");
       if (!params.ok()) return params.status();
       for (const auto& [key, value] : *params) {
-        if (SaveConfig::IsSaveKey(key) || kIgnored.count(key) > 0 || key == "reductions" ||
+        if (SaveConfig::IsSaveKey(key) || (kIgnored.count(key) > 0 && key != "save_histogram") ||
+            key == "reductions" ||
             key == "save_raw_tensor") {
           continue;
         }
         if (key == "include_regex") {
           cc.include_regex = SplitList(value);
+        } else if (key == "save_histogram") {
+          auto b = ParseBool(key, value);
+          if (!b.ok()) return b.status();
+          cc.save_histogram = *b;
         } else {
           return absl::InvalidArgumentError(absl::StrCat(
               "collection '", cc.name, "': unknown parameter '", key, "'"));

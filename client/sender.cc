@@ -1,11 +1,14 @@
 #include "client/sender.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/statistics.h"
+#include "common/dtype.h"
 #include "common/tensor_chunks.h"
+#include "cuda/histogram.h"
+#include "cuda/statistics.h"
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
 
@@ -165,8 +168,39 @@ bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMes
   v1::ClientMessage msg;
   switch (item.kind) {
     case Item::kTensor: {
-      const QueuedTensor& t = item.tensor;
-      auto stats = ComputeStatistics(t.bytes, t.dtype);
+      const QueuedTensor& queued = item.tensor;
+      QueuedTensor resolved;
+      absl::StatusOr<v1::Statistics> stats;
+      std::optional<v1::Histogram> histogram;
+      if (queued.pending != nullptr) {
+        // A device tensor: statistics from the device, values (if any) from
+        // its pinned staging copy.
+        absl::Status ready = options_.await_device
+                                 ? options_.await_device(queued.pending)
+                                 : absl::FailedPreconditionError("no device capture");
+        if (!ready.ok()) {
+          LogOnce("device-results",
+                  absl::StrCat("device tensor '", queued.name, "' skipped: ", ready.ToString()));
+          return true;
+        }
+        resolved = queued;
+        resolved.send_values = queued.send_values && queued.pending->want_copy;
+        if (resolved.send_values) {
+          resolved.bytes = std::move(queued.pending->bytes);
+          resolved.dtype = queued.pending->bytes_dtype;
+        }
+        stats = ToProto(queued.pending->stats);
+        if (queued.pending->want_histogram) histogram = ToProto(queued.pending->histogram);
+      } else {
+        stats = ComputeStatistics(queued.bytes, queued.dtype);
+        if (queued.histogram && stats.ok()) {
+          HistogramCounts h = HistogramCounts::Empty(queued.histogram_spec);
+          AccumulateHistogramScalar(h, queued.bytes.data(), queued.dtype,
+                              queued.bytes.size() / std::max<size_t>(1, DTypeSize(queued.dtype)));
+          histogram = ToProto(h);
+        }
+      }
+      const QueuedTensor& t = queued.pending != nullptr ? resolved : queued;
       if (!stats.ok()) {
         LogOnce("bad-tensor", absl::StrCat("tensor '", t.name, "' skipped: ", stats.status().ToString()));
         return true;
@@ -181,6 +215,7 @@ bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMes
         s->set_dtype(t.dtype);
         for (int64_t d : t.shape) s->add_shape(d);
         *s->mutable_statistics() = *stats;
+        if (histogram.has_value()) *s->mutable_histogram() = std::move(*histogram);
         msg.set_seq(++seq_);
         if (!stream->Write(msg)) return false;
       } else {
@@ -193,6 +228,7 @@ bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMes
         header.set_dtype(t.dtype);
         for (int64_t d : t.shape) header.add_shape(d);
         *header.mutable_statistics() = *stats;
+        if (histogram.has_value()) *header.mutable_histogram() = std::move(*histogram);
         for (v1::TensorChunk& chunk : SplitIntoChunks(header, t.bytes, chunk_limit_)) {
           msg.Clear();
           *msg.mutable_chunk() = std::move(chunk);

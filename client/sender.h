@@ -22,6 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/device_capture.h"
+#include "cuda/histogram.h"
 #include "proto/collector.grpc.pb.h"
 
 namespace sonde {
@@ -35,6 +37,9 @@ struct SenderOptions {
   absl::Duration reconnect_max = absl::Seconds(5);
   std::function<void(const v1::Action&)> on_action;  // called on the reader thread
   std::function<void(const v1::HelloAck&)> on_hello_ack;  // likewise, once per stream
+  // Waits for a device tensor's results (set when the hook captures device
+  // tensors); the sender thread calls it.
+  std::function<absl::Status(const std::shared_ptr<PendingDeviceTensor>&)> await_device;
 };
 
 // One tensor to send: values copied out of the training code's memory.
@@ -48,6 +53,12 @@ struct QueuedTensor {
   int64_t step = 0;
   v1::Mode mode = v1::MODE_GLOBAL;
   int64_t mode_step = 0;
+  // A histogram of the values is wanted, with this spec.
+  bool histogram = false;
+  HistogramSpecHD histogram_spec;
+  // A device tensor whose statistics (and values, if copied) are still on
+  // their way: the sender waits for them on its own thread before writing.
+  std::shared_ptr<PendingDeviceTensor> pending;
 };
 
 struct SenderCounters {

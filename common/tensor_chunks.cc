@@ -19,7 +19,10 @@ std::vector<v1::TensorChunk> SplitIntoChunks(const v1::TensorChunk& header,
   chunks.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
     v1::TensorChunk c = header;
-    if (i > 0) c.clear_statistics();
+    if (i > 0) {
+      c.clear_statistics();
+      c.clear_histogram();
+    }
     const uint64_t offset = uint64_t{i} * max_chunk_bytes;
     const uint64_t n = std::min<uint64_t>(max_chunk_bytes, total - offset);
     c.set_chunk_index(i);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "cuda/histogram.h"
 #include "cuda/statistics.h"
 #include "common/status_macros.h"
 #include "storage/keys.h"
@@ -176,6 +177,14 @@ absl::Status IngestSession::OnChunk(const v1::TensorChunk& chunk) {
         CheckStatisticsFit(h.statistics(), h.dtype(), h.shape(), h.tensor_name()));
     *t.record.mutable_statistics() = h.statistics();
   }
+  if (h.has_histogram()) {
+    // Checked against the statistics here when the client sent them, else
+    // when the collector has computed them (at the step's commit).
+    SONDE_RETURN_IF_ERROR(Prefixed(
+        ValidateHistogram(h.histogram(), h.has_statistics() ? &h.statistics() : nullptr),
+        absl::StrCat("tensor '", h.tensor_name(), "': ")));
+    *t.record.mutable_histogram() = h.histogram();
+  }
   t.bytes = assembler_->TakeBytes();
   assembler_.reset();
   return AddTensor(std::move(t));
@@ -208,6 +217,11 @@ absl::Status IngestSession::OnSummary(const v1::TensorSummary& s) {
   t.record.set_dtype(s.dtype());
   *t.record.mutable_shape() = s.shape();
   *t.record.mutable_statistics() = s.statistics();
+  if (s.has_histogram()) {
+    SONDE_RETURN_IF_ERROR(Prefixed(ValidateHistogram(s.histogram(), &s.statistics()),
+                                   absl::StrCat("tensor '", s.tensor_name(), "': ")));
+    *t.record.mutable_histogram() = s.histogram();
+  }
   t.record.set_has_values(false);
   return AddTensor(std::move(t));
 }
@@ -251,6 +265,11 @@ absl::StatusOr<v1::Ack> IngestSession::Commit() {
     if (t.record.has_values() && !t.record.has_statistics()) {
       SONDE_ASSIGN_OR_RETURN(*t.record.mutable_statistics(),
                              ComputeStatistics(t.bytes, t.record.dtype()));
+      if (t.record.has_histogram()) {
+        SONDE_RETURN_IF_ERROR(
+            Prefixed(ValidateHistogram(t.record.histogram(), &t.record.statistics()),
+                     absl::StrCat("tensor '", t.record.tensor_name(), "': ")));
+      }
     }
   }
   v1::Ack ack;

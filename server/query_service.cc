@@ -56,7 +56,10 @@ absl::Status ReadTensorImpl(storage::Store* store, const v1::ReadTensorRequest& 
             *c.mutable_shape() = r.shape();
             c.set_chunk_count(r.chunk_count());
             c.set_total_bytes(r.total_bytes());
-            if (index == 0) *c.mutable_statistics() = r.statistics();
+            if (index == 0) {
+              *c.mutable_statistics() = r.statistics();
+              if (r.has_histogram()) *c.mutable_histogram() = r.histogram();
+            }
             c.set_chunk_index(index++);
             c.set_byte_offset(offset);
             c.set_payload(piece.data(), piece.size());

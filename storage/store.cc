@@ -215,6 +215,7 @@ absl::Status Store::CommitStep(const StepWrite& w) {
     point.set_mode_step(record.mode_step());
     point.set_worker(w.worker);
     *point.mutable_statistics() = record.statistics();
+    if (record.has_histogram()) *point.mutable_histogram() = record.histogram();
     batch.Put(handles_[kSeries], SeriesKey(key), point.SerializeAsString());
     v1::TensorInfo info;
     info.set_name(record.tensor_name());
