@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/tensor_chunks.h"
+#include "cuda/cpu_stats.h"
 #include "cuda/histogram.h"
 #include "cuda/statistics.h"
 #include "glog/logging.h"
@@ -195,8 +196,11 @@ bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMes
         stats = ComputeStatistics(queued.bytes, queued.dtype);
         if (queued.histogram && stats.ok()) {
           HistogramCounts h = HistogramCounts::Empty(queued.histogram_spec);
-          AccumulateHistogramScalar(h, queued.bytes.data(), queued.dtype,
-                              queued.bytes.size() / std::max<size_t>(1, DTypeSize(queued.dtype)));
+          const uint64_t count = queued.bytes.size() / std::max<size_t>(1, DTypeSize(queued.dtype));
+          if (!CpuAccumulate(nullptr, &h, queued.bytes.data(), queued.dtype, count).ok()) {
+            // Integer and bool tensors take the scalar path.
+            AccumulateHistogramScalar(h, queued.bytes.data(), queued.dtype, count);
+          }
           histogram = ToProto(h);
         }
       }

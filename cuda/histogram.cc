@@ -61,6 +61,15 @@ absl::Status ValidateSpec(const HistogramSpecHD& s) {
         return absl::InvalidArgumentError(absl::StrCat(
             "histogram: bins must be in 1..", kHistogramMaxBins, ", got ", s.bins));
       }
+      // FixedBinF32 computes (x - lo) * (bins / (hi - lo)) in float: both
+      // factors must be finite there, or the bin of an in-range value would
+      // come from converting inf or NaN to an integer.
+      if (!std::isfinite(static_cast<float>(s.hi) - static_cast<float>(s.lo)) ||
+          !std::isfinite(static_cast<float>(s.bins / (s.hi - s.lo)))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "histogram: fixed range [", s.lo, ", ", s.hi, "] with ", s.bins,
+            " bins is too wide or too narrow for float arithmetic"));
+      }
       return absl::OkStatus();
     case kHistogramExponential:
       if (s.min_exponent < kHistogramMinExponent || s.max_exponent > kHistogramMaxExponent ||

@@ -1,115 +1,19 @@
 #include "cuda/statistics.h"
 
-#include <cmath>
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "cuda/cpu_stats.h"
 
 namespace sonde {
-namespace {
-
-// Elements are processed in blocks that stay in L1: a tight loop without
-// divisions gathers sums and extremes, a second pass over the same block
-// gives its M2 exactly around the block mean, and blocks merge with Chan's
-// formula. A block holding a NaN or an infinity takes the per-element path,
-// so the two paths define the same record.
-constexpr int kBlock = 1024;
-
-void AccumulateBlock(StatsAccumulator& acc, const double* x, int n) {
-  bool finite = true;
-  for (int i = 0; i < n; ++i) finite &= (x[i] - x[i] == 0);
-  if (!finite) {
-    for (int i = 0; i < n; ++i) StatsAdd(acc, x[i]);
-    return;
-  }
-  if (n == 0) return;
-  double sum = 0, l1 = 0, sq = 0;
-  double mn = x[0], mx = x[0], amn = std::fabs(x[0]), amx = amn;
-  uint64_t zeros = 0;
-  for (int i = 0; i < n; ++i) {
-    const double v = x[i];
-    const double a = std::fabs(v);
-    sum += v;
-    l1 += a;
-    sq += v * v;
-    mn = v < mn ? v : mn;
-    mx = v > mx ? v : mx;
-    amn = a < amn ? a : amn;
-    amx = a > amx ? a : amx;
-    zeros += v == 0;
-  }
-  const double mean = sum / n;
-  double m2 = 0;
-  for (int i = 0; i < n; ++i) {
-    const double d = x[i] - mean;
-    m2 += d * d;
-  }
-  StatsAccumulator block;
-  block.count = block.finite_count = static_cast<uint64_t>(n);
-  block.zero_count = zeros;
-  block.min = mn;
-  block.max = mx;
-  block.abs_min = amn;
-  block.abs_max = amx;
-  block.sum = sum;
-  block.l1 = l1;
-  block.sum_squares = sq;
-  block.mean = mean;
-  block.m2 = m2;
-  StatsMerge(acc, block);
-}
-
-template <typename Load>
-void AccumulateBlocks(StatsAccumulator& acc, uint64_t count, Load load) {
-  double buf[kBlock];
-  for (uint64_t start = 0; start < count; start += kBlock) {
-    const int n = static_cast<int>(std::min<uint64_t>(kBlock, count - start));
-    for (int i = 0; i < n; ++i) buf[i] = load(start + i);
-    AccumulateBlock(acc, buf, n);
-  }
-}
-
-template <typename T>
-void AccumulateTyped(StatsAccumulator& acc, const char* p, uint64_t count) {
-  AccumulateBlocks(acc, count, [p](uint64_t i) {
-    T v;
-    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
-    return static_cast<double>(v);
-  });
-}
-
-template <float (*Convert)(uint16_t)>
-void Accumulate16(StatsAccumulator& acc, const char* p, uint64_t count) {
-  AccumulateBlocks(acc, count, [p](uint64_t i) {
-    uint16_t v;
-    std::memcpy(&v, p + i * 2, 2);
-    return static_cast<double>(Convert(v));
-  });
-}
-
-}  // namespace
 
 void AccumulateStatistics(StatsAccumulator& acc, const void* data,
                           v1::DType dtype, uint64_t count) {
-  const char* p = static_cast<const char*>(data);
-  switch (dtype) {
-    case v1::DTYPE_F32: AccumulateTyped<float>(acc, p, count); break;
-    case v1::DTYPE_F64: AccumulateTyped<double>(acc, p, count); break;
-    case v1::DTYPE_F16: Accumulate16<HalfToFloat>(acc, p, count); break;
-    case v1::DTYPE_BF16: Accumulate16<BFloat16ToFloat>(acc, p, count); break;
-    case v1::DTYPE_I8: AccumulateTyped<int8_t>(acc, p, count); break;
-    case v1::DTYPE_I16: AccumulateTyped<int16_t>(acc, p, count); break;
-    case v1::DTYPE_I32: AccumulateTyped<int32_t>(acc, p, count); break;
-    case v1::DTYPE_I64: AccumulateTyped<int64_t>(acc, p, count); break;
-    case v1::DTYPE_U8: AccumulateTyped<uint8_t>(acc, p, count); break;
-    case v1::DTYPE_BOOL:
-      AccumulateBlocks(acc, count, [p](uint64_t i) { return p[i] != 0 ? 1.0 : 0.0; });
-      break;
-    default:
-      break;
-  }
+  // Unknown dtypes add nothing, as documented; the only error CpuAccumulate
+  // can return without a histogram.
+  CpuAccumulate(&acc, nullptr, data, dtype, count).IgnoreError();
 }
 
 absl::StatusOr<v1::Statistics> ComputeStatistics(absl::string_view bytes,

@@ -1,6 +1,7 @@
-// Statistics of tensors on the CPU: the reference implementation of the
-// sonde.v1.Statistics record (see proto/tensor.proto for the definitions).
-// Thread-safe; no state.
+// Statistics of tensors on the CPU: the sonde.v1.Statistics record (see
+// proto/tensor.proto for the definitions, stats_math.h for the per-element
+// reference) computed by the fast path of cpu_stats.h, and the record's
+// conversions, merge and checks. Thread-safe; no state of its own.
 #ifndef SONDE_CUDA_STATISTICS_H_
 #define SONDE_CUDA_STATISTICS_H_
 

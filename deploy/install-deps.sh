@@ -7,7 +7,7 @@ PACKAGES=(
   bazel-bootstrap bazel-platforms g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libgoogle-glog-dev libgflags-dev nlohmann-json3-dev
-  libcurl4-openssl-dev python3-grpcio python3-protobuf
+  libcurl4-openssl-dev python3-grpcio python3-protobuf python3-numpy
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
