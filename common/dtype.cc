@@ -1,5 +1,7 @@
 #include "common/dtype.h"
 
+#include "cuda/float16_math.h"
+
 #include <cstring>
 #include <limits>
 
@@ -124,6 +126,23 @@ double Load(const char* p) {
 
 }  // namespace
 
+double ElementAsDouble(const char* data, v1::DType dtype, uint64_t i) {
+  const char* p = data + i * DTypeSize(dtype);
+  switch (dtype) {
+    case v1::DTYPE_F32: return Load<float>(p);
+    case v1::DTYPE_F64: return Load<double>(p);
+    case v1::DTYPE_F16: return HalfToFloat(static_cast<uint16_t>(Load<uint16_t>(p)));
+    case v1::DTYPE_BF16: return BFloat16ToFloat(static_cast<uint16_t>(Load<uint16_t>(p)));
+    case v1::DTYPE_I8: return Load<int8_t>(p);
+    case v1::DTYPE_I16: return Load<int16_t>(p);
+    case v1::DTYPE_I32: return Load<int32_t>(p);
+    case v1::DTYPE_I64: return Load<int64_t>(p);
+    case v1::DTYPE_U8: return Load<uint8_t>(p);
+    case v1::DTYPE_BOOL: return *p != 0 ? 1.0 : 0.0;
+    default: return 0.0;
+  }
+}
+
 absl::StatusOr<std::vector<double>> DecodeAsDouble(absl::string_view bytes, v1::DType dtype) {
   const size_t size = DTypeSize(dtype);
   if (size == 0 || bytes.size() % size != 0) {
@@ -131,56 +150,11 @@ absl::StatusOr<std::vector<double>> DecodeAsDouble(absl::string_view bytes, v1::
                                                    DTypeName(dtype), " elements"));
   }
   std::vector<double> out(bytes.size() / size);
-  for (size_t i = 0; i < out.size(); ++i) {
-    const char* p = bytes.data() + i * size;
-    switch (dtype) {
-      case v1::DTYPE_F32: out[i] = Load<float>(p); break;
-      case v1::DTYPE_F64: out[i] = Load<double>(p); break;
-      case v1::DTYPE_F16: out[i] = HalfToFloat(static_cast<uint16_t>(Load<uint16_t>(p))); break;
-      case v1::DTYPE_BF16: out[i] = BFloat16ToFloat(static_cast<uint16_t>(Load<uint16_t>(p))); break;
-      case v1::DTYPE_I8: out[i] = Load<int8_t>(p); break;
-      case v1::DTYPE_I16: out[i] = Load<int16_t>(p); break;
-      case v1::DTYPE_I32: out[i] = Load<int32_t>(p); break;
-      case v1::DTYPE_I64: out[i] = Load<int64_t>(p); break;
-      case v1::DTYPE_U8: out[i] = Load<uint8_t>(p); break;
-      case v1::DTYPE_BOOL: out[i] = *p != 0 ? 1.0 : 0.0; break;
-      default: break;
-    }
-  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ElementAsDouble(bytes.data(), dtype, i);
   return out;
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // Inf or NaN
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;  // +-0
-  } else {
-    // Subnormal half: normalise into a float.
-    exp = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    mant &= 0x3ffu;
-    bits = sign | (exp << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float BFloat16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+float HalfToFloat(uint16_t h) { return SondeHalfToFloat(h); }
+float BFloat16ToFloat(uint16_t b) { return SondeBf16ToFloat(b); }
 
 }  // namespace sonde

@@ -43,7 +43,12 @@ std::string ShapeString(absl::Span<const int64_t> shape);
 // tests). InvalidArgument if the size is not a whole number of elements.
 absl::StatusOr<std::vector<double>> DecodeAsDouble(absl::string_view bytes, v1::DType dtype);
 
-// IEEE binary16 and bfloat16 to float, exactly.
+// Element `i` of raw little-endian elements of `dtype` at `data`, as a
+// double (0 for unknown dtypes); no bounds check.
+double ElementAsDouble(const char* data, v1::DType dtype, uint64_t i);
+
+// IEEE binary16 and bfloat16 to float, exactly (the same conversion the
+// CUDA kernels use: cuda/float16_math.h).
 float HalfToFloat(uint16_t h);
 float BFloat16ToFloat(uint16_t b);
 

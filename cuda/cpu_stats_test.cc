@@ -105,23 +105,7 @@ void Sprinkle(std::vector<double>& v, uint32_t seed) {
 // ---- the scalar reference and comparisons -----------------------------------
 
 double ElementAsDouble(const std::string& bytes, v1::DType dtype, size_t i) {
-  switch (dtype) {
-    case v1::DTYPE_F32: {
-      float f;
-      std::memcpy(&f, bytes.data() + 4 * i, 4);
-      return f;
-    }
-    case v1::DTYPE_F64: {
-      double d;
-      std::memcpy(&d, bytes.data() + 8 * i, 8);
-      return d;
-    }
-    default: {
-      uint16_t h;
-      std::memcpy(&h, bytes.data() + 2 * i, 2);
-      return dtype == v1::DTYPE_F16 ? HalfToFloat(h) : BFloat16ToFloat(h);
-    }
-  }
+  return sonde::ElementAsDouble(bytes.data(), dtype, i);
 }
 
 // Mean and m2 of the finite values of `v`, two passes in long double.

@@ -17,17 +17,44 @@ uint32_t Bits(float f) {
   return b;
 }
 
-TEST(Float16MathTest, WideningMatchesTheCodecForEveryValue) {
+// The formats' definitions, written with ldexp: value = (-1)^s * 2^(e-bias)
+// * 1.m for normal numbers, 2^(1-bias) * 0.m for subnormals.
+double HalfByDefinition(uint16_t h) {
+  const int sign = (h >> 15) ? -1 : 1;
+  const int e = (h >> 10) & 0x1f;
+  const int m = h & 0x3ff;
+  if (e == 0x1f) return m ? std::nan("") : sign * std::numeric_limits<double>::infinity();
+  if (e == 0) return sign * std::ldexp(m / 1024.0, -14);
+  return sign * std::ldexp(1.0 + m / 1024.0, e - 15);
+}
+
+double BFloatByDefinition(uint16_t b) {
+  const int sign = (b >> 15) ? -1 : 1;
+  const int e = (b >> 7) & 0xff;
+  const int m = b & 0x7f;
+  if (e == 0xff) return m ? std::nan("") : sign * std::numeric_limits<double>::infinity();
+  if (e == 0) return sign * std::ldexp(m / 128.0, -126);
+  return sign * std::ldexp(1.0 + m / 128.0, e - 127);
+}
+
+TEST(Float16MathTest, WideningFollowsTheDefinitionsForEveryValue) {
   for (uint32_t h = 0; h <= 0xFFFF; ++h) {
-    const float a = SondeHalfToFloat(static_cast<uint16_t>(h));
-    const float b = HalfToFloat(static_cast<uint16_t>(h));
-    if (std::isnan(b)) {
-      EXPECT_TRUE(std::isnan(a)) << h;
+    const uint16_t v = static_cast<uint16_t>(h);
+    const double want_h = HalfByDefinition(v);
+    const double want_b = BFloatByDefinition(v);
+    if (std::isnan(want_h)) {
+      EXPECT_TRUE(std::isnan(SondeHalfToFloat(v))) << h;
     } else {
-      EXPECT_EQ(Bits(a), Bits(b)) << h;
+      EXPECT_EQ(SondeHalfToFloat(v), want_h) << h;
+      EXPECT_EQ(std::signbit(SondeHalfToFloat(v)), (h >> 15) != 0) << h;
     }
-    EXPECT_EQ(Bits(SondeBf16ToFloat(static_cast<uint16_t>(h))),
-              Bits(BFloat16ToFloat(static_cast<uint16_t>(h))));
+    if (std::isnan(want_b)) {
+      EXPECT_TRUE(std::isnan(SondeBf16ToFloat(v))) << h;
+    } else {
+      EXPECT_EQ(SondeBf16ToFloat(v), want_b) << h;
+    }
+    // The host codec in common/dtype is this same conversion.
+    EXPECT_EQ(Bits(HalfToFloat(v)), Bits(SondeHalfToFloat(v)));
   }
 }
 

@@ -8,29 +8,6 @@
 #include "common/dtype.h"
 
 namespace sonde {
-namespace {
-
-template <typename T>
-double Load(const char* bytes, uint64_t i) {
-  T v;
-  std::memcpy(&v, bytes + sizeof(T) * i, sizeof(T));
-  return static_cast<double>(v);
-}
-
-double ElementAsDouble(const char* bytes, v1::DType dtype, uint64_t i) {
-  switch (dtype) {
-    case v1::DTYPE_F64: return Load<double>(bytes, i);
-    case v1::DTYPE_I8: return Load<int8_t>(bytes, i);
-    case v1::DTYPE_I16: return Load<int16_t>(bytes, i);
-    case v1::DTYPE_I32: return Load<int32_t>(bytes, i);
-    case v1::DTYPE_I64: return Load<int64_t>(bytes, i);
-    case v1::DTYPE_U8: return Load<uint8_t>(bytes, i);
-    case v1::DTYPE_BOOL: return bytes[i] != 0 ? 1.0 : 0.0;
-    default: return 0.0;
-  }
-}
-
-}  // namespace
 
 HistogramCounts HistogramCounts::Empty(const HistogramSpecHD& spec) {
   HistogramCounts h;
