@@ -145,27 +145,9 @@ StatsAccumulator ReferenceStats(const std::string& bytes, v1::DType dtype) {
   return acc;
 }
 
-HistogramSpecHD FixedSpec(double lo, double hi, uint32_t bins) {
-  HistogramSpecHD s;
-  s.kind = kHistogramFixed;
-  s.lo = lo;
-  s.hi = hi;
-  s.bins = bins;
-  return s;
-}
-
-HistogramSpecHD ExpSpec(int32_t min_e, int32_t max_e, uint32_t sub_bits) {
-  HistogramSpecHD s;
-  s.kind = kHistogramExponential;
-  s.min_exponent = min_e;
-  s.max_exponent = max_e;
-  s.sub_bits = sub_bits;
-  return s;
-}
-
 // The specs every case is histogrammed with.
 std::vector<HistogramSpecHD> Specs() {
-  return {DefaultExponentialSpec(), ExpSpec(-126, 127, 4), ExpSpec(-3, 5, 0),
+  return {DefaultExponentialSpec(), ExponentialSpec(-126, 127, 4), ExponentialSpec(-3, 5, 0),
           FixedSpec(-4, 6, 100), FixedSpec(0.25, 0.75, 7)};
 }
 
@@ -615,8 +597,8 @@ TEST(CpuStatsKernels, VectorBinsAreTheScalarBinsForEveryValue) {
     GTEST_SKIP() << "no AVX2 on this CPU";
   const auto& k = cpu_stats_internal::Avx2Kernels();
   for (const HistogramSpecHD& spec :
-       {DefaultExponentialSpec(), ExpSpec(-126, 127, 4), ExpSpec(-126, 127, 0),
-        ExpSpec(0, 1, 3), FixedSpec(-4, 6, 100), FixedSpec(-1, 1, 3),
+       {DefaultExponentialSpec(), ExponentialSpec(-126, 127, 4), ExponentialSpec(-126, 127, 0),
+        ExponentialSpec(0, 1, 3), FixedSpec(-4, 6, 100), FixedSpec(-1, 1, 3),
         FixedSpec(1e-3, 1e30, 16384), FixedSpec(-3e38, -1e38, 10)}) {
     SCOPED_TRACE(::testing::Message()
                  << "kind " << spec.kind << " lo " << spec.lo);
@@ -667,7 +649,7 @@ TEST(CpuStats, EverySixteenBitPatternMatchesReference) {
     for (const CpuStatsOptions& o :
          {CpuStatsOptions(), Portable(), Threads(2)}) {
       StatsAccumulator got;
-      HistogramCounts h = HistogramCounts::Empty(ExpSpec(-126, 127, 4));
+      HistogramCounts h = HistogramCounts::Empty(ExponentialSpec(-126, 127, 4));
       HistogramCounts want_h = h;
       AccumulateHistogramScalar(want_h, bytes.data(), dtype, 65536);
       SONDE_ASSERT_OK(CpuAccumulate(&got, &h, bytes.data(), dtype, 65536, o));

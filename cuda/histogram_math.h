@@ -55,16 +55,29 @@ struct HistogramSpecHD {
   uint32_t sub_bits = 0;
 };
 
-// The default exponential layout: 2^-32 .. 2^32 with 4 bins per octave
-// (neighbouring edges at most 25% apart), 515 counters.
-inline HistogramSpecHD DefaultExponentialSpec() {
+// Specs by their parameters (checked later by ValidateSpec).
+inline HistogramSpecHD FixedSpec(double lo, double hi, uint32_t bins) {
   HistogramSpecHD s;
-  s.kind = kHistogramExponential;
-  s.min_exponent = -32;
-  s.max_exponent = 32;
-  s.sub_bits = 2;
+  s.kind = kHistogramFixed;
+  s.lo = lo;
+  s.hi = hi;
+  s.bins = bins;
   return s;
 }
+
+inline HistogramSpecHD ExponentialSpec(int32_t min_exponent, int32_t max_exponent,
+                                       uint32_t sub_bits) {
+  HistogramSpecHD s;
+  s.kind = kHistogramExponential;
+  s.min_exponent = min_exponent;
+  s.max_exponent = max_exponent;
+  s.sub_bits = sub_bits;
+  return s;
+}
+
+// The default exponential layout: 2^-32 .. 2^32 with 4 bins per octave
+// (neighbouring edges at most 25% apart), 515 counters.
+inline HistogramSpecHD DefaultExponentialSpec() { return ExponentialSpec(-32, 32, 2); }
 
 SONDE_HD inline uint32_t HistogramBinCount(const HistogramSpecHD& s) {
   if (s.kind == kHistogramFixed) return s.bins + 2;

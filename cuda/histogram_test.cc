@@ -22,35 +22,17 @@ using ::sonde::testing::StatusIs;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr float kInfF = std::numeric_limits<float>::infinity();
 
-HistogramSpecHD Fixed(double lo, double hi, uint32_t bins) {
-  HistogramSpecHD s;
-  s.kind = kHistogramFixed;
-  s.lo = lo;
-  s.hi = hi;
-  s.bins = bins;
-  return s;
-}
-
-HistogramSpecHD Exp(int32_t min_e, int32_t max_e, uint32_t sub_bits) {
-  HistogramSpecHD s;
-  s.kind = kHistogramExponential;
-  s.min_exponent = min_e;
-  s.max_exponent = max_e;
-  s.sub_bits = sub_bits;
-  return s;
-}
-
 std::vector<HistogramSpecHD> Specs() {
   return {DefaultExponentialSpec(),
-          Exp(-126, 127, 4),
-          Exp(-126, 127, 0),
-          Exp(-3, 5, 0),
-          Exp(0, 1, 3),
-          Exp(-24, 16, 4),
-          Fixed(-4, 6, 100),
-          Fixed(-1, 1, 3),
-          Fixed(0.1, 0.7, 7),
-          Fixed(1e-3, 1e30, 16384)};
+          ExponentialSpec(-126, 127, 4),
+          ExponentialSpec(-126, 127, 0),
+          ExponentialSpec(-3, 5, 0),
+          ExponentialSpec(0, 1, 3),
+          ExponentialSpec(-24, 16, 4),
+          FixedSpec(-4, 6, 100),
+          FixedSpec(-1, 1, 3),
+          FixedSpec(0.1, 0.7, 7),
+          FixedSpec(1e-3, 1e30, 16384)};
 }
 
 // Values worth binning for `spec`: its edges and their neighbours, zeros,
@@ -170,7 +152,7 @@ TEST(HistogramBins, NonFiniteValuesAreCountedApart) {
 }
 
 TEST(HistogramBins, DocumentedEdgeCases) {
-  const HistogramParams fixed = MakeHistogramParams(Fixed(-1, 1, 4));
+  const HistogramParams fixed = MakeHistogramParams(FixedSpec(-1, 1, 4));
   EXPECT_EQ(HistogramBinF64(fixed, -1.5), 0u);
   EXPECT_EQ(HistogramBinF64(fixed, -1.0), 1u);  // lo is in the first bin
   EXPECT_EQ(HistogramBinF64(fixed, 1.0), 4u);   // hi too, in the last
@@ -179,7 +161,7 @@ TEST(HistogramBins, DocumentedEdgeCases) {
   EXPECT_EQ(HistogramBinF32(fixed, -0.0f), 3u);
 
   const HistogramSpecHD spec =
-      Exp(-2, 2, 1);  // per_sign 8, centre 9, 19 counters
+      ExponentialSpec(-2, 2, 1);  // per_sign 8, centre 9, 19 counters
   const HistogramParams e = MakeHistogramParams(spec);
   EXPECT_EQ(HistogramBinF64(e, 0.0), 9u);
   EXPECT_EQ(HistogramBinF64(e, -0.0), 9u);
@@ -198,8 +180,8 @@ TEST(HistogramBins, DocumentedEdgeCases) {
 // mantissa bits.
 TEST(HistogramBins, ExponentialBinDoesNotDependOnTheRepresentation) {
   for (const HistogramSpecHD& spec :
-       {DefaultExponentialSpec(), Exp(-126, 127, 4), Exp(-24, 16, 4),
-        Exp(-14, 15, 2)}) {
+       {DefaultExponentialSpec(), ExponentialSpec(-126, 127, 4), ExponentialSpec(-24, 16, 4),
+        ExponentialSpec(-14, 15, 2)}) {
     const HistogramParams p = MakeHistogramParams(spec);
     for (uint32_t i = 0; i < 65536; ++i) {
       const uint16_t h = static_cast<uint16_t>(i);
@@ -325,9 +307,9 @@ TEST(Histogram, CountersSumToTheFiniteCountAndValidateAgainstTheStatistics) {
 }
 
 TEST(Histogram, MergeRefusesDifferentBins) {
-  HistogramCounts a = HistogramCounts::Empty(Fixed(0, 1, 4));
+  HistogramCounts a = HistogramCounts::Empty(FixedSpec(0, 1, 4));
   EXPECT_THAT(
-      MergeInto(a, HistogramCounts::Empty(Fixed(0, 2, 4))),
+      MergeInto(a, HistogramCounts::Empty(FixedSpec(0, 2, 4))),
       StatusIs(absl::StatusCode::kFailedPrecondition, "different bins"));
   EXPECT_THAT(
       MergeInto(a, HistogramCounts::Empty(DefaultExponentialSpec())),

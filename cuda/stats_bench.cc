@@ -193,15 +193,6 @@ bool NumpySeconds(const char* argv0, int mb, double* stats, double* hist,
   return true;
 }
 
-HistogramSpecHD FixedSpec() {
-  HistogramSpecHD s;
-  s.kind = kHistogramFixed;
-  s.lo = -4;
-  s.hi = 4;
-  s.bins = 64;
-  return s;
-}
-
 int Main(char** argv) {
   const int mb = absl::GetFlag(FLAGS_mb);
   const int reps = absl::GetFlag(FLAGS_reps);
@@ -235,7 +226,7 @@ int Main(char** argv) {
   volatile float sink = 0;
   StatsAccumulator acc;
   HistogramCounts exp_h = HistogramCounts::Empty(DefaultExponentialSpec());
-  HistogramCounts fixed_h = HistogramCounts::Empty(FixedSpec());
+  HistogramCounts fixed_h = HistogramCounts::Empty(FixedSpec(-4, 4, 64));
   auto stats = [&](const CpuStatsOptions& o) {
     return [&, o] {
       acc = StatsAccumulator();
