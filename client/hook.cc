@@ -259,6 +259,12 @@ absl::Status Hook::SaveDeviceTensors(const std::vector<const NamedTensor*>& tens
   for (const NamedTensor* t : tensors) {
     absl::StatusOr<uint64_t> bytes = CheckTensor(t->name, t->tensor);
     if (!bytes.ok()) return bytes.status();
+    const v1::DType d = t->tensor.dtype;
+    if (d != v1::DTYPE_F32 && d != v1::DTYPE_F16 && d != v1::DTYPE_BF16 && d != v1::DTYPE_F64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device tensor '", t->name, "' is ", DTypeName(d),
+          "; device statistics take F32, F16, BF16 or F64"));
+    }
   }
   std::string log_key;
   absl::Status status;
@@ -273,10 +279,13 @@ absl::Status Hook::SaveDeviceTensors(const std::vector<const NamedTensor*>& tens
 absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>& tensors,
                                            std::string* log_key) {
   if (closed_) return absl::FailedPreconditionError("the hook is closed");
+  if (tensors.empty()) return absl::OkStatus();
+  const int device_index = tensors[0]->tensor.device_index;
   if (!capture_tried_) {
     capture_tried_ = true;
+    capture_device_ = device_index;
     DeviceStatsOptions device = options_.device;
-    device.device = tensors.empty() ? 0 : tensors[0]->tensor.device_index;
+    device.device = device_index;
     device.histogram = options_.histogram;
     absl::StatusOr<std::unique_ptr<DeviceCapture>> capture = DeviceCapture::Create(device);
     if (capture.ok()) {
@@ -290,19 +299,19 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
     return absl::UnavailableError(
         absl::StrCat("device tensors are not saved: ", capture_status_.message()));
   }
+  if (device_index != capture_device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this hook captures tensors of CUDA device ", capture_device_, ", not ", device_index));
+  }
   if (!step_open_) StartStepLocked();
   const int64_t mode_step = mode_steps_[mode_];
   std::vector<DeviceCapture::Request> requests;
   std::vector<QueuedTensor> queued;
   for (const NamedTensor* t : tensors) {
-    if (t->tensor.device_index != options_.device.device &&
-        t->tensor.device_index != tensors[0]->tensor.device_index) {
-      return absl::InvalidArgumentError("one hook captures tensors of one CUDA device");
-    }
     SaveDecision d = collections_.Decide(t->name, t->collections, mode_, mode_step);
     if (!d.save) continue;
-    uint64_t count = 1;
-    for (int64_t dim : t->tensor.shape) count *= static_cast<uint64_t>(dim);
+    // The shape passed CheckTensor, so its element count is valid.
+    const uint64_t count = *ElementCount(t->tensor.shape);
     DeviceCapture::Request r;
     r.ref = DeviceTensorRef{t->tensor.data, t->tensor.dtype, count, d.histogram};
     r.copy = d.values;

@@ -76,6 +76,8 @@ struct HookOptions {
   HistogramSpecHD histogram = DefaultExponentialSpec();
   // Device tensors: the engine's buffers and the dtype values travel in
   // (F16 or BF16 halves the transfer of F32 tensors; default: unchanged).
+  // The device is the one of the first device tensor saved (`device.device`
+  // is ignored); one hook captures one device.
   DeviceStatsOptions device;
   v1::DType device_transfer_dtype = v1::DTYPE_UNSPECIFIED;
 };
@@ -199,6 +201,7 @@ class Hook {
   std::shared_ptr<DeviceCapture> capture_ ABSL_GUARDED_BY(mu_);
   absl::Status capture_status_ ABSL_GUARDED_BY(mu_);
   bool capture_tried_ ABSL_GUARDED_BY(mu_) = false;
+  int capture_device_ ABSL_GUARDED_BY(mu_) = 0;  // the device of the first device tensor
 };
 
 }  // namespace sonde

@@ -62,6 +62,11 @@ TEST(DevicePath, DeviceTensorsWithoutAGpuAreRefusedAndTrainingGoesOn) {
         "fc.weight", CudaTensor(w.data(), v1::DTYPE_F32, {1000}, 0, nullptr));
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
     EXPECT_NE(std::string(s.message()).find("CPU"), std::string::npos) << s;
+    // Integer device tensors are refused before any device work.
+    const absl::Status ints = (*hook)->SaveTensor(
+        "fc.index", CudaTensor(w.data(), v1::DTYPE_I32, {1000}, 0, nullptr));
+    EXPECT_EQ(ints.code(), absl::StatusCode::kInvalidArgument) << ints;
+    EXPECT_NE(std::string(ints.message()).find("F32, F16, BF16 or F64"), std::string::npos) << ints;
     SONDE_EXPECT_OK((*hook)->SaveTensor("fc.bias", HostTensor(w.data(), {1000})));
     SONDE_EXPECT_OK((*hook)->SaveScalar("CrossEntropyLoss_output_0", 1.0 / (step + 1)));
     (*hook)->EndStep();
