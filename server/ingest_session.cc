@@ -204,6 +204,10 @@ absl::Status IngestSession::OnSummary(const v1::TensorSummary& s) {
                                                    static_cast<int>(s.dtype())));
   }
   SONDE_RETURN_IF_ERROR(CheckStatisticsFit(s.statistics(), s.dtype(), s.shape(), s.tensor_name()));
+  if (s.has_histogram()) {
+    SONDE_RETURN_IF_ERROR(Prefixed(ValidateHistogram(s.histogram(), &s.statistics()),
+                                   absl::StrCat("tensor '", s.tensor_name(), "': ")));
+  }
   if (!step_names_.insert(s.tensor_name()).second) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", s.tensor_name(), "' sent twice in step ", s.step()));
@@ -217,11 +221,7 @@ absl::Status IngestSession::OnSummary(const v1::TensorSummary& s) {
   t.record.set_dtype(s.dtype());
   *t.record.mutable_shape() = s.shape();
   *t.record.mutable_statistics() = s.statistics();
-  if (s.has_histogram()) {
-    SONDE_RETURN_IF_ERROR(Prefixed(ValidateHistogram(s.histogram(), &s.statistics()),
-                                   absl::StrCat("tensor '", s.tensor_name(), "': ")));
-    *t.record.mutable_histogram() = s.histogram();
-  }
+  if (s.has_histogram()) *t.record.mutable_histogram() = s.histogram();
   t.record.set_has_values(false);
   return AddTensor(std::move(t));
 }

@@ -19,6 +19,7 @@
 #include "common/crc32c.h"
 #include "common/tensor_chunks.h"
 #include "common/thread_pool.h"
+#include "cuda/histogram.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job_registry.h"
@@ -399,6 +400,58 @@ TEST_F(IngestSessionTest, ClientStatisticsOnChunkZeroAreKeptInsteadOfRecomputed)
   ASSERT_THAT(records, IsOk());
   ASSERT_EQ(records->size(), 1u);
   EXPECT_DOUBLE_EQ((*records)[0].statistics().mean(), 42.0);
+}
+
+// The histogram of `values` with the default bins, as a client sends it.
+v1::Histogram HistogramOf(const std::vector<float>& values) {
+  HistogramCounts h = HistogramCounts::Empty(DefaultExponentialSpec());
+  AccumulateHistogramScalar(h, values.data(), v1::DTYPE_F32, values.size());
+  return ToProto(h);
+}
+
+TEST_F(IngestSessionTest, HistogramsAreStoredWhenTheyMatchTheTensor) {
+  Worker w(registry_.get());
+  ASSERT_THAT(w.Join(MakeHello("hist-ok")), IsOk());
+  const std::vector<float> values = {1.0f, -2.0f, 0.0f, 3.5f};
+  v1::TensorChunk h = Header("w", 0, {4});
+  *h.mutable_histogram() = HistogramOf(values);
+  SONDE_ASSERT_OK(w.SendTensor(h, F32Bytes(values)));
+  v1::TensorSummary s = ScalarSummary("loss", 0, 2.0);
+  *s.mutable_histogram() = HistogramOf({2.0f});
+  SONDE_ASSERT_OK(w.SendSummary(s));
+  ASSERT_THAT(w.EndStep(0, 2), IsOk());
+  auto records = store_->TensorsAtStep(JobId("hist-ok"), v1::MODE_TRAIN, 0);
+  ASSERT_THAT(records, IsOk());
+  ASSERT_EQ(records->size(), 2u);
+  for (const v1::TensorRecord& r : *records) {
+    ASSERT_TRUE(r.has_histogram()) << r.tensor_name();
+    auto counts = FromProto(r.histogram());
+    ASSERT_THAT(counts.status(), IsOk());
+    EXPECT_EQ(counts->finite_total(), r.statistics().finite_count());
+  }
+}
+
+TEST_F(IngestSessionTest, SummaryHistogramThatDisagreesWithItsStatisticsIsInvalidArgument) {
+  Worker w(registry_.get());
+  ASSERT_THAT(w.Join(MakeHello("hist-summary")), IsOk());
+  v1::TensorSummary s = ScalarSummary("loss", 0, 2.0);
+  *s.mutable_histogram() = HistogramOf({2.0f, 3.0f});  // two elements, tensor has one
+  EXPECT_THAT(w.SendSummary(s), StatusIs(absl::StatusCode::kInvalidArgument, "add up to 2"));
+  v1::TensorSummary bad_spec = ScalarSummary("loss", 0, 2.0);
+  bad_spec.mutable_histogram()->mutable_spec()->set_kind(v1::HistogramSpec::KIND_FIXED);
+  EXPECT_THAT(w.SendSummary(bad_spec), StatusIs(absl::StatusCode::kInvalidArgument, "lo < hi"));
+}
+
+TEST_F(IngestSessionTest, ChunkHistogramIsCheckedAgainstTheStatisticsTheCollectorComputes) {
+  Worker w(registry_.get());
+  ASSERT_THAT(w.Join(MakeHello("hist-chunk")), IsOk());
+  v1::TensorChunk h = Header("w", 0, {2});
+  *h.mutable_histogram() = HistogramOf({1.0f, 2.0f, 3.0f});  // three counted, two sent
+  SONDE_ASSERT_OK(w.SendTensor(h, F32Bytes({1.0f, 2.0f})));
+  EXPECT_THAT(w.EndStep(0, 1), StatusIs(absl::StatusCode::kInvalidArgument, "add up to 3"));
+  auto records = store_->TensorsAtStep(JobId("hist-chunk"), v1::MODE_TRAIN, 0);
+  ASSERT_THAT(records, IsOk());
+  EXPECT_TRUE(records->empty());
 }
 
 TEST_F(IngestSessionTest, SuccessiveStepsAreAckedWithTheirOwnSeq) {
