@@ -81,6 +81,11 @@ class IngestReactor final
     }
   }
 
+  void Abort(const absl::Status& status) override {
+    LOG(WARNING) << "ending stream: " << status;
+    FinishOnce(ToGrpcStatus(status));
+  }
+
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     out_.pop_front();

@@ -1,5 +1,6 @@
 #include "server/ingest_session.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -105,11 +106,17 @@ absl::Status IngestSession::OpenStep(int64_t step, v1::Mode mode, int64_t mode_s
     return absl::InvalidArgumentError(
         absl::StrCat("negative step ", step, " / mode step ", mode_step));
   }
-  if (step <= last_step_) {
+  if (step <= stream_step_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, " does not follow step ", stream_step_, " (steps must increase)"));
+  }
+  if (step <= last_step_ && !same_client_) {
+    // Only the client that stored a step may send it again (as a resend).
     return absl::InvalidArgumentError(
         absl::StrCat("step ", step, " does not follow the stored step ", last_step_,
-                     " (steps must increase)"));
+                     " (steps must increase; another client wrote this worker's steps)"));
   }
+  stream_step_ = step;
   step_.emplace();
   step_->step.set_step(step);
   step_->step.set_mode(mode);
@@ -249,7 +256,9 @@ absl::Status IngestSession::OnStepEnd(const v1::StepEnd& end) {
 absl::StatusOr<JoinResult> IngestSession::Join(StreamHandle* stream) {
   SONDE_ASSIGN_OR_RETURN(JoinResult result, registry_->Join(hello_, stream));
   joined_ = true;
+  stream_ = stream;
   last_step_ = result.ack.resume_step();
+  same_client_ = result.same_client;
   result.ack.set_max_chunk_bytes(limits_.max_chunk_bytes);
   return result;
 }
@@ -259,6 +268,7 @@ absl::StatusOr<v1::Ack> IngestSession::Commit() {
   step_.reset();
   write.step.set_duration_seconds(step_end_.duration_seconds());
   write.step.set_tensor_count(static_cast<uint32_t>(write.tensors.size()));
+  write.step.set_tensors_dropped(step_end_.tensors_dropped());
   uint64_t bytes = 0;
   for (storage::TensorWrite& t : write.tensors) {
     bytes += t.bytes.size();
@@ -279,13 +289,17 @@ absl::StatusOr<v1::Ack> IngestSession::Commit() {
   ack.set_tensors(static_cast<uint32_t>(write.tensors.size()));
   ack.set_bytes(bytes);
   const int64_t step = write.step.step();
-  SONDE_RETURN_IF_ERROR(registry_->CommitStep(hello_.job(), hello_.worker(), std::move(write)));
-  last_step_ = step;
+  SONDE_ASSIGN_OR_RETURN(CommitResult result,
+                         registry_->CommitStep(hello_.job(), hello_.worker(), stream_,
+                                               std::move(write), step_end_.steps_dropped()));
+  ack.set_duplicate(result.duplicate);
+  last_step_ = std::max(last_step_, step);
   return ack;
 }
 
 absl::StatusOr<v1::Ack> IngestSession::EndJob() {
-  SONDE_RETURN_IF_ERROR(registry_->EndJob(hello_.job(), hello_.worker(), job_end_.reason()));
+  SONDE_RETURN_IF_ERROR(registry_->EndJob(hello_.job(), hello_.worker(), job_end_.reason(),
+                                         job_end_.steps_dropped()));
   v1::Ack ack;
   ack.set_acked_seq(job_end_seq_);
   ack.set_step(last_step_);

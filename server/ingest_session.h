@@ -52,6 +52,8 @@ class IngestSession {
 
   // The blocking halves (storage I/O), run on the storage pool.
   absl::StatusOr<JoinResult> Join(StreamHandle* stream);
+  // Stores the step (or acknowledges a resend of a stored step as a
+  // duplicate, writing nothing).
   absl::StatusOr<v1::Ack> Commit();
   absl::StatusOr<v1::Ack> EndJob();
 
@@ -78,7 +80,10 @@ class IngestSession {
   bool ended_ = false;
   v1::Hello hello_;
   uint64_t last_seq_ = 0;
-  int64_t last_step_ = -1;  // last committed global step
+  int64_t last_step_ = -1;  // last global step stored for this worker
+  int64_t stream_step_ = -1;  // last global step opened on this stream
+  bool same_client_ = false;  // may resend stored steps (see JoinResult)
+  StreamHandle* stream_ = nullptr;
 
   // The open step.
   std::optional<storage::StepWrite> step_;

@@ -43,6 +43,16 @@ class RecordingStream : public StreamHandle {
     sent_.push_back(message);
   }
 
+  void Abort(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    aborted_ = status;
+  }
+
+  absl::Status aborted() {
+    absl::MutexLock lock(&mu_);
+    return aborted_;
+  }
+
   std::vector<v1::Action> Actions() {
     absl::MutexLock lock(&mu_);
     std::vector<v1::Action> out;
@@ -60,6 +70,7 @@ class RecordingStream : public StreamHandle {
  private:
   absl::Mutex mu_;
   std::vector<v1::ServerMessage> sent_;
+  absl::Status aborted_;
 };
 
 // --- Message builders ---
@@ -1038,6 +1049,140 @@ TEST_F(IngestSessionTest, ReconnectedWorkerIsToldItsLastStoredStep) {
   EXPECT_EQ(joined->ack.resume_step(), 3);
   EXPECT_THAT(again.SendTensor(Header("w", 0, {10}), F32Bytes({0, 0, 0, 0, 0, 0, 0, 0, 0, 0})),
               StatusIs(absl::StatusCode::kInvalidArgument, "steps must increase"));
+}
+
+v1::Hello ClientHello(const std::string& job, uint64_t client_id, int32_t worker = 0,
+                      int32_t world_size = 1) {
+  v1::Hello h = MakeHello(job, worker, world_size);
+  h.set_client_id(client_id);
+  return h;
+}
+
+TEST_F(IngestSessionTest, ResentStepOfTheSameClientIsAckedAsDuplicateAndStoredOnce) {
+  {
+    Worker first(registry_.get());
+    ASSERT_THAT(first.Join(ClientHello("resend", 77)), IsOk());
+    SONDE_ASSERT_OK(first.SendTensor(Header("w", 0, {10}), F32Bytes(kWeights), 12));
+    auto ack = first.EndStep(0, 1);
+    ASSERT_THAT(ack, IsOk());
+    EXPECT_FALSE(ack->duplicate());
+  }  // the ack was "lost": the client resends step 0 on a new stream
+  Worker again(registry_.get());
+  auto joined = again.Join(ClientHello("resend", 77));
+  ASSERT_THAT(joined, IsOk());
+  EXPECT_TRUE(joined->same_client);
+  EXPECT_EQ(joined->ack.resume_step(), 0);
+  // Different bytes, to prove the stored copy is not overwritten.
+  SONDE_ASSERT_OK(again.SendTensor(Header("w", 0, {10}), F32Bytes(std::vector<float>(10, 7.f))));
+  auto dup = again.EndStep(0, 1);
+  ASSERT_THAT(dup, IsOk());
+  EXPECT_TRUE(dup->duplicate());
+  EXPECT_EQ(dup->step(), 0);
+  // The next step is stored normally.
+  SONDE_ASSERT_OK(again.SendTensor(Header("w", 1, {10}), F32Bytes(kWeights)));
+  auto next = again.EndStep(1, 1);
+  ASSERT_THAT(next, IsOk());
+  EXPECT_FALSE(next->duplicate());
+
+  auto bytes = ReadBytes("resend", 0, "w");
+  ASSERT_THAT(bytes, IsOk());
+  EXPECT_EQ(*bytes, F32Bytes(kWeights));
+  auto info = store_->GetJob("resend");
+  ASSERT_THAT(info, IsOk());
+  ASSERT_EQ(info->modes_size(), 1);
+  EXPECT_EQ(info->modes(0).step_count(), 2);  // not 3
+  auto steps = store_->ListSteps(info->job_id(), v1::MODE_TRAIN);
+  ASSERT_THAT(steps, IsOk());
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_EQ((*steps)[0].tensor_count(), 1u);
+}
+
+TEST_F(IngestSessionTest, ANewClientCannotRewriteStoredStepsOfAWorker) {
+  {
+    Worker first(registry_.get());
+    ASSERT_THAT(first.Join(ClientHello("owner", 1)), IsOk());
+    SONDE_ASSERT_OK(first.SendTensor(Header("w", 4, {10}), F32Bytes(kWeights)));
+    ASSERT_THAT(first.EndStep(4, 1), IsOk());
+  }
+  Worker other(registry_.get());
+  auto joined = other.Join(ClientHello("owner", 2));
+  ASSERT_THAT(joined, IsOk());
+  EXPECT_FALSE(joined->same_client);
+  EXPECT_THAT(other.SendTensor(Header("w", 4, {10}), F32Bytes(kWeights)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "another client"));
+}
+
+TEST_F(IngestSessionTest, ResendsMustStillIncreaseWithinAStream) {
+  {
+    Worker first(registry_.get());
+    ASSERT_THAT(first.Join(ClientHello("order", 5)), IsOk());
+    for (int step = 0; step < 3; ++step) {
+      SONDE_ASSERT_OK(first.SendTensor(Header("w", step, {10}), F32Bytes(kWeights)));
+      ASSERT_THAT(first.EndStep(step, 1), IsOk());
+    }
+  }
+  Worker again(registry_.get());
+  ASSERT_THAT(again.Join(ClientHello("order", 5)), IsOk());
+  SONDE_ASSERT_OK(again.SendTensor(Header("w", 1, {10}), F32Bytes(kWeights)));
+  ASSERT_THAT(again.EndStep(1, 1), IsOk());
+  EXPECT_THAT(again.SendTensor(Header("w", 0, {10}), F32Bytes(kWeights)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "does not follow step 1"));
+}
+
+TEST_F(IngestSessionTest, SameClientReconnectingReplacesItsStaleStream) {
+  Worker stale(registry_.get());
+  ASSERT_THAT(stale.Join(ClientHello("takeover", 9)), IsOk());
+  SONDE_ASSERT_OK(stale.SendTensor(Header("w", 0, {10}), F32Bytes(kWeights)));
+  // Another client may not take the worker...
+  Worker intruder(registry_.get());
+  EXPECT_THAT(intruder.Join(ClientHello("takeover", 10)),
+              StatusIs(absl::StatusCode::kAlreadyExists, "another client"));
+  EXPECT_THAT(stale.stream().aborted(), IsOk());
+  // ...but the same client, reconnecting, replaces its old stream.
+  Worker fresh(registry_.get());
+  ASSERT_THAT(fresh.Join(ClientHello("takeover", 9)), IsOk());
+  EXPECT_THAT(stale.stream().aborted(), StatusIs(absl::StatusCode::kAborted, "replaced"));
+  // The old stream can no longer commit; the new one can.
+  EXPECT_THAT(stale.EndStep(0, 1), StatusIs(absl::StatusCode::kAborted, "newer stream"));
+  SONDE_ASSERT_OK(fresh.SendTensor(Header("w", 0, {10}), F32Bytes(kWeights)));
+  auto ack = fresh.EndStep(0, 1);
+  ASSERT_THAT(ack, IsOk());
+  EXPECT_FALSE(ack->duplicate());
+  // The stale stream closing does not unregister the new one.
+  stale.Close();
+  Worker late(registry_.get());
+  EXPECT_THAT(late.Join(ClientHello("takeover", 11)),
+              StatusIs(absl::StatusCode::kAlreadyExists, "already streaming"));
+}
+
+TEST_F(IngestSessionTest, DroppedTensorsAndStepsReportedByTheClientAreStoredAsGaps) {
+  Worker w(registry_.get());
+  ASSERT_THAT(w.Join(ClientHello("gaps", 3)), IsOk());
+  SONDE_ASSERT_OK(w.SendTensor(Header("w", 0, {10}), F32Bytes(kWeights)));
+  v1::ClientMessage end = StepEndMessage(0, 1);
+  end.mutable_step_end()->set_tensors_dropped(2);
+  ASSERT_THAT(w.Send(end), IsOk());
+  ASSERT_THAT(w.session().Commit(), IsOk());
+  // Steps 1 and 2 were dropped whole; step 3 says so.
+  v1::ClientMessage later = StepEndMessage(3, 0);
+  later.mutable_step_end()->set_steps_dropped(2);
+  ASSERT_THAT(w.Send(later), IsOk());
+  ASSERT_THAT(w.session().Commit(), IsOk());
+  v1::ClientMessage job_end = JobEndMessage("finished");
+  job_end.mutable_job_end()->set_steps_dropped(1);
+  ASSERT_THAT(w.Send(job_end), IsOk());
+  ASSERT_THAT(w.session().EndJob(), IsOk());
+
+  auto info = store_->GetJob("gaps");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->tensors_dropped(), 2u);
+  EXPECT_EQ(info->steps_dropped(), 3u);
+  auto steps = store_->ListSteps(info->job_id(), v1::MODE_TRAIN);
+  ASSERT_THAT(steps, IsOk());
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_EQ((*steps)[0].tensors_dropped(), 2u);
+  EXPECT_EQ((*steps)[1].step(), 3);
+  EXPECT_EQ((*steps)[1].tensor_count(), 0u);
 }
 
 // ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@ class JobRegistry::Sink : public rules::RuleSink {
 struct JobRegistry::LiveJob {
   v1::JobInfo info;
   std::map<int32_t, StreamHandle*> streams;  // connected workers
+  std::map<int32_t, uint64_t> stream_client;  // their Hello.client_id
   std::map<int32_t, int64_t> last_step;      // last committed global step per connected worker
   std::set<int32_t> joined;
   std::set<int32_t> ended;
@@ -272,10 +273,24 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
         absl::StrCat("job '", hello.job(), "' has world_size ", job->info.world_size(),
                      ", hello says ", hello.world_size()));
   }
-  if (job->streams.count(hello.worker()) > 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "worker ", hello.worker(), " of job '", hello.job(), "' is already streaming"));
+  auto streaming = job->streams.find(hello.worker());
+  if (streaming != job->streams.end()) {
+    const uint64_t current = job->stream_client[hello.worker()];
+    if (hello.client_id() == 0 || hello.client_id() != current) {
+      return absl::AlreadyExistsError(absl::StrCat("worker ", hello.worker(), " of job '",
+                                                   hello.job(),
+                                                   "' is already streaming from another client"));
+    }
+    // The same client reconnected before its old stream was noticed gone.
+    streaming->second->Abort(absl::AbortedError(
+        "replaced by a newer stream of the same client"));
   }
+  auto owner = job->info.worker_client_id().find(hello.worker());
+  result.same_client = hello.client_id() != 0 &&
+                       owner != job->info.worker_client_id().end() &&
+                       owner->second == hello.client_id();
+  (*job->info.mutable_worker_client_id())[hello.worker()] = hello.client_id();
+  job->stream_client[hello.worker()] = hello.client_id();
   job->streams[hello.worker()] = stream;
   auto stored = job->info.worker_last_step().find(hello.worker());
   job->last_step[hello.worker()] =
@@ -367,6 +382,7 @@ void JobRegistry::Leave(const std::string& job_name, int32_t worker, StreamHandl
   auto it = job->streams.find(worker);
   if (it == job->streams.end() || it->second != stream) return;
   job->streams.erase(it);
+  job->stream_client.erase(worker);
   job->last_step.erase(worker);
   DeliverCompleteSteps(*job);
   if (job->streams.empty() && job->info.status() == v1::JOB_STATUS_RUNNING) {
@@ -390,8 +406,10 @@ void JobRegistry::DeliverCompleteSteps(LiveJob& job) {
   }
 }
 
-absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker,
-                                     storage::StepWrite write) {
+absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name,
+                                                     int32_t worker, const StreamHandle* stream,
+                                                     storage::StepWrite write,
+                                                     uint64_t steps_dropped) {
   LiveJob* job;
   {
     absl::MutexLock lock(&mu_);
@@ -402,9 +420,19 @@ absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker
   v1::JobInfo info;
   {
     absl::MutexLock lock(&mu_);
+    auto owner = job->streams.find(worker);
+    if (owner == job->streams.end() || owner->second != stream) {
+      return absl::AbortedError(absl::StrCat("worker ", worker, " of job '", job_name,
+                                             "' is now streamed by a newer stream"));
+    }
     info = job->info;
   }
   const v1::StepInfo& step = write.step;
+  auto stored = info.worker_last_step().find(worker);
+  if (stored != info.worker_last_step().end() && step.step() <= stored->second) {
+    // A resend of a step whose ack was lost: it is stored already.
+    return CommitResult{true};
+  }
   v1::ModeSteps* mode_steps = nullptr;
   for (auto& m : *info.mutable_modes()) {
     if (m.mode() == step.mode()) mode_steps = &m;
@@ -422,6 +450,8 @@ absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker
   mode_steps->set_first_step(std::min(mode_steps->first_step(), step.mode_step()));
   info.set_last_step(std::max(info.last_step(), step.step()));
   (*info.mutable_worker_last_step())[worker] = step.step();
+  info.set_tensors_dropped(info.tensors_dropped() + step.tensors_dropped());
+  info.set_steps_dropped(info.steps_dropped() + steps_dropped);
   write.job_id = info.job_id();
   write.worker = worker;
   write.job = info;
@@ -432,12 +462,14 @@ absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker
   *job->info.mutable_modes() = info.modes();
   job->info.set_last_step(info.last_step());
   *job->info.mutable_worker_last_step() = info.worker_last_step();
+  job->info.set_tensors_dropped(info.tensors_dropped());
+  job->info.set_steps_dropped(info.steps_dropped());
   if (step.step() <= job->delivered_through) {
     // This worker is late: the step was judged without it. Its data is stored.
     auto ls = job->last_step.find(worker);
     if (ls != job->last_step.end()) ls->second = std::max(ls->second, step.step());
     DeliverCompleteSteps(*job);
-    return absl::OkStatus();
+    return CommitResult{};
   }
   if (job->pending.count(step.step()) == 0) job->pending_since[step.step()] = absl::Now();
   rules::StepData& data = job->pending[step.step()];
@@ -459,11 +491,11 @@ absl::Status JobRegistry::CommitStep(const std::string& job_name, int32_t worker
   auto ls = job->last_step.find(worker);
   if (ls != job->last_step.end()) ls->second = std::max(ls->second, step.step());
   DeliverCompleteSteps(*job);
-  return absl::OkStatus();
+  return CommitResult{};
 }
 
 absl::Status JobRegistry::EndJob(const std::string& job_name, int32_t worker,
-                                 const std::string& reason) {
+                                 const std::string& reason, uint64_t steps_dropped) {
   LiveJob* job;
   {
     absl::MutexLock lock(&mu_);
@@ -474,6 +506,11 @@ absl::Status JobRegistry::EndJob(const std::string& job_name, int32_t worker,
   absl::MutexLock lock(&mu_);
   job->ended.insert(worker);
   if (!reason.empty()) job->info.set_end_reason(reason);
+  if (steps_dropped > 0) {
+    job->info.set_steps_dropped(job->info.steps_dropped() + steps_dropped);
+    absl::Status s = store_->PutJob(job->info);
+    if (!s.ok()) LOG(ERROR) << "job '" << job_name << "': " << s;
+  }
   if (job->ended.size() == job->joined.size()) MaybeEndJobLocked(*job);
   return absl::OkStatus();
 }

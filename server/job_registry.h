@@ -36,11 +36,21 @@ class StreamHandle {
   virtual ~StreamHandle() = default;
   // Queues a message to the client; never blocks.
   virtual void Send(const v1::ServerMessage& message) = 0;
+  // Ends the stream with `status` (a newer stream of the same client took
+  // its place). Never blocks.
+  virtual void Abort(const absl::Status& status) = 0;
 };
 
 struct JoinResult {
   v1::HelloAck ack;
   std::optional<v1::Action> pending_stop;  // a stop already decided for the job
+  // The hello's client_id is the one that last streamed this worker: it may
+  // resend steps already stored (they are acknowledged as duplicates).
+  bool same_client = false;
+};
+
+struct CommitResult {
+  bool duplicate = false;  // the worker had already stored this step: nothing written
 };
 
 class JobRegistry {
@@ -56,20 +66,29 @@ class JobRegistry {
 
   // A worker says hello. Errors: InvalidArgument (bad names, rank out of
   // range, bad rule spec), NotFound (unknown rule type), AlreadyExists (the
-  // worker is already streaming: retry later), FailedPrecondition (the job
-  // has finished, or its world size differs).
+  // worker is already streaming from another client), FailedPrecondition
+  // (the job has finished, or its world size differs). A hello from the
+  // client already streaming the worker (same nonzero client_id: it lost
+  // its connection and the collector has not noticed yet) replaces the old
+  // stream, which is aborted.
   absl::StatusOr<JoinResult> Join(const v1::Hello& hello, StreamHandle* stream);
   // The worker's stream ended (cleanly or not).
   void Leave(const std::string& job, int32_t worker, StreamHandle* stream);
 
   // Stores one worker's step (one WriteBatch, with the job record updated)
   // and, once every connected worker has committed it, hands the step to
-  // the rules. Called from the storage pool.
-  absl::Status CommitStep(const std::string& job, int32_t worker,
-                          storage::StepWrite write);
+  // the rules. Idempotent: a step the worker has already stored (a resend
+  // after a lost ack) is not written again and reported as a duplicate.
+  // Aborted if `stream` no longer owns the worker. `steps_dropped`: whole
+  // steps the client dropped before this one (added to the job's gaps).
+  // Called from the storage pool.
+  absl::StatusOr<CommitResult> CommitStep(const std::string& job, int32_t worker,
+                                          const StreamHandle* stream, storage::StepWrite write,
+                                          uint64_t steps_dropped = 0);
   // The worker finished the job. When every worker that joined has ended,
   // the job ends and rules run their end-of-training evaluation.
-  absl::Status EndJob(const std::string& job, int32_t worker, const std::string& reason);
+  absl::Status EndJob(const std::string& job, int32_t worker, const std::string& reason,
+                      uint64_t steps_dropped = 0);
 
   // Rule results of a job: the live ones for a job this collector runs,
   // else what the store has.

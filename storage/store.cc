@@ -53,6 +53,7 @@ void MergeStepInfo(v1::StepInfo& into, const v1::StepInfo& w) {
   for (int32_t worker : w.workers()) into.add_workers(worker);
   into.set_duration_seconds(std::max(into.duration_seconds(), w.duration_seconds()));
   into.set_tensor_count(into.tensor_count() + w.tensor_count());
+  into.set_tensors_dropped(into.tensors_dropped() + w.tensors_dropped());
 }
 
 }  // namespace
@@ -91,7 +92,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const Options& options) {
   // handles[0] is "default", which Sonde does not use.
   db->DestroyColumnFamilyHandle(handles[0]);
   handles.erase(handles.begin());
-  return std::unique_ptr<Store>(new Store(options, std::move(db), std::move(handles)));
+  std::unique_ptr<Store> store(new Store(options, std::move(db), std::move(handles)));
+  // Finish deletions a crash interrupted (see MarkJobDeleted).
+  auto purged = store->PurgeDeletedJobs();
+  if (!purged.ok()) return purged.status();
+  return store;
 }
 
 Store::Store(const Options& options, std::unique_ptr<rocksdb::DB> db,
@@ -424,6 +429,126 @@ absl::StatusOr<std::optional<std::string>> Store::RuleState(uint64_t job_id,
   if (s.IsNotFound()) return std::optional<std::string>();
   SONDE_RETURN_IF_ERROR(FromRocks(s, "reading rule state"));
   return std::optional<std::string>(std::move(value));
+}
+
+std::vector<Store::Range> Store::JobRanges(uint64_t job_id) {
+  const JobKeyPrefixes p = JobKeyPrefixesOf(job_id);
+  std::vector<Range> ranges;
+  auto add = [&ranges](Family family, const std::string& prefix) {
+    ranges.push_back({family, prefix, PrefixEnd(prefix)});
+  };
+  for (const std::string& prefix : p.jobs) add(kJobs, prefix);
+  add(kStats, p.stats);
+  add(kSeries, p.series);
+  add(kPayloads, p.payloads);
+  for (const std::string& prefix : p.rules) add(kRules, prefix);
+  return ranges;
+}
+
+absl::StatusOr<uint64_t> Store::ApproximateJobBytes(uint64_t job_id) {
+  rocksdb::SizeApproximationOptions options;
+  options.include_memtables = true;
+  options.include_files = true;
+  uint64_t total = 0;
+  for (const Range& r : JobRanges(job_id)) {
+    const rocksdb::Range range(r.begin, r.end);
+    uint64_t size = 0;
+    SONDE_RETURN_IF_ERROR(FromRocks(
+        db_->GetApproximateSizes(options, handles_[r.family], &range, 1, &size),
+        "estimating a job's size"));
+    total += size;
+  }
+  return total;
+}
+
+absl::StatusOr<uint64_t> Store::ApproximateSizeBytes() {
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    for (const std::string& property : {rocksdb::DB::Properties::kLiveSstFilesSize,
+                                        rocksdb::DB::Properties::kCurSizeAllMemTables}) {
+      uint64_t v = 0;
+      if (!db_->GetIntProperty(h, property, &v)) {
+        return absl::InternalError(absl::StrCat("RocksDB has no property ", property));
+      }
+      total += v;
+    }
+  }
+  return total;
+}
+
+absl::StatusOr<DeletedJob> Store::MarkJobDeleted(absl::string_view name) {
+  SONDE_RETURN_IF_ERROR(ValidateKeyName("job name", name));
+  absl::MutexLock lock(&create_mu_);
+  SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, GetJob(name));
+  DeletedJob deleted;
+  deleted.name = std::string(name);
+  deleted.job_id = info.job_id();
+  SONDE_ASSIGN_OR_RETURN(deleted.approximate_bytes, ApproximateJobBytes(info.job_id()));
+  rocksdb::WriteBatch batch;
+  batch.Delete(handles_[kJobs], JobNameKey(name));
+  batch.Delete(handles_[kJobs], JobInfoKey(info.job_id()));
+  batch.Put(handles_[kJobs], DeletingJobKey(info.job_id()),
+            rocksdb::Slice(name.data(), name.size()));
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  SONDE_RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch),
+                                  absl::StrCat("marking job '", name, "' deleted")));
+  return deleted;
+}
+
+absl::StatusOr<PurgeReport> Store::PurgeDeletedJobs() {
+  absl::MutexLock lock(&purge_mu_);
+  PurgeReport report;
+  SONDE_RETURN_IF_ERROR(ScanPrefix(
+      kJobs, DeletingJobPrefix(), [&](absl::string_view key, absl::string_view value) {
+        key.remove_prefix(DeletingJobPrefix().size());
+        SONDE_ASSIGN_OR_RETURN(uint64_t id, ConsumeU64(key));
+        report.jobs.push_back(DeletedJob{std::string(value), id, 0});
+        return absl::OkStatus();
+      }));
+  if (report.jobs.empty()) return report;
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  // The smallest range per kind of key that covers every purged job: one
+  // compaction per kind, however many jobs (the jobs between are rewritten
+  // unchanged).
+  std::map<std::pair<int, std::string>, Range> to_compact;
+  for (const DeletedJob& job : report.jobs) {
+    rocksdb::WriteBatch batch;
+    for (const Range& r : JobRanges(job.job_id)) {
+      SONDE_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(handles_[r.family], r.begin, r.end),
+                                      "range-deleting a job"));
+      // Keys of one kind differ only in the id after the tag (if any).
+      const std::string kind = r.begin.substr(0, r.begin.size() - 8);
+      auto [it, fresh] = to_compact.try_emplace({r.family, kind}, r);
+      if (!fresh) {
+        it->second.begin = std::min(it->second.begin, r.begin);
+        it->second.end = std::max(it->second.end, r.end);
+      }
+    }
+    SONDE_RETURN_IF_ERROR(FromRocks(
+        db_->Write(wo, &batch), absl::StrCat("deleting the keys of job '", job.name, "'")));
+  }
+  rocksdb::CompactRangeOptions cro;
+  cro.exclusive_manual_compaction = false;  // ingest's own compactions go on
+  // Rewrite bottommost files too: that is where the deleted keys and their
+  // tombstones are finally dropped.
+  cro.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+  for (const auto& [kind, r] : to_compact) {
+    const rocksdb::Slice begin(r.begin);
+    const rocksdb::Slice end(r.end);
+    report.compaction = FromRocks(db_->CompactRange(cro, handles_[r.family], &begin, &end),
+                                  "compacting deleted jobs");
+    if (!report.compaction.ok()) break;
+  }
+  return report;
+}
+
+absl::StatusOr<DeletedJob> Store::DeleteJob(absl::string_view name) {
+  SONDE_ASSIGN_OR_RETURN(DeletedJob deleted, MarkJobDeleted(name));
+  // A failed compaction is no failed deletion (see PurgeReport).
+  SONDE_RETURN_IF_ERROR(PurgeDeletedJobs().status());
+  return deleted;
 }
 
 }  // namespace sonde::storage
