@@ -209,6 +209,29 @@ std::string RuleStateKey(uint64_t job_id, absl::string_view rule) {
   return k;
 }
 
+std::string DeletingJobPrefix() { return "D"; }
+
+std::string DeletingJobKey(uint64_t job_id) {
+  std::string k = DeletingJobPrefix();
+  AppendU64(k, job_id);
+  return k;
+}
+
+JobKeyPrefixes JobKeyPrefixesOf(uint64_t job_id) {
+  auto tagged = [job_id](char tag) {
+    std::string k(1, tag);
+    AppendU64(k, job_id);
+    return k;
+  };
+  JobKeyPrefixes p;
+  p.jobs = {tagged('J'), tagged('S'), tagged('G'), tagged('T'), tagged('D')};
+  AppendU64(p.stats, job_id);
+  p.series = p.stats;
+  p.payloads = p.stats;
+  p.rules = {tagged('R'), tagged('C')};
+  return p;
+}
+
 std::string PrefixEnd(absl::string_view prefix) {
   std::string end(prefix);
   while (!end.empty()) {

@@ -12,6 +12,8 @@
 //                                                   -> sonde.v1.StepInfo (one worker)
 //   'G' <job id> <global step i64> <worker i32>     -> sonde.v1.StepInfo (same)
 //   'T' <job id> <tensor name> 0x00                 -> sonde.v1.TensorInfo
+//   'D' <job id>                                    -> job name: the job is being
+//                                                      deleted (Store::MarkJobDeleted)
 // Column family "stats" (one record per tensor per step per worker; the
 // "every tensor at step S" scan):
 //   <job id> <mode u8> <mode step i64> <tensor name> 0x00 <worker i32>
@@ -24,11 +26,16 @@
 // Column family "rules":
 //   'R' <job id> <rule name>                        -> sonde.v1.RuleResult
 //   'C' <job id> <rule name>                        -> rule cursor/state bytes
+//
+// Every key of a job but its 'N' name key starts with one of the prefixes
+// JobKeyPrefixes lists; a new kind of key keyed by job must be added there,
+// or deleting a job leaves it behind.
 #ifndef SONDE_STORAGE_KEYS_H_
 #define SONDE_STORAGE_KEYS_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -86,6 +93,22 @@ std::string PayloadPrefix(const TensorKey& k);
 std::string RuleResultKey(uint64_t job_id, absl::string_view rule);
 std::string RuleResultPrefix(uint64_t job_id);
 std::string RuleStateKey(uint64_t job_id, absl::string_view rule);
+
+std::string DeletingJobKey(uint64_t job_id);
+std::string DeletingJobPrefix();
+
+// The prefixes that hold every key of one job (all but its 'N' name key,
+// which is keyed by name), by column family. Each is a tag byte and/or the
+// job's fixed 8-byte id, so [prefix, PrefixEnd(prefix)) holds exactly that
+// job's keys of that kind.
+struct JobKeyPrefixes {
+  std::vector<std::string> jobs;      // 'J', 'S', 'G', 'T' and 'D' + id
+  std::string stats;                  // the id
+  std::string series;                 // the id
+  std::string payloads;               // the id
+  std::vector<std::string> rules;     // 'R' and 'C' + id
+};
+JobKeyPrefixes JobKeyPrefixesOf(uint64_t job_id);
 
 // The smallest key greater than every key that starts with `prefix`, or ""
 // if there is none (prefix of all 0xff).

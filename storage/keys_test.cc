@@ -115,5 +115,44 @@ TEST(Keys, ValidateKeyName) {
               StatusIs(absl::StatusCode::kInvalidArgument, "2000 bytes"));
 }
 
+// Every key builder's output for job `id` lies in exactly one of the job's
+// prefix ranges of its family, and in none of a neighbouring job's.
+TEST(Keys, JobKeyPrefixesCoverEveryKeyOfTheJobAndNoOther) {
+  for (uint64_t id : {uint64_t{1}, uint64_t{255}, uint64_t{256}, uint64_t{0x00ffffffffffffff}}) {
+    const TensorKey t{id, 1, -3, "fc1.weight", 7};
+    const std::vector<std::string> jobs_keys = {
+        JobInfoKey(id), StepKey(id, 2, 5, 0), GlobalStepKey(id, 9, 1),
+        TensorNameKey(id, "fc1"), DeletingJobKey(id)};
+    const std::vector<std::string> data_keys = {StatsKey(t), SeriesKey(t), PayloadKey(t, 3)};
+    const std::vector<std::string> rules_keys = {RuleResultKey(id, "Loss"),
+                                                 RuleStateKey(id, "Loss")};
+    auto in = [](const std::string& key, const std::string& prefix) {
+      return key >= prefix && key < PrefixEnd(prefix);
+    };
+    auto count_in = [&](const std::string& key, const std::vector<std::string>& prefixes) {
+      return std::count_if(prefixes.begin(), prefixes.end(),
+                           [&](const std::string& p) { return in(key, p); });
+    };
+    for (uint64_t owner : {id - 1, id, id + 1}) {
+      const JobKeyPrefixes p = JobKeyPrefixesOf(owner);
+      const int expected = owner == id ? 1 : 0;
+      for (const std::string& k : jobs_keys) {
+        EXPECT_EQ(count_in(k, p.jobs), expected) << "job " << id << " owner " << owner;
+      }
+      for (const std::string& k : data_keys) {
+        EXPECT_EQ(in(k, p.stats), expected == 1) << "job " << id << " owner " << owner;
+        EXPECT_EQ(p.series, p.stats);
+        EXPECT_EQ(p.payloads, p.stats);
+      }
+      for (const std::string& k : rules_keys) {
+        EXPECT_EQ(count_in(k, p.rules), expected) << "job " << id << " owner " << owner;
+      }
+      // The name key and the next-id key are no job's prefix range.
+      EXPECT_EQ(count_in(JobNameKey("x"), p.jobs), 0);
+      EXPECT_EQ(count_in("I", p.jobs), 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sonde::storage

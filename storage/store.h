@@ -50,6 +50,24 @@ struct StepWrite {
   std::optional<v1::JobInfo> job;  // written in the same batch when set
 };
 
+// A job MarkJobDeleted hid, or PurgeDeletedJobs removed.
+struct DeletedJob {
+  std::string name;
+  uint64_t job_id = 0;
+  // What the job's keys took, approximately (SST files and memtables), when
+  // it was marked; 0 in what PurgeDeletedJobs returns.
+  uint64_t approximate_bytes = 0;
+};
+
+// What one PurgeDeletedJobs call removed.
+struct PurgeReport {
+  std::vector<DeletedJob> jobs;
+  // The compaction that gives the space back. Not OK (e.g. no disk space
+  // left to rewrite files): the jobs are deleted all the same, and RocksDB's
+  // own compactions reclaim the space later.
+  absl::Status compaction;
+};
+
 class Store {
  public:
   struct Options {
@@ -119,6 +137,27 @@ class Store {
   absl::StatusOr<std::optional<std::string>> RuleState(uint64_t job_id,
                                                        absl::string_view rule);
 
+  // Deleting a job takes two durable steps, so that a crash never leaves a
+  // job that looks whole but is partly gone:
+  //  1. MarkJobDeleted: one batch removes the job's name and record and
+  //     writes a "deleting" marker. From then on no read finds the job and
+  //     its name is free: a new job of that name gets a new id (ids are
+  //     never reused), so what is left of the old one never mixes with it.
+  //  2. PurgeDeletedJobs: per marked job, one batch range-deletes every key
+  //     of its id in every column family, the marker included; then those
+  //     ranges are compacted so the disk space comes back. Open runs it, so
+  //     a deletion a crash interrupted finishes on the next start.
+  // The caller makes sure nothing writes the job any more (in the collector,
+  // JobRegistry::Forget). NotFound for an unknown name.
+  absl::StatusOr<DeletedJob> MarkJobDeleted(absl::string_view name);
+  absl::StatusOr<PurgeReport> PurgeDeletedJobs();
+  // Both steps; returns what MarkJobDeleted returned.
+  absl::StatusOr<DeletedJob> DeleteJob(absl::string_view name);
+
+  // The database's approximate size in bytes: live SST files plus
+  // memtables, over every column family (write-ahead log files not counted).
+  absl::StatusOr<uint64_t> ApproximateSizeBytes();
+
  private:
   enum Family { kJobs = 0, kStats, kSeries, kPayloads, kRules, kNumFamilies };
 
@@ -129,8 +168,20 @@ class Store {
       Family family, absl::string_view prefix,
       const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn);
 
+  // One kind of key of a job: [begin, end) in `family`.
+  struct Range {
+    Family family;
+    std::string begin;
+    std::string end;
+  };
+  // Every key of the job but its name key (see JobKeyPrefixesOf).
+  static std::vector<Range> JobRanges(uint64_t job_id);
+  // Approximate bytes of one job's keys (files and memtables).
+  absl::StatusOr<uint64_t> ApproximateJobBytes(uint64_t job_id);
+
   Options options_;
-  absl::Mutex create_mu_;  // serialises job-id allocation in CreateJob
+  absl::Mutex create_mu_;  // serialises CreateJob and MarkJobDeleted (names, ids)
+  absl::Mutex purge_mu_;   // one PurgeDeletedJobs at a time
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // indexed by Family
 };
