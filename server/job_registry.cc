@@ -714,6 +714,59 @@ bool JobRegistry::IsActive(const std::string& job_name) {
   return false;
 }
 
+absl::Status JobRegistry::Forget(const std::string& job_name,
+                                 const std::function<absl::Status()>& erase_stored) {
+  SONDE_RETURN_IF_ERROR(ValidateJobName(job_name));
+  LiveJob* job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = FindLocked(job_name);
+  }
+  if (job == nullptr) {
+    // Not live here since the collector started: a job only if stored.
+    SONDE_RETURN_IF_ERROR(store_->GetJob(job_name).status());
+    absl::MutexLock lock(&mu_);
+    job = FindLocked(job_name);
+    if (job == nullptr) {
+      // An empty entry (as after a restart) that a hello for the name finds
+      // and waits on while the job is erased. Entries are never removed:
+      // other threads may hold them.
+      auto fresh = std::make_unique<LiveJob>();
+      job = fresh.get();
+      fresh->info.set_job(job_name);
+      jobs_[job_name] = std::move(fresh);
+    }
+  }
+  absl::MutexLock commit(&job->commit_mu);  // Join, Leave, commits and ticks wait
+  if (IsActive(job_name)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_name, "' is live on this collector (streaming, or rules still judging it)"));
+  }
+  std::unique_ptr<rules::RuleRunner> runner;
+  std::unique_ptr<Sink> sink;
+  {
+    absl::MutexLock lock(&mu_);
+    runner = std::move(job->runner);
+    sink = std::move(job->sink);
+    job->info = v1::JobInfo();
+    job->info.set_job(job_name);
+    job->streams.clear();
+    job->stream_client.clear();
+    job->last_step.clear();
+    job->joined.clear();
+    job->ended.clear();
+    job->pending.clear();
+    job->pending_since.clear();
+    job->delivered_through = -1;
+    job->stop.reset();
+  }
+  // Outside mu_: the runner's destructor waits for its rules, whose results
+  // and actions take it. Nothing writes the job once they are done.
+  runner.reset();
+  sink.reset();
+  return erase_stored();
+}
+
 void JobRegistry::DrainRules() {
   std::vector<rules::RuleRunner*> runners;
   {

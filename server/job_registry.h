@@ -120,6 +120,15 @@ class JobRegistry {
   // True while the job has streams or rules still evaluating.
   bool IsActive(const std::string& job);
 
+  // Forgets a job that is not active (FailedPrecondition while it is): waits
+  // for its rules, drops its live state, then runs `erase_stored` (which
+  // deletes the job from the store) while the job's hellos wait, so a later
+  // hello with the name starts a fresh job. NotFound for a job the store
+  // does not know; else erase_stored's status.
+  // Not while DrainRules runs (the collector stops queries and retention
+  // before it drains).
+  absl::Status Forget(const std::string& job, const std::function<absl::Status()>& erase_stored);
+
   // Waits until every rule of every job has evaluated what it was given.
   void DrainRules();
 
