@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
   for (const auto& [k, v] : hook->options_.metadata) (*so.hello.mutable_metadata())[k] = v;
   for (const auto& r : hook->options_.rules) *so.hello.add_rules() = r;
   so.max_queue_bytes = hook->options_.max_queue_bytes;
+  so.backpressure = hook->options_.backpressure;
   so.max_chunk_bytes = hook->options_.max_chunk_bytes;
   Hook* raw = hook.get();
   so.on_action = [raw](const v1::Action& action) {
@@ -408,8 +409,16 @@ Hook::Counters Hook::counters() const {
   Counters c;
   c.tensors_saved = sc.tensors_queued;
   c.tensors_dropped = sc.tensors_dropped;
+  c.steps_dropped = sc.steps_dropped;
+  c.tensors_spilled = sc.tensors_spilled;
+  c.bytes_spilled = sc.bytes_spilled;
   c.messages_sent = sc.messages_sent;
+  c.messages_resent = sc.messages_resent;
   c.last_acked_seq = sc.last_acked_seq;
+  c.steps_acked = sc.steps_acked;
+  c.duplicates_acked = sc.duplicates_acked;
+  c.reconnects = sc.reconnects;
+  c.memory_bytes = sc.memory_bytes;
   absl::MutexLock lock(&mu_);
   c.steps = steps_;
   return c;

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/backpressure.h"
 #include "client/collections.h"
 #include "cuda/device_stats.h"
 #include "cuda/histogram_math.h"
@@ -61,9 +62,15 @@ struct HookOptions {
   std::vector<v1::RuleSpec> rules;
   // What to save and when (smdebug's hook parameters).
   HookConfig config;
-  // Bytes of copied tensor values waiting to be sent; beyond it tensors are
-  // dropped and counted. Default 256 MiB.
+  // Bytes of copied tensor values held in memory, waiting to be sent or
+  // acknowledged (everything stays until the collector has stored it, and
+  // is resent after a broken stream). Beyond it `backpressure` decides.
+  // Default 256 MiB.
   uint64_t max_queue_bytes = 256 << 20;
+  // When the queue is full: spill values to a local file and catch up later
+  // (default), drop (counted, and stored by the collector as gaps), or block
+  // the save for at most max_block, then drop.
+  BackpressureOptions backpressure;
   // Largest chunk payload sent. Default 1 MiB.
   uint64_t max_chunk_bytes = 1 << 20;
   // How long Close() waits for the collector to acknowledge everything.
@@ -162,10 +169,18 @@ class Hook {
 
   struct Counters {
     uint64_t tensors_saved = 0;    // queued for sending
-    uint64_t tensors_dropped = 0;  // queue full or Sonde disabled
+    uint64_t tensors_dropped = 0;  // refused by the backpressure policy, or Sonde disabled
+    uint64_t steps_dropped = 0;    // whole steps dropped (the queue was at its item limit)
+    uint64_t tensors_spilled = 0;  // values written to the spill file
+    uint64_t bytes_spilled = 0;
     uint64_t steps = 0;
-    uint64_t messages_sent = 0;
+    uint64_t messages_sent = 0;    // on the current stream
+    uint64_t messages_resent = 0;  // after broken streams
     uint64_t last_acked_seq = 0;
+    uint64_t steps_acked = 0;
+    uint64_t duplicates_acked = 0;  // resent steps the collector already had
+    uint64_t reconnects = 0;
+    uint64_t memory_bytes = 0;     // held now (queued + unacknowledged)
   };
   Counters counters() const;
 

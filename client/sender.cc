@@ -1,7 +1,14 @@
 #include "client/sender.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +25,11 @@ namespace {
 
 // Room for a chunk's descriptive fields on top of its payload.
 constexpr int kMessageOverhead = 1 << 20;
+// Memory charged per queued item or wire message besides its values.
+constexpr uint64_t kItemOverhead = 256;
+// Most items the queue holds, whatever their size (spilled tensors and step
+// ends cost memory too).
+constexpr size_t kMaxQueuedItems = 1 << 20;
 
 bool Permanent(grpc::StatusCode code) {
   return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::NOT_FOUND ||
@@ -26,9 +38,29 @@ bool Permanent(grpc::StatusCode code) {
          code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::UNIMPLEMENTED;
 }
 
+uint64_t RandomClientId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{rd()} << 32) ^ rd();
+  return id;
+}
+
+uint64_t MessageCost(const v1::ClientMessage& m) {
+  return kItemOverhead + (m.has_chunk() ? m.chunk().payload().size() : 0);
+}
+
+std::string SpillDir(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+}
+
 }  // namespace
 
 Sender::Sender(SenderOptions options) : options_(std::move(options)) {
+  if (options_.hello.client_id() == 0) {
+    const_cast<SenderOptions&>(options_).hello.set_client_id(RandomClientId());
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -40,48 +72,149 @@ Sender::~Sender() {
   }
   if (!closed) Close("client destroyed without close", absl::ZeroDuration()).IgnoreError();
   if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  if (spill_fd_ >= 0) close(spill_fd_);
 }
 
 void Sender::LogOnce(const std::string& key, const std::string& message) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (std::find(logged_.begin(), logged_.end(), key) != logged_.end()) return;
-    logged_.push_back(key);
-  }
+  absl::MutexLock lock(&mu_);
+  LogOnceLocked(key, message);
+}
+
+void Sender::LogOnceLocked(const std::string& key, const std::string& message) {
+  if (std::find(logged_.begin(), logged_.end(), key) != logged_.end()) return;
+  logged_.push_back(key);
   LOG(WARNING) << "sonde: " << message << " (logged once)";
 }
 
+bool Sender::Admit(uint64_t cost) {
+  return memory_bytes_ + cost <= options_.max_queue_bytes && queue_.size() < kMaxQueuedItems;
+}
+
+void Sender::DropLocked(const std::string& name) {
+  ++counters_.tensors_dropped;
+  ++open_step_dropped_;
+  LogOnceLocked("dropped", absl::StrCat("dropping tensors (first: '", name,
+                                        "'): the collector is slower than training or "
+                                        "unreachable and the send queue (",
+                                        options_.max_queue_bytes, " bytes) is full; drops "
+                                        "are counted and reported to the collector"));
+}
+
+bool Sender::SpillLocked(Item& item) {
+  const std::string& bytes = item.tensor.bytes;
+  if (spill_failed_ || spill_end_ + bytes.size() > options_.backpressure.max_spill_bytes ||
+      !Admit(kItemOverhead)) {
+    return false;
+  }
+  if (spill_fd_ < 0) {
+    std::string path = SpillDir(options_.backpressure.spill_dir) + "/sonde-spill-XXXXXX";
+    spill_fd_ = mkstemp(path.data());
+    if (spill_fd_ < 0) {
+      spill_failed_ = true;
+      LogOnceLocked("spill-open", absl::StrCat("cannot create a spill file in ",
+                                               SpillDir(options_.backpressure.spill_dir), ": ",
+                                               std::strerror(errno), "; dropping instead"));
+      return false;
+    }
+    unlink(path.c_str());  // gone with the process, whatever happens
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = pwrite(spill_fd_, bytes.data() + done, bytes.size() - done,
+                             static_cast<off_t>(spill_end_ + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      LogOnceLocked("spill-write", absl::StrCat("writing the spill file failed: ",
+                                                std::strerror(errno), "; dropping instead"));
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  item.spill_offset = static_cast<int64_t>(spill_end_);
+  item.spill_length = bytes.size();
+  spill_end_ += bytes.size();
+  ++spilled_items_;
+  ++counters_.tensors_spilled;
+  counters_.bytes_spilled += bytes.size();
+  LogOnceLocked("spilling", absl::StrCat("the send queue is full (", options_.max_queue_bytes,
+                                         " bytes): spilling tensor values to a local file "
+                                         "until the collector catches up"));
+  // The values are on disk: recycle the memory.
+  std::string& buf = item.tensor.bytes;
+  if (buf.capacity() > 0 && free_bytes_ + buf.capacity() <= options_.max_queue_bytes / 4) {
+    free_bytes_ += buf.capacity();
+    free_buffers_.push_back(std::move(buf));
+  }
+  item.tensor.bytes = std::string();
+  return true;
+}
+
 bool Sender::EnqueueTensor(QueuedTensor tensor) {
-  bool dropped = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closing_ || give_up_ ||
-        queued_bytes_ + tensor.bytes.size() > options_.max_queue_bytes) {
-      ++counters_.tensors_dropped;
-      dropped = true;
-    } else {
-      queued_bytes_ += tensor.bytes.size();
-      ++counters_.tensors_queued;
-      Item item{Item::kTensor, std::move(tensor), {}, {}};
-      queue_.push_back(std::move(item));
+  absl::MutexLock lock(&mu_);
+  if (closing_ || give_up_) {
+    ++counters_.tensors_dropped;
+    return false;
+  }
+  Item item{Item::kTensor, std::move(tensor), {}, {}};
+  // A device tensor's values arrive later, in the device engine's own
+  // bounded staging buffers: only its bookkeeping is charged here.
+  const bool device = item.tensor.pending != nullptr;
+  item.cost = kItemOverhead + (device ? 0 : item.tensor.bytes.size());
+  bool admitted = Admit(item.cost) || (device && queue_.size() < kMaxQueuedItems);
+  if (!admitted) {
+    switch (options_.backpressure.policy) {
+      case BackpressurePolicy::kBlock: {
+        auto room = [this, &item]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return Admit(item.cost) || closing_ || give_up_;
+        };
+        admitted = mu_.AwaitWithTimeout(absl::Condition(&room), options_.backpressure.max_block) &&
+                   Admit(item.cost);
+        break;
+      }
+      case BackpressurePolicy::kSpill:
+        if (SpillLocked(item)) {
+          item.cost = kItemOverhead;
+          admitted = true;
+        }
+        break;
+      case BackpressurePolicy::kDrop:
+        break;
     }
   }
-  if (dropped) {
-    LogOnce("queue-full", absl::StrCat("send queue full (", options_.max_queue_bytes,
-                                       " bytes) or closed: dropping tensors; the "
-                                       "collector is slower than training"));
+  if (!admitted) {
+    DropLocked(item.tensor.name);
+    return false;
   }
-  return !dropped;
+  memory_bytes_ += item.cost;
+  ++counters_.tensors_queued;
+  queue_.push_back(std::move(item));
+  return true;
 }
 
 void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, double duration) {
+  absl::MutexLock lock(&mu_);
+  if (closing_ || give_up_) return;
+  if (queue_.size() >= kMaxQueuedItems) {
+    // Even the step end does not fit: the whole step is a gap, reported
+    // with the next step end that gets through.
+    ++counters_.steps_dropped;
+    ++steps_dropped_pending_;
+    open_step_dropped_ = 0;
+    LogOnceLocked("steps-dropped", "dropping whole steps: the send queue holds too many items");
+    return;
+  }
   Item item{Item::kStepEnd, {}, {}, {}};
   item.step_end.set_step(step);
   item.step_end.set_mode(mode);
   item.step_end.set_mode_step(mode_step);
   item.step_end.set_duration_seconds(duration);
-  absl::MutexLock lock(&mu_);
-  if (closing_ || give_up_) return;
+  item.step_end.set_tensors_dropped(open_step_dropped_);
+  item.step_end.set_steps_dropped(steps_dropped_pending_);
+  open_step_dropped_ = 0;
+  steps_dropped_pending_ = 0;
+  item.cost = kItemOverhead;
+  memory_bytes_ += item.cost;
   queue_.push_back(std::move(item));
 }
 
@@ -91,6 +224,10 @@ absl::Status Sender::Close(const std::string& reason, absl::Duration timeout) {
     closing_ = true;
     Item item{Item::kJobEnd, {}, {}, {}};
     item.job_end.set_reason(reason);
+    item.job_end.set_steps_dropped(steps_dropped_pending_);
+    steps_dropped_pending_ = 0;
+    item.cost = kItemOverhead;
+    memory_bytes_ += item.cost;
     queue_.push_back(std::move(item));
   }
   auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
@@ -98,10 +235,11 @@ absl::Status Sender::Close(const std::string& reason, absl::Duration timeout) {
     give_up_ = true;
     if (active_context_ != nullptr) active_context_->TryCancel();
     const size_t left = queue_.size();
+    const size_t unacked = unacked_.size();
     mu_.Await(absl::Condition(&finished));
-    return absl::DeadlineExceededError(
-        absl::StrCat("the collector did not acknowledge everything within ",
-                     absl::FormatDuration(timeout), "; ", left, " queued messages unsent"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the collector did not acknowledge everything within ", absl::FormatDuration(timeout),
+        "; ", left, " queued items unsent and ", unacked, " steps unacknowledged"));
   }
   if (!job_end_acked_) {
     return absl::UnavailableError("the collector did not accept the job; see the log");
@@ -118,8 +256,7 @@ bool Sender::WaitForHelloAck(absl::Duration timeout) {
 bool Sender::WaitForAcks(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return give_up_ || (queue_.empty() && connected_ &&
-                        counters_.last_acked_seq >= counters_.messages_sent);
+    return give_up_ || (queue_.empty() && unacked_.empty() && connected_);
   };
   return mu_.AwaitWithTimeout(absl::Condition(&flushed), timeout) && !give_up_;
 }
@@ -145,7 +282,30 @@ std::string Sender::AcquireBuffer(size_t bytes) {
 
 SenderCounters Sender::counters() const {
   absl::MutexLock lock(&mu_);
-  return counters_;
+  SenderCounters c = counters_;
+  c.memory_bytes = memory_bytes_;
+  c.spill_file_bytes = spill_end_;
+  return c;
+}
+
+v1::ClientCounters Sender::WireCounters() {
+  v1::ClientCounters c;
+  c.set_tensors_dropped(counters_.tensors_dropped);
+  c.set_steps_dropped(counters_.steps_dropped);
+  c.set_tensors_spilled(counters_.tensors_spilled);
+  c.set_bytes_spilled(counters_.bytes_spilled);
+  c.set_messages_resent(counters_.messages_resent);
+  c.set_reconnects(counters_.reconnects);
+  return c;
+}
+
+void Sender::PopAckedLocked() {
+  while (!unacked_.empty() && unacked_.front().end_seq != 0 &&
+         unacked_.front().end_seq <= stream_acked_seq_) {
+    memory_bytes_ -= unacked_.front().cost;
+    if (unacked_.front().job_end) job_end_acked_ = true;
+    unacked_.pop_front();
+  }
 }
 
 void Sender::Run() {
@@ -160,16 +320,49 @@ void Sender::Run() {
   }
   absl::MutexLock lock(&mu_);
   queue_.clear();
-  queued_bytes_ = 0;
+  unacked_.clear();
+  memory_bytes_ = 0;
   done_ = true;
 }
 
-bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>* stream,
-                       const Item& item) {
+bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
   v1::ClientMessage msg;
   switch (item.kind) {
     case Item::kTensor: {
-      const QueuedTensor& queued = item.tensor;
+      QueuedTensor& queued = item.tensor;
+      if (item.spill_offset >= 0) {
+        // Read the values back from the spill file.
+        std::string bytes = AcquireBuffer(item.spill_length);
+        bytes.resize(item.spill_length);
+        int fd;
+        {
+          absl::MutexLock lock(&mu_);
+          fd = spill_fd_;
+        }
+        size_t done = 0;
+        while (done < bytes.size()) {
+          const ssize_t n = pread(fd, bytes.data() + done, bytes.size() - done,
+                                  static_cast<off_t>(item.spill_offset + done));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) break;
+          done += static_cast<size_t>(n);
+        }
+        absl::MutexLock lock(&mu_);
+        if (--spilled_items_ == 0) {
+          // Nothing references the file any more: give the disk back.
+          if (ftruncate(spill_fd_, 0) != 0) spill_failed_ = true;
+          spill_end_ = 0;
+        }
+        if (done < bytes.size()) {
+          ++counters_.tensors_dropped;
+          LogOnceLocked("spill-read", absl::StrCat("reading tensor '", queued.name,
+                                                   "' back from the spill file failed: ",
+                                                   std::strerror(errno), "; it is lost"));
+          return false;
+        }
+        queued.bytes = std::move(bytes);
+        item.spill_offset = -1;
+      }
       QueuedTensor resolved;
       absl::StatusOr<v1::Statistics> stats;
       std::optional<v1::Histogram> histogram;
@@ -182,7 +375,7 @@ bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMes
         if (!ready.ok()) {
           LogOnce("device-results",
                   absl::StrCat("device tensor '", queued.name, "' skipped: ", ready.ToString()));
-          return true;
+          return false;
         }
         resolved = queued;
         resolved.send_values = queued.send_values && queued.pending->want_copy;
@@ -207,7 +400,7 @@ bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMes
       const QueuedTensor& t = queued.pending != nullptr ? resolved : queued;
       if (!stats.ok()) {
         LogOnce("bad-tensor", absl::StrCat("tensor '", t.name, "' skipped: ", stats.status().ToString()));
-        return true;
+        return false;
       }
       if (!t.send_values) {
         v1::TensorSummary* s = msg.mutable_summary();
@@ -220,8 +413,7 @@ bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMes
         for (int64_t d : t.shape) s->add_shape(d);
         *s->mutable_statistics() = *stats;
         if (histogram.has_value()) *s->mutable_histogram() = std::move(*histogram);
-        msg.set_seq(++seq_);
-        if (!stream->Write(msg)) return false;
+        out->push_back(std::move(msg));
       } else {
         v1::TensorChunk header;
         header.set_step(t.step);
@@ -236,29 +428,38 @@ bool Sender::WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMes
         for (v1::TensorChunk& chunk : SplitIntoChunks(header, t.bytes, chunk_limit_)) {
           msg.Clear();
           *msg.mutable_chunk() = std::move(chunk);
-          msg.set_seq(++seq_);
-          if (!stream->Write(msg)) return false;
+          out->push_back(std::move(msg));
         }
       }
-      ++step_tensors_;
-      break;
+      return true;
     }
     case Item::kStepEnd:
       *msg.mutable_step_end() = item.step_end;
-      msg.mutable_step_end()->set_tensor_count(step_tensors_);
-      msg.set_seq(++seq_);
-      if (!stream->Write(msg)) return false;
-      step_tensors_ = 0;
-      break;
+      out->push_back(std::move(msg));
+      return true;
     case Item::kJobEnd:
       *msg.mutable_job_end() = item.job_end;
-      msg.set_seq(++seq_);
-      job_end_seq_ = seq_;
-      if (!stream->Write(msg)) return false;
-      break;
+      out->push_back(std::move(msg));
+      return true;
+  }
+  return false;
+}
+
+bool Sender::WriteEntry(Stream* stream, Unacked* entry, size_t from) {
+  // Only this thread touches the messages of an entry whose end_seq is 0;
+  // the reader pops an entry only once end_seq is set.
+  for (size_t i = from; i < entry->messages.size(); ++i) {
+    v1::ClientMessage& m = entry->messages[i];
+    m.set_seq(++seq_);
+    if (!stream->Write(m)) return false;
   }
   absl::MutexLock lock(&mu_);
   counters_.messages_sent = seq_;
+  if (entry->complete) {
+    entry->end_seq = seq_;
+    entry->written = true;
+    PopAckedLocked();  // its ack may already have come
+  }
   return true;
 }
 
@@ -274,40 +475,41 @@ bool Sender::StreamOnce() {
     absl::MutexLock lock(&mu_);
     if (give_up_) return true;
     active_context_ = &context;
-  }
-  auto stream = stub->Stream(&context);
-  {
     // Acks count messages of this stream only.
-    absl::MutexLock lock(&mu_);
     counters_.messages_sent = 0;
     counters_.last_acked_seq = 0;
+    stream_acked_seq_ = 0;
+    connected_ = false;
+    broken_ = false;
+    for (Unacked& u : unacked_) u.end_seq = 0;
   }
+  auto stream = stub->Stream(&context);
   seq_ = 0;
-  job_end_seq_ = 0;
-  step_tensors_ = 0;
   chunk_limit_ = options_.max_chunk_bytes;
-  std::atomic<bool> hello_acked{false};
-  std::atomic<bool> broken{false};
-  std::atomic<uint64_t> server_chunk_limit{0};
 
   std::thread reader([&] {
     v1::ServerMessage in;
     while (stream->Read(&in)) {
       switch (in.kind_case()) {
         case v1::ServerMessage::kHelloAck:
-          server_chunk_limit = in.hello_ack().max_chunk_bytes();
           if (options_.on_hello_ack) options_.on_hello_ack(in.hello_ack());
-          hello_acked = true;
           {
             absl::MutexLock lock(&mu_);
+            server_chunk_limit_ = in.hello_ack().max_chunk_bytes();
+            resume_step_ = in.hello_ack().resume_step();
             connected_ = true;
           }
           break;
         case v1::ServerMessage::kAck: {
           absl::MutexLock lock(&mu_);
-          counters_.last_acked_seq = in.ack().acked_seq();
-          ++counters_.steps_acked;
-          if (job_end_seq_ != 0 && in.ack().acked_seq() >= job_end_seq_) job_end_acked_ = true;
+          stream_acked_seq_ = std::max(stream_acked_seq_, in.ack().acked_seq());
+          counters_.last_acked_seq = stream_acked_seq_;
+          if (in.ack().duplicate()) {
+            ++counters_.duplicates_acked;
+          } else {
+            ++counters_.steps_acked;
+          }
+          PopAckedLocked();
           break;
         }
         case v1::ServerMessage::kAction:
@@ -321,8 +523,8 @@ bool Sender::StreamOnce() {
           break;
       }
     }
-    broken = true;
     absl::MutexLock lock(&mu_);  // wakes the writer's Await
+    broken_ = true;
     connected_ = false;
   });
 
@@ -330,66 +532,163 @@ bool Sender::StreamOnce() {
   *hello.mutable_hello() = options_.hello;
   hello.set_seq(++seq_);
   bool ok = stream->Write(hello);
+  bool hello_acked = false;
   bool finished_job = false;
+  std::vector<Unacked*> resend;
+  if (ok) {
+    // Wait for the hello ack: it says which steps are stored already.
+    absl::MutexLock lock(&mu_);
+    auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return connected_ || broken_ || give_up_;
+    };
+    mu_.Await(absl::Condition(&answered));
+    hello_acked = connected_;
+    ok = connected_ && !give_up_;
+    if (ok) {
+      if (server_chunk_limit_ > 0) {
+        chunk_limit_ = std::min<uint64_t>(chunk_limit_, server_chunk_limit_);
+      }
+      // Steps the collector stored before the stream broke (their acks were
+      // lost) are done; everything else is sent again.
+      while (!unacked_.empty() && unacked_.front().written && !unacked_.front().job_end &&
+             unacked_.front().step <= resume_step_) {
+        memory_bytes_ -= unacked_.front().cost;
+        unacked_.pop_front();
+      }
+      for (Unacked& u : unacked_) resend.push_back(&u);
+    }
+  }
+  uint64_t resent = 0;
+  for (Unacked* u : resend) {
+    if (!ok) break;
+    ok = WriteEntry(stream.get(), u, 0);
+    resent += u->messages.size();
+  }
+  if (resent > 0) {
+    absl::MutexLock lock(&mu_);
+    counters_.messages_resent += resent;
+  }
   while (ok) {
-    if (server_chunk_limit > 0) chunk_limit_ = std::min<uint64_t>(chunk_limit_, server_chunk_limit);
-    const Item* item;  // stays valid: only this thread pops, deque push_back keeps references
+    Item item;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !queue_.empty() || give_up_ || broken;
+        return !queue_.empty() || give_up_ || broken_ ||
+               (job_end_acked_ && unacked_.empty());
       };
       mu_.Await(absl::Condition(&ready));
-      if (give_up_ || broken) break;
-      item = &queue_.front();
+      if (job_end_acked_ && unacked_.empty()) {
+        finished_job = true;
+        break;
+      }
+      if (give_up_ || broken_) break;
+      item = std::move(queue_.front());
+      queue_.pop_front();
     }
-    ok = WriteItem(stream.get(), *item);
-    if (!ok) break;
-    const bool job_end = item->kind == Item::kJobEnd;
-    if (!job_end) {
+    std::vector<v1::ClientMessage> messages;
+    const bool usable = BuildMessages(item, &messages);
+    Unacked* entry = nullptr;
+    size_t from = 0;
+    {
       absl::MutexLock lock(&mu_);
-      if (item->kind == Item::kTensor) {
-        queued_bytes_ -= item->tensor.bytes.size();
+      memory_bytes_ -= item.cost;
+      if (item.kind == Item::kTensor) {
         // Keep the buffer for the next copy, within a quarter of the queue's budget.
-        std::string& bytes = queue_.front().tensor.bytes;
+        std::string& bytes = item.tensor.bytes;
         if (bytes.capacity() > 0 && free_bytes_ + bytes.capacity() <= options_.max_queue_bytes / 4) {
           free_bytes_ += bytes.capacity();
           free_buffers_.push_back(std::move(bytes));
         }
       }
-      queue_.pop_front();
+      if (!usable) continue;
+      if (unacked_.empty() || unacked_.back().complete) {
+        unacked_.emplace_back();
+        unacked_.back().step = item.kind == Item::kTensor ? item.tensor.step : -1;
+      }
+      entry = &unacked_.back();
+      from = entry->messages.size();
+      if (item.kind == Item::kStepEnd) {
+        // The step's tensors are the entry's summaries and first chunks,
+        // whichever stream carried them.
+        uint32_t tensors = 0;
+        for (const v1::ClientMessage& m : entry->messages) {
+          tensors += m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
+        }
+        v1::StepEnd* end = messages[0].mutable_step_end();
+        end->set_tensor_count(tensors);
+        *end->mutable_counters() = WireCounters();
+        entry->step = end->step();
+        entry->complete = true;
+      } else if (item.kind == Item::kJobEnd) {
+        if (!entry->messages.empty()) {
+          // Tensors saved after the last step end have no step end: they
+          // cannot be stored. (The hook always ends the step first.)
+          memory_bytes_ -= entry->cost;
+          unacked_.pop_back();
+          unacked_.emplace_back();
+          entry = &unacked_.back();
+          from = 0;
+        }
+        *messages[0].mutable_job_end()->mutable_counters() = WireCounters();
+        entry->job_end = true;
+        entry->complete = true;
+      }
+      for (v1::ClientMessage& m : messages) {
+        entry->cost += MessageCost(m);
+        memory_bytes_ += MessageCost(m);
+        entry->messages.push_back(std::move(m));
+      }
     }
-    if (job_end) {
-      absl::MutexLock lock(&mu_);
-      auto acked = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return job_end_acked_ || give_up_ || broken;
-      };
-      mu_.Await(absl::Condition(&acked));
-      finished_job = job_end_acked_;
-      if (finished_job) queue_.clear();
-      break;
-    }
+    ok = WriteEntry(stream.get(), entry, from);
   }
   if (finished_job) stream->WritesDone();
   {
     absl::MutexLock lock(&mu_);
-    if (give_up_) context.TryCancel();
+    if (give_up_ || !finished_job) context.TryCancel();
   }
   reader.join();
   grpc::Status status = stream->Finish();
   {
     absl::MutexLock lock(&mu_);
     active_context_ = nullptr;
+    connected_ = false;
   }
   if (finished_job) return true;
   if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
     LogOnce(absl::StrCat("stream:", status.error_code()),
             absl::StrCat("stream to collector ", options_.collector, " failed: ",
                          status.error_message(), " (code ", status.error_code(), ")"));
-    if (!hello_acked && Permanent(status.error_code())) {
-      LogOnce("disabled", absl::StrCat("the collector refused job '", options_.hello.job(),
-                                       "'; Sonde is disabled for this run"));
+    if (hello_acked && Permanent(status.error_code())) {
+      // The collector refused what was sent (a bug or a mismatch, not the
+      // network): sending it again would be refused again. Drop what is
+      // unacknowledged, counted, and go on with what is queued.
       absl::MutexLock lock(&mu_);
+      for (const Unacked& u : unacked_) {
+        for (const v1::ClientMessage& m : u.messages) {
+          counters_.tensors_dropped +=
+              m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
+        }
+        counters_.steps_dropped += u.complete && !u.job_end;
+        steps_dropped_pending_ += u.complete && !u.job_end;
+        memory_bytes_ -= u.cost;
+      }
+      unacked_.clear();
+      LogOnceLocked(absl::StrCat("refused:", status.error_code()),
+                    absl::StrCat("the collector refused data (", status.error_message(),
+                                 "); the unacknowledged steps are dropped and counted"));
+    }
+    if (!hello_acked && Permanent(status.error_code())) {
+      absl::MutexLock lock(&mu_);
+      if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && queue_.empty() &&
+          unacked_.size() == 1 && unacked_.front().job_end) {
+        // The job end was stored but its ack was lost: the collector now
+        // says the job has finished.
+        job_end_acked_ = true;
+        unacked_.clear();
+        return true;
+      }
+      LogOnceLocked("disabled", absl::StrCat("the collector refused job '", options_.hello.job(),
+                                             "'; Sonde is disabled for this run"));
       give_up_ = true;
       return true;
     }

@@ -2,10 +2,18 @@
 // queued tensors into statistics and chunks and streams them to the
 // collector over gRPC, plus a reader thread for acks and actions. The
 // training thread only copies bytes into the queue; it never waits for the
-// network. When the queue is full a tensor is dropped and counted (logged
-// once). A broken stream is logged once per kind of failure and the sender
-// reconnects with backoff, going on with what is still queued.
-// Thread-safe. Internal to client/.
+// network (except under the "block" policy, for at most its limit).
+//
+// Nothing is lost silently. Every message stays in memory until the
+// collector acknowledges its step as durably stored; on a broken stream the
+// sender reconnects with backoff, learns from the hello ack which steps are
+// stored, and resends the rest (the collector acknowledges a step it
+// already has as a duplicate without storing it twice). Memory is bounded
+// by max_queue_bytes (queued plus unacknowledged bytes); beyond it the
+// backpressure policy decides: spill tensor values to a local file and
+// send them later (default), drop them, or block for a while then drop.
+// Drops are counted per step and reported on the step end, so the
+// collector records them as gaps. Thread-safe. Internal to client/.
 #ifndef SONDE_CLIENT_SENDER_H_
 #define SONDE_CLIENT_SENDER_H_
 
@@ -22,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/backpressure.h"
 #include "client/device_capture.h"
 #include "cuda/histogram.h"
 #include "proto/collector.grpc.pb.h"
@@ -31,8 +40,10 @@ namespace sonde {
 struct SenderOptions {
   std::string collector;              // host:port
   v1::Hello hello;                    // job, worker, world size, rules...
-  uint64_t max_queue_bytes = 256 << 20;  // bytes of queued tensor values
+  // Bytes of tensor values held in memory: queued and sent-but-unacked.
+  uint64_t max_queue_bytes = 256 << 20;
   uint64_t max_chunk_bytes = 1 << 20;    // payload per chunk (the collector may lower it)
+  BackpressureOptions backpressure;
   absl::Duration reconnect_min = absl::Milliseconds(100);
   absl::Duration reconnect_max = absl::Seconds(5);
   std::function<void(const v1::Action&)> on_action;  // called on the reader thread
@@ -63,11 +74,18 @@ struct QueuedTensor {
 
 struct SenderCounters {
   uint64_t tensors_queued = 0;
-  uint64_t tensors_dropped = 0;  // queue full
-  uint64_t messages_sent = 0;   // on the current stream
-  uint64_t last_acked_seq = 0;  // on the current stream
-  uint64_t steps_acked = 0;
+  uint64_t tensors_dropped = 0;   // refused by the backpressure policy, or Sonde disabled
+  uint64_t steps_dropped = 0;     // step ends refused (queue at its item limit)
+  uint64_t tensors_spilled = 0;
+  uint64_t bytes_spilled = 0;
+  uint64_t messages_sent = 0;     // on the current stream, resends included
+  uint64_t messages_resent = 0;   // since the start
+  uint64_t last_acked_seq = 0;    // on the current stream
+  uint64_t steps_acked = 0;       // stored by the collector (duplicates excluded)
+  uint64_t duplicates_acked = 0;  // resent steps the collector already had
   uint64_t reconnects = 0;
+  uint64_t memory_bytes = 0;      // queued + unacked, as counted against max_queue_bytes
+  uint64_t spill_file_bytes = 0;  // current size of the spill file
 };
 
 class Sender {
@@ -75,8 +93,8 @@ class Sender {
   explicit Sender(SenderOptions options);
   ~Sender();  // Close(absl::ZeroDuration()) if not closed
 
-  // Never block on the network. Enqueue returns false when the tensor was
-  // dropped because the queue is full.
+  // Never block on the network (kBlock: at most max_block). Returns false
+  // when the tensor was dropped.
   bool EnqueueTensor(QueuedTensor tensor);
   void EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, double duration);
 
@@ -102,37 +120,72 @@ class Sender {
     QueuedTensor tensor;
     v1::StepEnd step_end;
     v1::JobEnd job_end;
+    int64_t spill_offset = -1;  // the tensor's values are in the spill file
+    uint64_t spill_length = 0;
+    uint64_t cost = 0;          // counted in memory_bytes_
   };
+  // Messages written (or to be written) but not acknowledged: one entry per
+  // step (its tensors, then its step end) or the job end.
+  struct Unacked {
+    int64_t step = -1;
+    bool complete = false;  // ends with the step end (or is the job end)
+    bool job_end = false;
+    std::vector<v1::ClientMessage> messages;
+    uint64_t cost = 0;
+    uint64_t end_seq = 0;  // seq of its last message on this stream; 0: not (fully) written
+    bool written = false;  // fully written on some stream: the collector may have stored it
+  };
+  using Stream = grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>;
 
   void Run();
-  // Streams queued items until the stream fails or the job end is acked.
-  // Returns true when done for good.
+  // Streams until the stream fails or the job end is acked. Returns true
+  // when done for good.
   bool StreamOnce();
-  bool WriteItem(grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>* stream,
-                 const Item& item);
+  // Turns one queued item into wire messages (without seq). False: skip it.
+  bool BuildMessages(Item& item, std::vector<v1::ClientMessage>* out);
+  // Writes `entry`'s messages from `from` on, numbering them.
+  bool WriteEntry(Stream* stream, Unacked* entry, size_t from);
+  bool Admit(uint64_t cost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SpillLocked(Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PopAckedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ClientCounters WireCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogOnce(const std::string& key, const std::string& message);
+  void LogOnceLocked(const std::string& key, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SenderOptions options_;
 
   mutable absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Unacked> unacked_ ABSL_GUARDED_BY(mu_);
+  uint64_t memory_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t stream_acked_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t resume_step_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t server_chunk_limit_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t open_step_dropped_ ABSL_GUARDED_BY(mu_) = 0;   // tensors of the open step
+  uint64_t steps_dropped_pending_ ABSL_GUARDED_BY(mu_) = 0;  // not yet reported
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // the sender thread has exited
   bool job_end_acked_ ABSL_GUARDED_BY(mu_) = false;
   bool give_up_ ABSL_GUARDED_BY(mu_) = false;   // Close timed out: stop retrying
   bool connected_ ABSL_GUARDED_BY(mu_) = false;  // hello acked on the current stream
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;     // the current stream's reader ended
   SenderCounters counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> logged_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> free_buffers_ ABSL_GUARDED_BY(mu_);  // sent tensors' buffers
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The spill file: an unlinked temporary file, appended to while items
+  // reference it, truncated once none does.
+  int spill_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  bool spill_failed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t spill_end_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t spilled_items_ ABSL_GUARDED_BY(mu_) = 0;
 
   grpc::ClientContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;
 
   // Used by the sender thread only.
   uint64_t seq_ = 0;
-  uint64_t job_end_seq_ = 0;
-  uint32_t step_tensors_ = 0;  // tensors written for the open step on this stream
   uint64_t chunk_limit_ = 0;
 
   std::thread thread_;
