@@ -157,6 +157,17 @@ absl::StatusOr<std::vector<v1::RuleSpec>> QueryClient::EnableRules(
   return std::vector<v1::RuleSpec>(resp.rules().begin(), resp.rules().end());
 }
 
+absl::StatusOr<v1::DeleteJobResponse> QueryClient::DeleteJob(const std::string& job) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::DeleteJobRequest req;
+  req.set_job(job);
+  v1::DeleteJobResponse resp;
+  grpc::Status s = stub_->DeleteJob(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
 absl::Status QueryClient::WatchRuleResults(const std::string& job,
                                            const std::function<bool(const v1::RuleResult&)>& fn,
                                            absl::Duration timeout) {

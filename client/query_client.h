@@ -49,6 +49,9 @@ class QueryClient {
   // Registers rules for a job before it starts; returns all its rules.
   absl::StatusOr<std::vector<v1::RuleSpec>> EnableRules(const std::string& job,
                                                         const std::vector<v1::RuleSpec>& rules);
+  // Deletes a job and everything stored for it (see Query.DeleteJob):
+  // FailedPrecondition while it is live, NotFound for an unknown job.
+  absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& job);
   // Calls `fn` for the current results, then for every change, until the
   // job ends, `fn` returns false, or `timeout` passes.
   absl::Status WatchRuleResults(const std::string& job,

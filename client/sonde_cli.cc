@@ -10,6 +10,7 @@
 //   sonde watch --job J              follow rule results live until the job ends
 //   sonde rule-catalog               every rule the collector can run
 //   sonde enable-rules --job J --rules 'Type(k=v,...);...'   before the job starts
+//   sonde delete --job J             delete a job that has ended, and all its data
 //
 // Every command takes --collector (default 127.0.0.1:7070) and --json.
 #include <cmath>
@@ -57,7 +58,8 @@ int Fail(const absl::Status& s) {
 
 int Usage(const std::string& msg) {
   std::cerr << "sonde: " << msg << "\n"
-            << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules} "
+            << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|"
+               "delete} "
                "[flags]; "
                "sonde --help for flags\n";
   return 2;
@@ -346,6 +348,21 @@ int EnableRules(QueryClient& q, const std::string& job, bool json) {
   return 0;
 }
 
+int Delete(QueryClient& q, const std::string& job, bool json) {
+  auto deleted = q.DeleteJob(job);
+  if (!deleted.ok()) return Fail(deleted.status());
+  if (json) {
+    nlohmann::json out = {{"job", job},
+                          {"job_id", deleted->job_id()},
+                          {"approximate_bytes", deleted->approximate_bytes()}};
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "deleted job '" << job << "' (id " << deleted->job_id() << ", about "
+            << deleted->approximate_bytes() << " bytes)\n";
+  return 0;
+}
+
 int Main(const std::vector<char*>& args) {
   if (args.size() < 2) return Usage("no command");
   const std::string cmd = args[1];
@@ -359,7 +376,7 @@ int Main(const std::vector<char*>& args) {
   const std::string job = absl::GetFlag(FLAGS_job);
   const bool known = cmd == "job" || cmd == "tensors" || cmd == "steps" || cmd == "show" ||
                      cmd == "series" || cmd == "rules" || cmd == "watch" ||
-                     cmd == "enable-rules";
+                     cmd == "enable-rules" || cmd == "delete";
   if (!known) return Usage(absl::StrCat("unknown command '", cmd, "'"));
   if (job.empty()) return Usage(absl::StrCat(cmd, " needs --job"));
   if (cmd == "job") return Job(*q, job, json);
@@ -369,6 +386,7 @@ int Main(const std::vector<char*>& args) {
   if (cmd == "series") return Series(*q, job, *mode, json);
   if (cmd == "rules") return Rules(*q, job, json);
   if (cmd == "enable-rules") return EnableRules(*q, job, json);
+  if (cmd == "delete") return Delete(*q, job, json);
   return Watch(*q, job, json);
 }
 
@@ -377,7 +395,7 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog} "
+      "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|delete} "
       "[--collector=host:port] "
       "[--job=J] [--json] ...");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

@@ -29,6 +29,7 @@ constexpr int kMessageOverhead = 1 << 20;
 absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptions& options) {
   if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir is required");
   if (options.listen.empty()) return absl::InvalidArgumentError("listen address is empty");
+  if (absl::Status s = ValidateRetentionOptions(options.retention); !s.ok()) return s;
   if (options.limits.max_chunk_bytes == 0 ||
       options.limits.max_chunk_bytes > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -96,6 +97,12 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   const size_t colon = options.listen.rfind(':');
   c->address_ = absl::StrCat(options.listen.substr(0, colon), ":", port);
   c->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (options.retention.enabled()) {
+    auto retention =
+        RetentionThread::Start(options.retention, c->store_.get(), c->registry_.get());
+    if (!retention.ok()) return retention.status();
+    c->retention_ = std::move(*retention);
+  }
   LOG(INFO) << "collector listening on " << c->address_ << ", data in " << options.data_dir;
   return c;
 }
@@ -108,6 +115,7 @@ void Collector::Shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  retention_.reset();  // before the registry and the store it deletes from
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     collector_service_->FinishAll();

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "proto/rule.pb.h"
 #include "server/ingest_session.h"
+#include "server/retention.h"
 #include "server/webhook_notifier.h"
 
 namespace grpc {
@@ -62,6 +63,9 @@ struct CollectorOptions {
   // How long Shutdown waits for in-flight calls before cancelling them.
   // Default 2 s.
   absl::Duration shutdown_grace = absl::Seconds(2);
+  // Deleting old jobs in the background (server/retention.h). Default: off,
+  // every job is kept.
+  RetentionOptions retention;
 };
 
 class Collector {
@@ -93,6 +97,7 @@ class Collector {
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<CollectorService> collector_service_;
   std::unique_ptr<QueryService> query_service_;
+  std::unique_ptr<RetentionThread> retention_;  // null when retention is off
   std::unique_ptr<grpc::Server> server_;
   absl::Duration shutdown_grace_;
   absl::Mutex shutdown_mu_;

@@ -37,6 +37,14 @@ ABSL_FLAG(absl::Duration, step_wait, absl::Seconds(60),
           "how long a step waits for every worker before rules judge it with what arrived");
 ABSL_FLAG(int, storage_threads, 2, "threads committing to RocksDB");
 ABSL_FLAG(int, rule_threads, 2, "threads evaluating rules");
+ABSL_FLAG(absl::Duration, retention_max_age, absl::ZeroDuration(),
+          "delete jobs that ended (finished or stopped) longer ago than this, e.g. 720h; "
+          "0: keep them whatever their age");
+ABSL_FLAG(uint64_t, retention_max_bytes, 0,
+          "delete the jobs that ended first while the database is larger than this many "
+          "bytes (RocksDB's estimate); 0: no size limit");
+ABSL_FLAG(absl::Duration, retention_interval, absl::Minutes(10),
+          "how often retention runs (it also runs at start) when a retention limit is set");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Sonde's collector. Example: sonde-collector --listen=127.0.0.1:0 --data_dir=/tmp/sonde");
@@ -62,6 +70,13 @@ int main(int argc, char** argv) {
   options.step_wait = absl::GetFlag(FLAGS_step_wait);
   options.rule_plugins = absl::GetFlag(FLAGS_rule_plugins);
   options.rule_threads = absl::GetFlag(FLAGS_rule_threads);
+  if (absl::GetFlag(FLAGS_retention_max_age) != absl::ZeroDuration()) {
+    options.retention.max_age = absl::GetFlag(FLAGS_retention_max_age);
+  }
+  if (absl::GetFlag(FLAGS_retention_max_bytes) != 0) {
+    options.retention.max_bytes = absl::GetFlag(FLAGS_retention_max_bytes);
+  }
+  options.retention.interval = absl::GetFlag(FLAGS_retention_interval);
 
   const std::string rules_file = absl::GetFlag(FLAGS_rules_config);
   absl::StatusOr<std::vector<sonde::v1::RuleSpec>> rules;

@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/retention.h"
 
 namespace sonde::server {
 namespace {
@@ -331,6 +332,18 @@ grpc::Status QueryService::EnableRules(grpc::ServerContext*, const v1::EnableRul
       request->job(), std::vector<v1::RuleSpec>(request->rules().begin(), request->rules().end()));
   if (!rules.ok()) return ToGrpcStatus(rules.status());
   for (auto& r : *rules) *response->add_rules() = std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+                                     v1::DeleteJobResponse* response) {
+  if (request->job().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no job given");
+  }
+  auto deleted = EraseJob(request->job(), *store_, *registry_);
+  if (!deleted.ok()) return ToGrpcStatus(deleted.status());
+  response->set_job_id(deleted->job_id);
+  response->set_approximate_bytes(deleted->approximate_bytes);
   return grpc::Status::OK;
 }
 

@@ -45,6 +45,8 @@ class QueryService final : public v1::Query::Service {
                               v1::PostRuleResultResponse*) override;
   grpc::Status EnableRules(grpc::ServerContext*, const v1::EnableRulesRequest*,
                            v1::EnableRulesResponse*) override;
+  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest*,
+                         v1::DeleteJobResponse*) override;
 
  private:
   storage::Store* const store_;

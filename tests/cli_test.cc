@@ -178,5 +178,25 @@ TEST_F(CliTest, ErrorsSayWhatWasWrong) {
   EXPECT_NE(down.out.find("UNAVAILABLE"), std::string::npos) << down.out;
 }
 
+TEST_F(CliTest, DeleteRemovesAnEndedJobAndSaysWhatItFreed) {
+  // `watch` returns once the job is no longer live (its rules are done).
+  CliRun w = Cli(absl::StrCat("watch --job=cli-job --timeout=30s ", Flags()));
+  ASSERT_EQ(w.exit_code, 0) << w.out;
+  CliRun r = Cli(absl::StrCat("delete --json --job=cli-job ", Flags()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["job"], "cli-job");
+  EXPECT_EQ(out["job_id"], 1);
+  EXPECT_GT(out["approximate_bytes"].get<uint64_t>(), 0u);
+  CliRun gone = Cli(absl::StrCat("job --job=cli-job ", Flags()));
+  EXPECT_EQ(gone.exit_code, 3) << gone.out;
+  CliRun again = Cli(absl::StrCat("delete --job=cli-job ", Flags()));
+  EXPECT_EQ(again.exit_code, 3);
+  EXPECT_NE(again.out.find("no job named 'cli-job'"), std::string::npos) << again.out;
+  CliRun no_job = Cli(absl::StrCat("delete ", Flags()));
+  EXPECT_EQ(no_job.exit_code, 2);
+  EXPECT_NE(no_job.out.find("delete needs --job"), std::string::npos) << no_job.out;
+}
+
 }  // namespace
 }  // namespace sonde
