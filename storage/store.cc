@@ -476,6 +476,28 @@ absl::StatusOr<uint64_t> Store::ApproximateSizeBytes() {
   return total;
 }
 
+std::vector<std::pair<std::string, uint64_t>> Store::ColumnFamilyIntProperty(
+    absl::string_view property) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  const rocksdb::Slice name(property.data(), property.size());
+  for (int f = 0; f < kNumFamilies; ++f) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(handles_[f], name, &v)) out.emplace_back(kFamilyNames[f], v);
+  }
+  return out;
+}
+
+std::optional<uint64_t> Store::DbIntProperty(absl::string_view property) {
+  uint64_t v = 0;
+  // Our families share one block cache and one DB; the default family's
+  // options (and its cache) are not ours, so ask through one of ours.
+  if (!db_->GetIntProperty(handles_[kJobs], rocksdb::Slice(property.data(), property.size()),
+                           &v)) {
+    return std::nullopt;
+  }
+  return v;
+}
+
 absl::StatusOr<DeletedJob> Store::MarkJobDeleted(absl::string_view name) {
   SONDE_RETURN_IF_ERROR(ValidateKeyName("job name", name));
   absl::MutexLock lock(&create_mu_);

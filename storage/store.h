@@ -158,6 +158,15 @@ class Store {
   // memtables, over every column family (write-ahead log files not counted).
   absl::StatusOr<uint64_t> ApproximateSizeBytes();
 
+  // Monitoring: a RocksDB integer property (e.g.
+  // "rocksdb.estimate-live-data-size") of each column family, as (family
+  // name, value); families without a value are left out.
+  std::vector<std::pair<std::string, uint64_t>> ColumnFamilyIntProperty(
+      absl::string_view property);
+  // A database-wide one (e.g. "rocksdb.num-running-compactions",
+  // "rocksdb.block-cache-usage"); nullopt if RocksDB has none.
+  std::optional<uint64_t> DbIntProperty(absl::string_view property);
+
  private:
   enum Family { kJobs = 0, kStats, kSeries, kPayloads, kRules, kNumFamilies };
 

@@ -216,5 +216,33 @@ TEST(Store, OpenFailsClearlyOnAnUnusablePath) {
   EXPECT_THAT(Store::Open(o), StatusIs(absl::StatusCode::kInvalidArgument, "path"));
 }
 
+TEST(Store, MonitoringPropertiesComeFromOurFamiliesAndCache) {
+  TempDir dir;
+  Store::Options o;
+  o.path = dir.Sub("db");
+  o.block_cache_bytes = 3 << 20;
+  auto store = Store::Open(o);
+  ASSERT_THAT(store, ::sonde::testing::IsOk());
+  auto job = (*store)->CreateJob([] {
+    v1::JobInfo j;
+    j.set_job("props");
+    return j;
+  }());
+  ASSERT_THAT(job, ::sonde::testing::IsOk());
+  ASSERT_THAT((*store)->CommitStep(Step(job->job_id(), 1)), ::sonde::testing::IsOk());
+
+  auto memtables = (*store)->ColumnFamilyIntProperty("rocksdb.cur-size-all-mem-tables");
+  ASSERT_EQ(memtables.size(), 5u);
+  EXPECT_EQ(memtables[0].first, "jobs");
+  EXPECT_EQ(memtables[4].first, "rules");
+  uint64_t total = 0;
+  for (const auto& [family, bytes] : memtables) total += bytes;
+  EXPECT_GT(total, 0u);
+  // The cache our families use, not the default family's.
+  EXPECT_EQ((*store)->DbIntProperty("rocksdb.block-cache-capacity"), uint64_t{3} << 20);
+  EXPECT_EQ((*store)->DbIntProperty("rocksdb.no-such-property"), std::nullopt);
+  EXPECT_TRUE((*store)->ColumnFamilyIntProperty("rocksdb.no-such-property").empty());
+}
+
 }  // namespace
 }  // namespace sonde::storage
