@@ -72,8 +72,6 @@ Sender::~Sender() {
   }
   if (!closed) Close("client destroyed without close", absl::ZeroDuration()).IgnoreError();
   if (thread_.joinable()) thread_.join();
-  absl::MutexLock lock(&mu_);
-  if (spill_fd_ >= 0) close(spill_fd_);
 }
 
 void Sender::LogOnce(const std::string& key, const std::string& message) {
@@ -101,52 +99,31 @@ void Sender::DropLocked(const std::string& name) {
                                         "are counted and reported to the collector"));
 }
 
-bool Sender::SpillLocked(Item& item) {
-  const std::string& bytes = item.tensor.bytes;
-  if (spill_failed_ || spill_end_ + bytes.size() > options_.backpressure.max_spill_bytes ||
-      !Admit(kItemOverhead)) {
+bool Sender::SpillLocked(const SpillRecord& record) {
+  if (spill_failed_) return false;
+  if (spill_ == nullptr) {
+    auto file = SpillFile::Create(SpillDir(options_.backpressure.spill_dir),
+                                  options_.backpressure.max_spill_bytes);
+    if (!file.ok()) {
+      spill_failed_ = true;
+      LogOnceLocked("spill-open", absl::StrCat(file.status().message(), "; dropping instead"));
+      return false;
+    }
+    spill_ = std::move(*file);
+  }
+  absl::Status s = spill_->Append(record);
+  if (!s.ok()) {
+    LogOnceLocked(absl::StrCat("spill:", s.code()),
+                  absl::StrCat("cannot spill: ", s.message(), "; dropping instead"));
     return false;
   }
-  if (spill_fd_ < 0) {
-    std::string path = SpillDir(options_.backpressure.spill_dir) + "/sonde-spill-XXXXXX";
-    spill_fd_ = mkstemp(path.data());
-    if (spill_fd_ < 0) {
-      spill_failed_ = true;
-      LogOnceLocked("spill-open", absl::StrCat("cannot create a spill file in ",
-                                               SpillDir(options_.backpressure.spill_dir), ": ",
-                                               std::strerror(errno), "; dropping instead"));
-      return false;
-    }
-    unlink(path.c_str());  // gone with the process, whatever happens
+  if (!record.is_step_end) {
+    ++counters_.tensors_spilled;
+    counters_.bytes_spilled += record.tensor.bytes.size();
   }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = pwrite(spill_fd_, bytes.data() + done, bytes.size() - done,
-                             static_cast<off_t>(spill_end_ + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      LogOnceLocked("spill-write", absl::StrCat("writing the spill file failed: ",
-                                                std::strerror(errno), "; dropping instead"));
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  item.spill_offset = static_cast<int64_t>(spill_end_);
-  item.spill_length = bytes.size();
-  spill_end_ += bytes.size();
-  ++spilled_items_;
-  ++counters_.tensors_spilled;
-  counters_.bytes_spilled += bytes.size();
   LogOnceLocked("spilling", absl::StrCat("the send queue is full (", options_.max_queue_bytes,
-                                         " bytes): spilling tensor values to a local file "
-                                         "until the collector catches up"));
-  // The values are on disk: recycle the memory.
-  std::string& buf = item.tensor.bytes;
-  if (buf.capacity() > 0 && free_bytes_ + buf.capacity() <= options_.max_queue_bytes / 4) {
-    free_bytes_ += buf.capacity();
-    free_buffers_.push_back(std::move(buf));
-  }
-  item.tensor.bytes = std::string();
+                                         " bytes): spilling to a local file until the "
+                                         "collector catches up"));
   return true;
 }
 
@@ -161,7 +138,7 @@ bool Sender::EnqueueTensor(QueuedTensor tensor) {
   // bounded staging buffers: only its bookkeeping is charged here.
   const bool device = item.tensor.pending != nullptr;
   item.cost = kItemOverhead + (device ? 0 : item.tensor.bytes.size());
-  bool admitted = Admit(item.cost) || (device && queue_.size() < kMaxQueuedItems);
+  bool admitted = !spilling() && (Admit(item.cost) || (device && queue_.size() < kMaxQueuedItems));
   if (!admitted) {
     switch (options_.backpressure.policy) {
       case BackpressurePolicy::kBlock: {
@@ -169,13 +146,29 @@ bool Sender::EnqueueTensor(QueuedTensor tensor) {
           return Admit(item.cost) || closing_ || give_up_;
         };
         admitted = mu_.AwaitWithTimeout(absl::Condition(&room), options_.backpressure.max_block) &&
-                   Admit(item.cost);
+                   Admit(item.cost) && !closing_ && !give_up_;
         break;
       }
       case BackpressurePolicy::kSpill:
-        if (SpillLocked(item)) {
-          item.cost = kItemOverhead;
-          admitted = true;
+        if (!device) {
+          SpillRecord record;
+          record.tensor = std::move(item.tensor);
+          const bool spilled = SpillLocked(record);
+          item.tensor = std::move(record.tensor);
+          if (spilled) {
+            ++counters_.tensors_queued;
+            // The values are on disk: recycle the memory.
+            std::string& buf = item.tensor.bytes;
+            if (buf.capacity() > 0 &&
+                free_bytes_ + buf.capacity() <= options_.max_queue_bytes / 4) {
+              free_bytes_ += buf.capacity();
+              free_buffers_.push_back(std::move(buf));
+            }
+            return true;
+          }
+        } else {
+          LogOnceLocked("device-spill", "device tensors are not spilled; dropping them while "
+                                        "the send queue is full");
         }
         break;
       case BackpressurePolicy::kDrop:
@@ -211,11 +204,24 @@ void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, doub
   item.step_end.set_duration_seconds(duration);
   item.step_end.set_tensors_dropped(open_step_dropped_);
   item.step_end.set_steps_dropped(steps_dropped_pending_);
+  if (spilling()) {
+    SpillRecord record;
+    record.is_step_end = true;
+    record.step_end = item.step_end;
+    if (!SpillLocked(record)) {
+      // The step's tensors are in the spill file but its end is not: the
+      // step is a gap (its spilled tensors go with the next step's).
+      ++counters_.steps_dropped;
+      ++steps_dropped_pending_;
+      return;
+    }
+  } else {
+    item.cost = kItemOverhead;
+    memory_bytes_ += item.cost;
+    queue_.push_back(std::move(item));
+  }
   open_step_dropped_ = 0;
   steps_dropped_pending_ = 0;
-  item.cost = kItemOverhead;
-  memory_bytes_ += item.cost;
-  queue_.push_back(std::move(item));
 }
 
 absl::Status Sender::Close(const std::string& reason, absl::Duration timeout) {
@@ -224,11 +230,7 @@ absl::Status Sender::Close(const std::string& reason, absl::Duration timeout) {
     closing_ = true;
     Item item{Item::kJobEnd, {}, {}, {}};
     item.job_end.set_reason(reason);
-    item.job_end.set_steps_dropped(steps_dropped_pending_);
-    steps_dropped_pending_ = 0;
-    item.cost = kItemOverhead;
-    memory_bytes_ += item.cost;
-    queue_.push_back(std::move(item));
+    job_end_item_ = std::move(item);
   }
   auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&finished), timeout)) {
@@ -256,7 +258,7 @@ bool Sender::WaitForHelloAck(absl::Duration timeout) {
 bool Sender::WaitForAcks(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return give_up_ || (queue_.empty() && unacked_.empty() && connected_);
+    return give_up_ || (queue_.empty() && !spilling() && unacked_.empty() && connected_);
   };
   return mu_.AwaitWithTimeout(absl::Condition(&flushed), timeout) && !give_up_;
 }
@@ -284,7 +286,7 @@ SenderCounters Sender::counters() const {
   absl::MutexLock lock(&mu_);
   SenderCounters c = counters_;
   c.memory_bytes = memory_bytes_;
-  c.spill_file_bytes = spill_end_;
+  c.spill_file_bytes = spill_ != nullptr ? spill_->file_bytes() : 0;
   return c;
 }
 
@@ -308,12 +310,60 @@ void Sender::PopAckedLocked() {
   }
 }
 
+bool Sender::CanTakeLocked() const {
+  if (!queue_.empty()) return true;
+  if (spilling()) {
+    // A spilled record is read back only when the unacknowledged window has
+    // room for it, or when nothing waits for an ack (the open step must be
+    // able to finish, or nothing would ever be acknowledged).
+    bool awaiting_ack = false;
+    for (const Unacked& u : unacked_) awaiting_ack = awaiting_ack || u.complete;
+    return !awaiting_ack || memory_bytes_ + spill_->NextSize() <= options_.max_queue_bytes;
+  }
+  return job_end_item_.has_value();
+}
+
+bool Sender::TakeNextLocked(Item* item) {
+  if (!queue_.empty()) {
+    *item = std::move(queue_.front());
+    queue_.pop_front();
+    return true;
+  }
+  if (spilling()) {
+    absl::StatusOr<SpillRecord> record = spill_->ReadNext();
+    if (!record.ok()) {
+      ++counters_.tensors_dropped;
+      LogOnceLocked("spill-read", absl::StrCat("a spilled record is lost: ",
+                                               record.status().message()));
+      return false;
+    }
+    if (record->is_step_end) {
+      *item = Item{Item::kStepEnd, {}, std::move(record->step_end), {}};
+    } else {
+      *item = Item{Item::kTensor, std::move(record->tensor), {}, {}};
+    }
+    item->cost = kItemOverhead + item->tensor.bytes.size();
+    memory_bytes_ += item->cost;
+    return true;
+  }
+  if (job_end_item_.has_value()) {
+    *item = std::move(*job_end_item_);
+    job_end_item_.reset();
+    item->job_end.set_steps_dropped(steps_dropped_pending_);
+    steps_dropped_pending_ = 0;
+    return true;
+  }
+  return false;
+}
+
 void Sender::Run() {
   absl::Duration backoff = options_.reconnect_min;
   while (true) {
     if (StreamOnce()) break;
     absl::MutexLock lock(&mu_);
     ++counters_.reconnects;
+    // A stream that got as far as the hello ack starts the backoff afresh.
+    if (stream_was_accepted_) backoff = options_.reconnect_min;
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return give_up_; };
     if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) break;
     backoff = std::min(backoff * 2, options_.reconnect_max);
@@ -321,6 +371,8 @@ void Sender::Run() {
   absl::MutexLock lock(&mu_);
   queue_.clear();
   unacked_.clear();
+  job_end_item_.reset();
+  spill_.reset();
   memory_bytes_ = 0;
   done_ = true;
 }
@@ -330,39 +382,6 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
   switch (item.kind) {
     case Item::kTensor: {
       QueuedTensor& queued = item.tensor;
-      if (item.spill_offset >= 0) {
-        // Read the values back from the spill file.
-        std::string bytes = AcquireBuffer(item.spill_length);
-        bytes.resize(item.spill_length);
-        int fd;
-        {
-          absl::MutexLock lock(&mu_);
-          fd = spill_fd_;
-        }
-        size_t done = 0;
-        while (done < bytes.size()) {
-          const ssize_t n = pread(fd, bytes.data() + done, bytes.size() - done,
-                                  static_cast<off_t>(item.spill_offset + done));
-          if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) break;
-          done += static_cast<size_t>(n);
-        }
-        absl::MutexLock lock(&mu_);
-        if (--spilled_items_ == 0) {
-          // Nothing references the file any more: give the disk back.
-          if (ftruncate(spill_fd_, 0) != 0) spill_failed_ = true;
-          spill_end_ = 0;
-        }
-        if (done < bytes.size()) {
-          ++counters_.tensors_dropped;
-          LogOnceLocked("spill-read", absl::StrCat("reading tensor '", queued.name,
-                                                   "' back from the spill file failed: ",
-                                                   std::strerror(errno), "; it is lost"));
-          return false;
-        }
-        queued.bytes = std::move(bytes);
-        item.spill_offset = -1;
-      }
       QueuedTensor resolved;
       absl::StatusOr<v1::Statistics> stats;
       std::optional<v1::Histogram> histogram;
@@ -467,6 +486,16 @@ bool Sender::StreamOnce() {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(static_cast<int>(options_.max_chunk_bytes) + kMessageOverhead);
   args.SetMaxReceiveMessageSize(kMessageOverhead);
+  // A channel of its own for every attempt, with gRPC's reconnect backoff
+  // kept under ours: otherwise subchannels shared across channels remember
+  // failures and back off for up to two minutes after a collector restart.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_min)));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_min)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_max)));
   auto channel = grpc::CreateCustomChannel(options_.collector,
                                            grpc::InsecureChannelCredentials(), args);
   auto stub = v1::Collector::NewStub(channel);
@@ -481,6 +510,7 @@ bool Sender::StreamOnce() {
     stream_acked_seq_ = 0;
     connected_ = false;
     broken_ = false;
+    stream_was_accepted_ = false;
     for (Unacked& u : unacked_) u.end_seq = 0;
   }
   auto stream = stub->Stream(&context);
@@ -543,6 +573,7 @@ bool Sender::StreamOnce() {
     };
     mu_.Await(absl::Condition(&answered));
     hello_acked = connected_;
+    stream_was_accepted_ = connected_;
     ok = connected_ && !give_up_;
     if (ok) {
       if (server_chunk_limit_ > 0) {
@@ -573,8 +604,7 @@ bool Sender::StreamOnce() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !queue_.empty() || give_up_ || broken_ ||
-               (job_end_acked_ && unacked_.empty());
+        return CanTakeLocked() || give_up_ || broken_ || (job_end_acked_ && unacked_.empty());
       };
       mu_.Await(absl::Condition(&ready));
       if (job_end_acked_ && unacked_.empty()) {
@@ -582,8 +612,7 @@ bool Sender::StreamOnce() {
         break;
       }
       if (give_up_ || broken_) break;
-      item = std::move(queue_.front());
-      queue_.pop_front();
+      if (!TakeNextLocked(&item)) continue;
     }
     std::vector<v1::ClientMessage> messages;
     const bool usable = BuildMessages(item, &messages);
@@ -680,7 +709,7 @@ bool Sender::StreamOnce() {
     if (!hello_acked && Permanent(status.error_code())) {
       absl::MutexLock lock(&mu_);
       if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && queue_.empty() &&
-          unacked_.size() == 1 && unacked_.front().job_end) {
+          !spilling() && unacked_.size() == 1 && unacked_.front().job_end) {
         // The job end was stored but its ack was lost: the collector now
         // says the job has finished.
         job_end_acked_ = true;

@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,8 @@
 #include "absl/time/time.h"
 #include "client/backpressure.h"
 #include "client/device_capture.h"
+#include "client/queued_tensor.h"
+#include "client/spill_file.h"
 #include "cuda/histogram.h"
 #include "proto/collector.grpc.pb.h"
 
@@ -51,25 +54,6 @@ struct SenderOptions {
   // Waits for a device tensor's results (set when the hook captures device
   // tensors); the sender thread calls it.
   std::function<absl::Status(const std::shared_ptr<PendingDeviceTensor>&)> await_device;
-};
-
-// One tensor to send: values copied out of the training code's memory.
-struct QueuedTensor {
-  std::string name;
-  std::vector<std::string> collections;
-  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
-  std::vector<int64_t> shape;
-  std::string bytes;
-  bool send_values = true;  // else statistics only
-  int64_t step = 0;
-  v1::Mode mode = v1::MODE_GLOBAL;
-  int64_t mode_step = 0;
-  // A histogram of the values is wanted, with this spec.
-  bool histogram = false;
-  HistogramSpecHD histogram_spec;
-  // A device tensor whose statistics (and values, if copied) are still on
-  // their way: the sender waits for them on its own thread before writing.
-  std::shared_ptr<PendingDeviceTensor> pending;
 };
 
 struct SenderCounters {
@@ -120,8 +104,6 @@ class Sender {
     QueuedTensor tensor;
     v1::StepEnd step_end;
     v1::JobEnd job_end;
-    int64_t spill_offset = -1;  // the tensor's values are in the spill file
-    uint64_t spill_length = 0;
     uint64_t cost = 0;          // counted in memory_bytes_
   };
   // Messages written (or to be written) but not acknowledged: one entry per
@@ -147,7 +129,15 @@ class Sender {
   bool WriteEntry(Stream* stream, Unacked* entry, size_t from);
   bool Admit(uint64_t cost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool SpillLocked(Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends to the spill file (creating it); false if it cannot.
+  bool SpillLocked(const SpillRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool spilling() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return spill_ != nullptr && spill_->records() > 0;
+  }
+  // The next item to send, if one may be taken now: the memory queue, then
+  // the spill file (when the unacked window has room), then the job end.
+  bool TakeNextLocked(Item* item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanTakeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PopAckedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ClientCounters WireCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogOnce(const std::string& key, const std::string& message);
@@ -171,16 +161,18 @@ class Sender {
   bool give_up_ ABSL_GUARDED_BY(mu_) = false;   // Close timed out: stop retrying
   bool connected_ ABSL_GUARDED_BY(mu_) = false;  // hello acked on the current stream
   bool broken_ ABSL_GUARDED_BY(mu_) = false;     // the current stream's reader ended
+  bool stream_was_accepted_ ABSL_GUARDED_BY(mu_) = false;  // the last stream got a hello ack
   SenderCounters counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> logged_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> free_buffers_ ABSL_GUARDED_BY(mu_);  // sent tensors' buffers
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // The spill file: an unlinked temporary file, appended to while items
-  // reference it, truncated once none does.
-  int spill_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  // While the spill file holds records, every new item goes there too, so
+  // the order of steps is kept: the memory queue is sent first, then the
+  // spill file, oldest record first.
+  std::unique_ptr<SpillFile> spill_ ABSL_GUARDED_BY(mu_);
   bool spill_failed_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t spill_end_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t spilled_items_ ABSL_GUARDED_BY(mu_) = 0;
+  // The job end waits until the queue and the spill file are empty.
+  std::optional<Item> job_end_item_ ABSL_GUARDED_BY(mu_);
 
   grpc::ClientContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;
 

@@ -136,8 +136,12 @@ void RuleRunner::Publish(size_t index, const std::vector<v1::Action>& actions) {
     absl::MutexLock lock(&mu_);
     snapshot_[index] = inst.result;
   }
-  for (const v1::Action& a : actions) sink_->OnAction(a);
+  // The verdict is stored before its actions are taken: a collector killed
+  // in between finds the final verdict on restart and does not act again
+  // (at most once; a StopTraining still reaches workers that reconnect,
+  // from the stored verdict).
   sink_->OnResult(inst.result);
+  for (const v1::Action& a : actions) sink_->OnAction(a);
 }
 
 void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick,

@@ -1,6 +1,7 @@
 #include "server/collector_service.h"
 
 #include <deque>
+#include <optional>
 #include <utility>
 
 #include "common/grpc_status.h"
@@ -18,6 +19,11 @@ class IngestReactor final
   void Begin() { Read(); }
 
   void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finishing_) return;  // aborted meanwhile: nothing more is processed
+      if (ok) in_storage_ = true;  // cleared by AfterStorage if no storage work follows
+    }
     if (!ok) {
       // The client half-closed or the stream broke. An open step is dropped.
       FinishOnce(grpc::Status::OK);
@@ -26,18 +32,18 @@ class IngestReactor final
     auto next = session_.OnMessage(in_);
     if (!next.ok()) {
       LOG(WARNING) << "ending stream: " << next.status();
-      FinishOnce(ToGrpcStatus(next.status()));
+      AfterStorage(ToGrpcStatus(next.status()));
       return;
     }
     switch (*next) {
       case IngestSession::Next::kRead:
-        Read();
+        AfterStorage();
         return;
       case IngestSession::Next::kHello:
         service_->storage_pool_->Schedule([this] {
           auto joined = session_.Join(this);
           if (!joined.ok()) {
-            FinishOnce(ToGrpcStatus(joined.status()));
+            AfterStorage(ToGrpcStatus(joined.status()));
             return;
           }
           v1::ServerMessage ack;
@@ -48,7 +54,7 @@ class IngestReactor final
             *stop.mutable_action() = *joined->pending_stop;
             Send(stop);
           }
-          Read();
+          AfterStorage();
         });
         return;
       case IngestSession::Next::kCommit:
@@ -58,13 +64,13 @@ class IngestReactor final
           auto ack = end ? session_.EndJob() : session_.Commit();
           if (!ack.ok()) {
             LOG(WARNING) << "ending stream: " << ack.status();
-            FinishOnce(ToGrpcStatus(ack.status()));
+            AfterStorage(ToGrpcStatus(ack.status()));
             return;
           }
           v1::ServerMessage msg;
           *msg.mutable_ack() = *ack;
           Send(msg);
-          Read();
+          AfterStorage();
         });
         return;
       }
@@ -101,8 +107,33 @@ class IngestReactor final
     }
   }
 
+  // Ends the stream. While the session is busy (a message being processed
+  // or storage work in flight) the end waits for it: the reactor must not
+  // be done (and deleted) under its feet.
   void FinishOnce(grpc::Status status) {
     absl::MutexLock lock(&mu_);
+    if (in_storage_) {
+      if (!deferred_finish_.has_value()) deferred_finish_ = std::move(status);
+      return;
+    }
+    FinishLocked(std::move(status));
+  }
+
+  // The session's work for the last message is done: read the next one, or
+  // end the stream (with `error`, or a finish that arrived meanwhile).
+  void AfterStorage(std::optional<grpc::Status> error = std::nullopt) {
+    absl::MutexLock lock(&mu_);
+    in_storage_ = false;
+    if (error.has_value()) {
+      FinishLocked(std::move(*error));
+    } else if (deferred_finish_.has_value()) {
+      FinishLocked(std::move(*deferred_finish_));
+    } else if (!finishing_) {
+      StartRead(&in_);
+    }
+  }
+
+  void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finishing_) return;
     finishing_ = true;
     final_status_ = std::move(status);
@@ -136,6 +167,8 @@ class IngestReactor final
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool in_storage_ ABSL_GUARDED_BY(mu_) = false;  // the session is working on a message
+  std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 

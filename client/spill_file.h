@@ -1,0 +1,63 @@
+// The sender's spill file: a FIFO of queued tensors and step ends on local
+// disk, used while the send queue's memory is full (backpressure policy
+// "spill"). Records are appended at the tail and read back in order from
+// the head; once every record has been read the file is truncated, so the
+// disk space comes back. The file is created in a directory and unlinked at
+// once: it never outlives the process, whatever happens to it. Each record
+// carries a CRC-32C; a record that does not read back intact is reported
+// (DataLoss), never sent. Not thread-safe (the sender guards it).
+#ifndef SONDE_CLIENT_SPILL_FILE_H_
+#define SONDE_CLIENT_SPILL_FILE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "client/queued_tensor.h"
+#include "proto/collector.pb.h"
+
+namespace sonde {
+
+// One spilled item: a tensor (values included) or a step end.
+struct SpillRecord {
+  bool is_step_end = false;
+  QueuedTensor tensor;
+  v1::StepEnd step_end;
+};
+
+class SpillFile {
+ public:
+  // Creates the (unlinked) file in `dir`.
+  static absl::StatusOr<std::unique_ptr<SpillFile>> Create(const std::string& dir,
+                                                           uint64_t max_bytes);
+  ~SpillFile();
+
+  // ResourceExhausted when the record would pass max_bytes; Internal for a
+  // failed write (the file is then unchanged as far as readers go).
+  // Device tensors (tensor.pending set) cannot be spilled: InvalidArgument.
+  absl::Status Append(const SpillRecord& record);
+  // The oldest unread record. DataLoss if it does not read back intact (it
+  // is skipped); FailedPrecondition when there is none.
+  absl::StatusOr<SpillRecord> ReadNext();
+  // Bytes of the next record (0 if none): what reading it will hold in memory.
+  uint64_t NextSize() const;
+
+  uint64_t records() const { return sizes_.size(); }  // appended, not yet read
+  uint64_t file_bytes() const { return end_; }
+
+ private:
+  SpillFile(int fd, uint64_t max_bytes) : fd_(fd), max_bytes_(max_bytes) {}
+  absl::StatusOr<SpillRecord> ReadAt(uint64_t at, uint64_t size) const;
+
+  const int fd_;
+  const uint64_t max_bytes_;
+  uint64_t end_ = 0;   // append offset
+  uint64_t head_ = 0;  // read offset
+  std::deque<uint64_t> sizes_;  // of the unread records, oldest first
+};
+
+}  // namespace sonde
+
+#endif  // SONDE_CLIENT_SPILL_FILE_H_

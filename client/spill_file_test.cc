@@ -1,0 +1,124 @@
+#include "client/spill_file.h"
+
+#include <sys/stat.h>
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::IsOk;
+using ::sonde::testing::StatusIs;
+using ::sonde::testing::TempDir;
+
+SpillRecord Tensor(const std::string& name, int64_t step, size_t bytes) {
+  SpillRecord r;
+  r.tensor.name = name;
+  r.tensor.collections = {"weights", "rule:x"};
+  r.tensor.dtype = v1::DTYPE_F32;
+  r.tensor.shape = {static_cast<int64_t>(bytes / 4)};
+  r.tensor.step = step;
+  r.tensor.mode = v1::MODE_EVAL;
+  r.tensor.mode_step = step / 2;
+  r.tensor.send_values = step % 2 == 0;
+  r.tensor.histogram = true;
+  r.tensor.histogram_spec = ExponentialSpec(-8, 8, 2);
+  r.tensor.bytes.resize(bytes);
+  for (size_t i = 0; i < bytes; ++i) r.tensor.bytes[i] = static_cast<char>(i * 7 + step);
+  return r;
+}
+
+SpillRecord StepEnd(int64_t step) {
+  SpillRecord r;
+  r.is_step_end = true;
+  r.step_end.set_step(step);
+  r.step_end.set_tensors_dropped(3);
+  return r;
+}
+
+TEST(SpillFile, RecordsComeBackInOrderAndIntactAndTheFileEmptiesWhenDrained) {
+  TempDir dir;
+  auto file = SpillFile::Create(dir.path(), 1 << 20);
+  ASSERT_THAT(file, IsOk());
+  SpillFile& f = **file;
+  for (int step = 0; step < 5; ++step) {
+    SONDE_ASSERT_OK(f.Append(Tensor("w", step, 1000 + step)));
+    SONDE_ASSERT_OK(f.Append(StepEnd(step)));
+  }
+  EXPECT_EQ(f.records(), 10u);
+  EXPECT_GT(f.file_bytes(), 5000u);
+  for (int step = 0; step < 5; ++step) {
+    EXPECT_GT(f.NextSize(), 1000u);
+    auto t = f.ReadNext();
+    ASSERT_THAT(t, IsOk());
+    const SpillRecord want = Tensor("w", step, 1000 + step);
+    EXPECT_FALSE(t->is_step_end);
+    EXPECT_EQ(t->tensor.name, want.tensor.name);
+    EXPECT_EQ(t->tensor.collections, want.tensor.collections);
+    EXPECT_EQ(t->tensor.dtype, want.tensor.dtype);
+    EXPECT_EQ(t->tensor.shape, want.tensor.shape);
+    EXPECT_EQ(t->tensor.step, step);
+    EXPECT_EQ(t->tensor.mode, v1::MODE_EVAL);
+    EXPECT_EQ(t->tensor.mode_step, step / 2);
+    EXPECT_EQ(t->tensor.send_values, want.tensor.send_values);
+    EXPECT_TRUE(t->tensor.histogram);
+    EXPECT_EQ(t->tensor.histogram_spec.kind, want.tensor.histogram_spec.kind);
+    EXPECT_EQ(t->tensor.histogram_spec.min_exponent, -8);
+    EXPECT_EQ(t->tensor.bytes, want.tensor.bytes);
+    auto e = f.ReadNext();
+    ASSERT_THAT(e, IsOk());
+    EXPECT_TRUE(e->is_step_end);
+    EXPECT_EQ(e->step_end.step(), step);
+    EXPECT_EQ(e->step_end.tensors_dropped(), 3u);
+  }
+  EXPECT_EQ(f.records(), 0u);
+  EXPECT_EQ(f.file_bytes(), 0u);  // truncated: the disk space is back
+  EXPECT_THAT(f.ReadNext(), StatusIs(absl::StatusCode::kFailedPrecondition, "no spilled"));
+  // It is usable again after draining.
+  SONDE_ASSERT_OK(f.Append(StepEnd(9)));
+  auto again = f.ReadNext();
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->step_end.step(), 9);
+}
+
+TEST(SpillFile, TheFileIsUnlinkedAtOnce) {
+  TempDir dir;
+  auto file = SpillFile::Create(dir.path(), 1 << 20);
+  ASSERT_THAT(file, IsOk());
+  SONDE_ASSERT_OK((*file)->Append(Tensor("w", 0, 4096)));
+  EXPECT_EQ(std::system(("test -z \"$(ls -A " + dir.path() + ")\"").c_str()), 0);
+}
+
+TEST(SpillFile, AppendPastTheLimitIsResourceExhaustedAndLeavesEarlierRecords) {
+  TempDir dir;
+  auto file = SpillFile::Create(dir.path(), 3000);
+  ASSERT_THAT(file, IsOk());
+  SONDE_ASSERT_OK((*file)->Append(Tensor("a", 0, 2000)));
+  EXPECT_THAT((*file)->Append(Tensor("b", 1, 2000)),
+              StatusIs(absl::StatusCode::kResourceExhausted, "limit"));
+  EXPECT_EQ((*file)->records(), 1u);
+  auto a = (*file)->ReadNext();
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(a->tensor.name, "a");
+}
+
+TEST(SpillFile, DeviceTensorsAreRefused) {
+  TempDir dir;
+  auto file = SpillFile::Create(dir.path(), 1 << 20);
+  ASSERT_THAT(file, IsOk());
+  SpillRecord r = Tensor("d", 0, 16);
+  r.tensor.pending = std::make_shared<PendingDeviceTensor>();
+  EXPECT_THAT((*file)->Append(r), StatusIs(absl::StatusCode::kInvalidArgument, "device"));
+}
+
+TEST(SpillFile, AMissingDirectoryIsUnavailable) {
+  EXPECT_THAT(SpillFile::Create("/nonexistent/sonde", 1 << 20).status(),
+              StatusIs(absl::StatusCode::kUnavailable, "cannot create"));
+}
+
+}  // namespace
+}  // namespace sonde
