@@ -8,6 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
+#include "common/metrics/metrics.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace sonde::rules {
@@ -16,6 +18,56 @@ namespace {
 // InProgress results are republished this often (in evaluated steps), so
 // readers see progress without a write per step per rule.
 constexpr int64_t kProgressEvery = 50;
+
+// Operators' view of every runner in the process (metrics::Registry::Default()).
+struct RuleMetrics {
+  metrics::Family<metrics::Histogram>* evaluation_seconds;
+  metrics::Counter* results[v1::RuleStatus_ARRAYSIZE] = {};
+  metrics::Counter* actions[v1::ActionType_ARRAYSIZE] = {};
+  metrics::Gauge* steps_queued;
+};
+
+const RuleMetrics& Metrics() {
+  static const RuleMetrics* const m = [] {
+    metrics::Registry& r = metrics::Registry::Default();
+    auto* out = new RuleMetrics();
+    out->evaluation_seconds = r.AddHistogramFamily(
+        "sonde_rule_evaluation_seconds",
+        "Time one rule took to judge one step, a clock tick or the end of training, by rule "
+        "type.",
+        metrics::LatencyBuckets(), {"rule_type"});
+    auto* results = r.AddCounterFamily(
+        "sonde_rule_results_total",
+        "Rule results published (stored and shown to watchers), by status; InProgress ones "
+        "are progress reports.",
+        {"status"});
+    for (int s = v1::RULE_STATUS_IN_PROGRESS; s <= v1::RuleStatus_MAX; ++s) {
+      const auto status = static_cast<v1::RuleStatus>(s);
+      out->results[s] = results->Get({std::string(RuleStatusName(status))});
+    }
+    out->results[v1::RULE_STATUS_UNSPECIFIED] = results->Get({"Unspecified"});
+    auto* actions = r.AddCounterFamily(
+        "sonde_rule_actions_total",
+        "Actions the collector's rules fired, by type (StopTraining, Log, Webhook).", {"type"});
+    const char* kActionNames[] = {"Unspecified", "StopTraining", "Log", "Webhook"};
+    for (int a = 0; a < v1::ActionType_ARRAYSIZE; ++a) {
+      out->actions[a] = actions->Get({a < 4 ? kActionNames[a] : "Other"});
+    }
+    out->steps_queued = r.AddGauge(
+        "sonde_rule_steps_queued",
+        "Steps handed to rules and not yet evaluated, summed over every rule of every job.");
+    return out;
+  }();
+  return *m;
+}
+
+void CountPublished(const v1::RuleResult& result, const std::vector<v1::Action>& actions) {
+  const RuleMetrics& m = Metrics();
+  if (v1::RuleStatus_IsValid(result.status())) m.results[result.status()]->Increment();
+  for (const v1::Action& a : actions) {
+    if (v1::ActionType_IsValid(a.type())) m.actions[a.type()]->Increment();
+  }
+}
 
 }  // namespace
 
@@ -55,6 +107,7 @@ absl::StatusOr<std::unique_ptr<RuleRunner>> RuleRunner::Create(
       if (p.status() == v1::RULE_STATUS_IN_PROGRESS) inst->cursor = p.step();
     }
     inst->strand = std::make_unique<Strand>(pool);
+    inst->evaluation_seconds = Metrics().evaluation_seconds->Get({spec.rule_type()});
     runner->instances_.push_back(std::move(inst));
   }
   absl::MutexLock lock(&runner->mu_);
@@ -83,9 +136,11 @@ void RuleRunner::SubmitStep(StepData step) {
       });
       continue;
     }
+    Metrics().steps_queued->Increment();
     inst.strand->Post([this, i, shared] {
       Evaluate(i, shared.get());
       instances_[i]->backlog.fetch_sub(1);
+      Metrics().steps_queued->Decrement();
     });
   }
 }
@@ -132,6 +187,7 @@ std::vector<v1::RuleResult> RuleRunner::Results() const {
 void RuleRunner::Publish(size_t index, const std::vector<v1::Action>& actions) {
   Instance& inst = *instances_[index];
   inst.result.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
+  CountPublished(inst.result, actions);
   {
     absl::MutexLock lock(&mu_);
     snapshot_[index] = inst.result;
@@ -159,6 +215,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
                  : tick.has_value()       ? inst.rule->OnTick(*tick)
                                           : inst.rule->OnJobEnd();
   const absl::Duration took = absl::Now() - start;
+  inst.evaluation_seconds->ObserveDuration(took);
   if (step != nullptr) {
     r.set_steps_evaluated(r.steps_evaluated() + 1);
     r.set_step(step->step);

@@ -25,6 +25,10 @@
 #include "rules/rule.h"
 #include "rules/rule_factory.h"
 
+namespace sonde::metrics {
+class Histogram;
+}  // namespace sonde::metrics
+
 namespace sonde::rules {
 
 // Where results and actions go (the collector persists and broadcasts).
@@ -85,6 +89,7 @@ class RuleRunner {
     std::unique_ptr<Strand> strand;
     int64_t cursor = -1;  // steps <= cursor were evaluated before a restart
     std::atomic<int64_t> backlog{0};
+    metrics::Histogram* evaluation_seconds = nullptr;  // this rule type's series
     std::atomic<bool> stopped_feeding{false};
   };
 
