@@ -2,118 +2,22 @@
 
 #include <cmath>
 #include <limits>
-#include <map>
-#include <regex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/exposition.h"
 
 namespace sonde::metrics {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::sonde::testing::ExpositionProblems;
 
 std::string Render(const Registry& r) { return RenderText(r.Collect()); }
-
-std::string StripCommas(std::string s) {
-  while (!s.empty() && s.back() == ',') s.pop_back();
-  while (!s.empty() && s.front() == ',') s.erase(0, 1);
-  return s;
-}
-
-// Checks `text` against the rules of the text format 0.0.4 that a parser
-// enforces: every line ends in \n; comments are HELP or TYPE of a valid name;
-// one TYPE per family, before its samples; samples are
-// name{label="escaped",...} value, with a known value syntax; a family's
-// samples are contiguous; histograms' buckets are cumulative, sorted by le,
-// end with le="+Inf" equal to _count, and come with _sum and _count.
-// Returns the problems found (empty: valid).
-std::vector<std::string> FormatProblems(const std::string& text) {
-  std::vector<std::string> problems;
-  if (!text.empty() && text.back() != '\n') problems.push_back("no final newline");
-  static const std::regex kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*))");
-  static const std::regex kType(
-      R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped))");
-  static const std::regex kSample(
-      R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*",?)*)\})? ([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|Inf)|NaN))");
-  static const std::regex kLe(R"(le="([^"]*)\")");
-  std::map<std::string, std::string> types;
-  std::set<std::string> finished;  // families whose samples have ended
-  std::string current;
-  // Per histogram series (labels without le): last le, last count, +Inf.
-  std::map<std::string, std::pair<double, double>> buckets;
-  std::map<std::string, double> inf_count, count;
-  for (const std::string& line :
-       std::vector<std::string>(absl::StrSplit(text, '\n', absl::SkipEmpty()))) {
-    std::smatch m;
-    if (std::regex_match(line, m, kHelp)) continue;
-    if (std::regex_match(line, m, kType)) {
-      if (types.count(m[1])) problems.push_back("second TYPE for " + m[1].str());
-      types[m[1]] = m[2];
-      continue;
-    }
-    if (line[0] == '#') {
-      problems.push_back("bad comment: " + line);
-      continue;
-    }
-    if (!std::regex_match(line, m, kSample)) {
-      problems.push_back("bad sample: " + line);
-      continue;
-    }
-    std::string name = m[1];
-    std::string family = name;
-    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
-      const std::string s = suffix;
-      if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
-          types[name.substr(0, name.size() - s.size())] == "histogram") {
-        family = name.substr(0, name.size() - s.size());
-      }
-    }
-    if (!types.count(family)) problems.push_back("sample before TYPE: " + line);
-    if (family != current) {
-      if (finished.count(family)) problems.push_back("family not contiguous: " + family);
-      if (!current.empty()) finished.insert(current);
-      current = family;
-    }
-    if (types[family] != "histogram") continue;
-    std::string labels = m[3];
-    const double value = std::stod(m[4]);
-    if (name == family + "_bucket") {
-      std::smatch le;
-      if (!std::regex_search(labels, le, kLe)) {
-        problems.push_back("bucket without le: " + line);
-        continue;
-      }
-      const double bound = le[1] == "+Inf" ? std::numeric_limits<double>::infinity()
-                                           : std::stod(le[1]);
-      const std::string key = StripCommas(std::regex_replace(labels, kLe, ""));
-      auto it = buckets.find(key);
-      if (it != buckets.end()) {
-        if (!(it->second.first < bound)) problems.push_back("le not increasing: " + line);
-        if (value < it->second.second) problems.push_back("buckets not cumulative: " + line);
-      }
-      buckets[key] = {bound, value};
-      if (std::isinf(bound)) inf_count[key] = value;
-    } else if (name == family + "_count") {
-      count[StripCommas(labels)] = value;
-    }
-  }
-  for (const auto& [key, c] : count) {
-    auto inf = inf_count.find(key);
-    if (inf == inf_count.end()) {
-      problems.push_back("histogram without +Inf bucket: {" + key + "}");
-    } else if (inf->second != c) {
-      problems.push_back("+Inf bucket differs from _count for {" + key + "}");
-    }
-  }
-  return problems;
-}
 
 TEST(RenderText, CounterHasHelpTypeAndIntegerValue) {
   Registry r;
@@ -152,7 +56,7 @@ TEST(RenderText, EscapesLabelValuesBackslashQuoteAndNewline) {
   Registry r;
   r.AddGaugeFamily("g", "G.", {"path"})->Get({"C:\\dir \"x\"\nnext"})->Set(1);
   EXPECT_THAT(Render(r), HasSubstr("g{path=\"C:\\\\dir \\\"x\\\"\\nnext\"} 1\n"));
-  EXPECT_THAT(FormatProblems(Render(r)), ::testing::IsEmpty());
+  EXPECT_THAT(ExpositionProblems(Render(r)), ::testing::IsEmpty());
 }
 
 TEST(RenderText, EscapesHelpBackslashAndNewlineButNotQuotes) {
@@ -177,7 +81,7 @@ TEST(RenderText, GaugeValuesUseExpositionNumberSyntax) {
   EXPECT_THAT(text, HasSubstr("g{v=\"ninf\"} -Inf\n"));
   EXPECT_THAT(text, HasSubstr("g{v=\"tenth\"} 0.1\n"));
   EXPECT_THAT(text, HasSubstr("g{v=\"big\"} 1.5e+20\n"));
-  EXPECT_THAT(FormatProblems(text), ::testing::IsEmpty());
+  EXPECT_THAT(ExpositionProblems(text), ::testing::IsEmpty());
 }
 
 TEST(FormatValue, ShortestExactForm) {
@@ -223,7 +127,7 @@ TEST(RenderText, UnlabelledHistogramHasOnlyLe) {
   EXPECT_THAT(text, HasSubstr("lat_seconds_bucket{le=\"+Inf\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("lat_seconds_sum 0.003\n"));
   EXPECT_THAT(text, HasSubstr("lat_seconds_count 1\n"));
-  EXPECT_THAT(FormatProblems(text), ::testing::IsEmpty());
+  EXPECT_THAT(ExpositionProblems(text), ::testing::IsEmpty());
 }
 
 TEST(Histogram, NanGoesToTheInfBucket) {
@@ -365,20 +269,20 @@ TEST(RenderText, MixedRegistryPassesTheFormatRules) {
     return std::vector<Sample>{{{"default"}, 1e9}, {{"x\"y"}, 0.5}};
   });
   const std::string text = Render(r);
-  EXPECT_THAT(FormatProblems(text), ::testing::IsEmpty()) << text;
+  EXPECT_THAT(ExpositionProblems(text), ::testing::IsEmpty()) << text;
 }
 
-TEST(FormatProblems, CatchesBrokenExpositions) {
+TEST(ExpositionProblems, CatchesBrokenExpositions) {
   // The checker itself must reject what the format forbids.
-  EXPECT_THAT(FormatProblems("a 1"), Not(::testing::IsEmpty()));
-  EXPECT_THAT(FormatProblems("a 1\n"), Not(::testing::IsEmpty()));  // no TYPE
-  EXPECT_THAT(FormatProblems("# TYPE a gauge\na{x=\"\"\"} 1\n"), Not(::testing::IsEmpty()));
-  EXPECT_THAT(FormatProblems("# TYPE h histogram\nh_bucket{le=\"1\"} 2\n"
+  EXPECT_THAT(ExpositionProblems("a 1"), Not(::testing::IsEmpty()));
+  EXPECT_THAT(ExpositionProblems("a 1\n"), Not(::testing::IsEmpty()));  // no TYPE
+  EXPECT_THAT(ExpositionProblems("# TYPE a gauge\na{x=\"\"\"} 1\n"), Not(::testing::IsEmpty()));
+  EXPECT_THAT(ExpositionProblems("# TYPE h histogram\nh_bucket{le=\"1\"} 2\n"
                              "h_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n"),
               Not(::testing::IsEmpty()));
-  EXPECT_THAT(FormatProblems("# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n"),
+  EXPECT_THAT(ExpositionProblems("# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n"),
               Not(::testing::IsEmpty()));
-  EXPECT_THAT(FormatProblems("# TYPE a gauge\n# TYPE b gauge\na 1\nb 1\na 2\n"),
+  EXPECT_THAT(ExpositionProblems("# TYPE a gauge\n# TYPE b gauge\na 1\nb 1\na 2\n"),
               Not(::testing::IsEmpty()));
 }
 
@@ -402,7 +306,7 @@ TEST(Counter, ConcurrentIncrementsAreAllCounted) {
   EXPECT_EQ(f->Get({"x"})->value(), 80000u);
   EXPECT_EQ(h->snapshot().count, 80000u);
   EXPECT_EQ(h->snapshot().sum, 40000);
-  EXPECT_THAT(FormatProblems(during), ::testing::IsEmpty());
+  EXPECT_THAT(ExpositionProblems(during), ::testing::IsEmpty());
 }
 
 TEST(Registry, DefaultIsOneProcessWideRegistry) {
