@@ -11,6 +11,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/collector_service.h"
 #include "server/job_registry.h"
+#include "server/operator_views.h"
 #include "server/query_service.h"
 #include "server/store_rule_environment.h"
 #include "server/webhook_notifier.h"
@@ -37,6 +38,10 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   }
   std::unique_ptr<Collector> c(new Collector());
   c->shutdown_grace_ = options.shutdown_grace;
+  auto views = OperatorViews::Start(options.metrics_listen);  // probes answer from now on
+  if (!views.ok()) return views.status();
+  c->views_ = std::move(*views);
+  c->metrics_address_ = c->views_->address();
   c->rule_factory_ = rules::RuleFactory::WithBuiltins();
   for (const std::string& plugin : options.rule_plugins) {
     absl::Status loaded = rules::LoadRulePlugin(plugin, *c->rule_factory_);
@@ -49,6 +54,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   auto store = storage::Store::Open(store_options);
   if (!store.ok()) return store.status();
   c->store_ = std::move(*store);
+  c->views_->StoreOpened(c->store_.get());
   c->rule_environment_ = std::make_unique<StoreRuleEnvironment>(c->store_.get());
   c->rule_factory_->SetEnvironment(c->rule_environment_.get());
   for (const v1::RuleSpec& spec : options.default_rules) {
@@ -70,6 +76,8 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   c->storage_pool_ = std::make_unique<ThreadPool>(options.storage_threads, 4096);
   c->rule_pool_ = std::make_unique<ThreadPool>(options.rule_threads, 4096);
   c->webhooks_ = std::make_unique<WebhookNotifier>(options.webhooks);
+  c->views_->BindPools(c->storage_pool_.get(), c->rule_pool_.get());
+  c->views_->BindWebhooks(c->webhooks_.get());
   c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),
                                                c->rule_factory_.get(), options.default_rules,
                                                options.step_wait, c->webhooks_.get());
@@ -89,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   builder.SetMaxSendMessageSize(max_message);
   builder.RegisterService(c->collector_service_.get());
   builder.RegisterService(c->query_service_.get());
+  builder.experimental().SetInterceptorCreators(OperatorViews::Interceptors());
   c->server_ = builder.BuildAndStart();
   if (c->server_ == nullptr || port == 0) {
     c->server_.reset();
@@ -96,13 +105,14 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   }
   const size_t colon = options.listen.rfind(':');
   c->address_ = absl::StrCat(options.listen.substr(0, colon), ":", port);
-  c->server_->GetHealthCheckService()->SetServingStatus(true);
+  c->views_->ServerStarted(c->server_.get());  // health NOT_SERVING until Serving()
   if (options.retention.enabled()) {
     auto retention =
         RetentionThread::Start(options.retention, c->store_.get(), c->registry_.get());
     if (!retention.ok()) return retention.status();
     c->retention_ = std::move(*retention);
   }
+  c->views_->Serving();
   LOG(INFO) << "collector listening on " << c->address_ << ", data in " << options.data_dir;
   return c;
 }
@@ -115,6 +125,7 @@ void Collector::Shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  if (views_ != nullptr) views_->ShuttingDown();  // /readyz and gRPC health first
   retention_.reset();  // before the registry and the store it deletes from
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
@@ -126,12 +137,14 @@ void Collector::Shutdown() {
   }
   // Order matters: rules (which write results) before the store closes.
   if (registry_ != nullptr) registry_->DrainRules();
+  if (views_ != nullptr) views_->Unbind();  // its gauges read the pools, webhooks, store
   storage_pool_.reset();
   registry_.reset();
   rule_pool_.reset();
   webhooks_.reset();
   server_.reset();
   store_.reset();
+  views_.reset();
   LOG(INFO) << "collector stopped";
 }
 

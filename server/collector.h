@@ -35,12 +35,17 @@ namespace sonde::server {
 
 class CollectorService;
 class JobRegistry;
+class OperatorViews;
 class QueryService;
 
 struct CollectorOptions {
   // host:port to listen on. Port 0 picks a free port (see address()).
   // Default: loopback only.
   std::string listen = "127.0.0.1:7070";
+  // host:port of the HTTP endpoint for operators: /metrics (Prometheus),
+  // /healthz, /readyz (server/operator_views.h). Port 0 picks a free port
+  // (see metrics_address()). Default empty: no endpoint.
+  std::string metrics_listen;
   // Directory of the RocksDB database; created if missing. Required.
   std::string data_dir;
   // fsync every commit (see storage::Store::Options). Default false.
@@ -78,6 +83,8 @@ class Collector {
 
   // The address actually listened on, e.g. "127.0.0.1:40123".
   const std::string& address() const { return address_; }
+  // The metrics endpoint's address, e.g. "127.0.0.1:9464"; empty when off.
+  const std::string& metrics_address() const { return metrics_address_; }
 
   // Stops accepting, ends open streams (acknowledged data stays stored),
   // waits for rules to finish what they were given, closes the store.
@@ -88,6 +95,8 @@ class Collector {
   Collector() = default;
 
   std::string address_;
+  std::string metrics_address_;
+  std::unique_ptr<OperatorViews> views_;
   std::unique_ptr<rules::RuleFactory> rule_factory_;
   std::unique_ptr<storage::Store> store_;
   std::unique_ptr<rules::RuleEnvironment> rule_environment_;

@@ -19,6 +19,9 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to listen on; port 0 picks a free port. Use 0.0.0.0:PORT to accept "
           "clients from other hosts.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port of the HTTP endpoint for operators (/metrics in Prometheus format, "
+          "/healthz, /readyz), e.g. 127.0.0.1:9464; port 0 picks a free port. Empty: off");
 ABSL_FLAG(std::string, data_dir, "sonde-data", "directory of the RocksDB database");
 ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecreasing",
           "rules run for every job: 'Type(key=value,...);...'; keys 'name' and 'actions' "
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
   sonde::server::CollectorOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   options.limits.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
