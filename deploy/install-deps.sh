@@ -9,6 +9,7 @@ PACKAGES=(
   librocksdb-dev libabsl-dev libgoogle-glog-dev libgflags-dev nlohmann-json3-dev
   libcurl4-openssl-dev python3-grpcio python3-protobuf python3-numpy
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-dev
 )
 
 missing=()
