@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
+#include "rocksdb/write_buffer_manager.h"
 #include "rocksdb/table.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/write_batch.h"
@@ -72,12 +73,18 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const Options& options) {
   db_options.create_missing_column_families = true;
   db_options.IncreaseParallelism(2);
   db_options.max_background_jobs = 2;
+  db_options.write_buffer_manager =
+      std::make_shared<rocksdb::WriteBufferManager>(options.memtable_bytes);
 
   rocksdb::ColumnFamilyOptions cf_options;
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  cf_options.OptimizeLevelStyleCompaction();
+  // Per family: memtables of a quarter of the budget (RocksDB's default
+  // here is 128 MiB each, up to 6 of them, per family).
+  cf_options.OptimizeLevelStyleCompaction(options.memtable_bytes);
+  cf_options.write_buffer_size = std::max<uint64_t>(options.memtable_bytes / 4, 4 << 20);
+  cf_options.max_write_buffer_number = 3;
 
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   families.emplace_back(rocksdb::kDefaultColumnFamilyName, cf_options);

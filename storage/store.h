@@ -81,6 +81,10 @@ class Store {
     uint64_t payload_piece_bytes = 1 << 20;
     // RocksDB block cache. Default 64 MiB.
     uint64_t block_cache_bytes = 64 << 20;
+    // Memtables of every column family together (RocksDB's write buffer
+    // manager flushes once they pass it): bounds the collector's memory
+    // under heavy ingest. Default 128 MiB.
+    uint64_t memtable_bytes = 128 << 20;
   };
 
   static absl::StatusOr<std::unique_ptr<Store>> Open(const Options& options);
