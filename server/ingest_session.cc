@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
+#include "common/metrics/metrics.h"
 #include "cuda/histogram.h"
 #include "cuda/statistics.h"
 #include "common/status_macros.h"
@@ -31,6 +35,76 @@ absl::Status CheckStatisticsFit(const v1::Statistics& stats, v1::DType dtype,
   }
   return absl::OkStatus();
 }
+
+// What clients report about themselves (ClientCounters, cumulative per
+// client) as process-wide counters for operators: each report adds what
+// changed since that client's previous one, across its reconnects.
+class ClientCounterMetrics {
+ public:
+  static ClientCounterMetrics& Get() {
+    static ClientCounterMetrics* const m = new ClientCounterMetrics();
+    return *m;
+  }
+
+  void Report(const std::string& job, int32_t worker, uint64_t client_id,
+              const v1::ClientCounters& now) {
+    v1::ClientCounters before;
+    {
+      absl::MutexLock lock(&mu_);
+      Last& last = last_[{job, worker}];
+      if (last.client_id == client_id) before = last.counters;
+      last.client_id = client_id;
+      last.counters = now;
+    }
+    auto add = [](metrics::Counter* c, uint64_t was, uint64_t is) {
+      if (is > was) c->Increment(is - was);
+    };
+    add(tensors_dropped_, before.tensors_dropped(), now.tensors_dropped());
+    add(steps_dropped_, before.steps_dropped(), now.steps_dropped());
+    add(tensors_spilled_, before.tensors_spilled(), now.tensors_spilled());
+    add(bytes_spilled_, before.bytes_spilled(), now.bytes_spilled());
+    add(messages_resent_, before.messages_resent(), now.messages_resent());
+    add(reconnects_, before.reconnects(), now.reconnects());
+  }
+
+  void Duplicate() { duplicate_steps_->Increment(); }
+
+ private:
+  struct Last {
+    uint64_t client_id = 0;
+    v1::ClientCounters counters;
+  };
+
+  ClientCounterMetrics() {
+    metrics::Registry& r = metrics::Registry::Default();
+    tensors_dropped_ = r.AddCounter("sonde_client_tensors_dropped_total",
+                                    "Tensors clients saved but dropped under backpressure "
+                                    "(as they report on step ends).");
+    steps_dropped_ = r.AddCounter("sonde_client_steps_dropped_total",
+                                  "Whole steps clients dropped under backpressure.");
+    tensors_spilled_ = r.AddCounter("sonde_client_tensors_spilled_total",
+                                    "Tensors clients spilled to their local spill file.");
+    bytes_spilled_ = r.AddCounter("sonde_client_spilled_bytes_total",
+                                  "Bytes of tensor values clients spilled to disk.");
+    messages_resent_ = r.AddCounter("sonde_client_messages_resent_total",
+                                    "Messages clients sent again after a broken stream.");
+    reconnects_ = r.AddCounter("sonde_client_reconnects_total",
+                               "Times clients reconnected to the collector.");
+    duplicate_steps_ = r.AddCounter("sonde_ingest_duplicate_steps_total",
+                                    "Resent steps the collector already had: acknowledged "
+                                    "as duplicates, not stored again.");
+  }
+
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, int32_t>, Last> last_ ABSL_GUARDED_BY(mu_);
+  metrics::Counter* tensors_dropped_;
+  metrics::Counter* steps_dropped_;
+  metrics::Counter* tensors_spilled_;
+  metrics::Counter* bytes_spilled_;
+  metrics::Counter* messages_resent_;
+  metrics::Counter* reconnects_;
+  metrics::Counter* duplicate_steps_;
+};
 
 }  // namespace
 
@@ -293,6 +367,11 @@ absl::StatusOr<v1::Ack> IngestSession::Commit() {
                          registry_->CommitStep(hello_.job(), hello_.worker(), stream_,
                                                std::move(write), step_end_.steps_dropped()));
   ack.set_duplicate(result.duplicate);
+  if (result.duplicate) ClientCounterMetrics::Get().Duplicate();
+  if (step_end_.has_counters()) {
+    ClientCounterMetrics::Get().Report(hello_.job(), hello_.worker(), hello_.client_id(),
+                                       step_end_.counters());
+  }
   last_step_ = std::max(last_step_, step);
   return ack;
 }
@@ -300,6 +379,10 @@ absl::StatusOr<v1::Ack> IngestSession::Commit() {
 absl::StatusOr<v1::Ack> IngestSession::EndJob() {
   SONDE_RETURN_IF_ERROR(registry_->EndJob(hello_.job(), hello_.worker(), job_end_.reason(),
                                          job_end_.steps_dropped()));
+  if (job_end_.has_counters()) {
+    ClientCounterMetrics::Get().Report(hello_.job(), hello_.worker(), hello_.client_id(),
+                                       job_end_.counters());
+  }
   v1::Ack ack;
   ack.set_acked_seq(job_end_seq_);
   ack.set_step(last_step_);

@@ -16,8 +16,10 @@
 #include "absl/time/clock.h"
 #include "client/hook.h"
 #include "client/query_client.h"
+#include "common/metrics/metrics.h"
 #include "gtest/gtest.h"
 #include "server/collector.h"
+#include "tests/testing/exposition.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tcp_proxy.h"
@@ -154,6 +156,13 @@ TEST(Reliability, AConnectionCutInTheMiddleOfATensorIsResentWhole) {
   EXPECT_EQ(c.tensors_dropped, 0u);
   auto q = QueryClient::Connect(collector.address());
   EXPECT_EQ(CheckStored(*q, "cut-mid-tensor", 6, 100000), 6);
+  // What the client reported on its step ends reaches the operators' metrics
+  // (the collector runs in this process: its default registry is ours).
+  const metrics::Registry* registries[] = {&metrics::Registry::Default()};
+  const auto samples = ::sonde::testing::ExpositionSamples(metrics::RenderText(registries));
+  EXPECT_GE(::sonde::testing::SampleOr0(samples, "sonde_client_messages_resent_total"),
+            static_cast<double>(c.messages_resent) - 1);  // the job end's resends may be unreported
+  EXPECT_GE(::sonde::testing::SampleOr0(samples, "sonde_client_reconnects_total"), 1.0);
 }
 
 // An address nothing listens on yet.
