@@ -25,6 +25,8 @@ namespace {
 // After the response, how long a connection may still send what we did not
 // read (so closing does not reset the connection under the response).
 constexpr absl::Duration kLinger = absl::Milliseconds(500);
+// Connections accepted per turn of the loop.
+constexpr int kAcceptBatch = 16;
 
 std::string Serialize(const HttpResponse& r, bool allow_get) {
   std::string out = absl::StrCat("HTTP/1.1 ", r.status, " ", ReasonPhrase(r.status), "\r\n",
@@ -298,7 +300,9 @@ void HttpServer::Loop() {
     conns = std::move(keep);
 
     if (fds[1].revents != 0) {
-      while (true) {
+      // A bounded batch, so clients that keep connecting cannot starve the
+      // open connections (their closes would go unnoticed and fill the table).
+      for (int batch = 0; batch < kAcceptBatch; ++batch) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
         if (conns.size() >= static_cast<size_t>(options_.max_connections)) {
