@@ -9,6 +9,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/auth.h"
+#include "server/authorizing_query_service.h"
 #include "server/collector_service.h"
 #include "server/job_registry.h"
 #include "server/operator_views.h"
@@ -31,12 +33,24 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir is required");
   if (options.listen.empty()) return absl::InvalidArgumentError("listen address is empty");
   if (absl::Status s = ValidateRetentionOptions(options.retention); !s.ok()) return s;
+  if (absl::Status s = CheckServerSecurity(options.listen, options.security); !s.ok()) {
+    return s;
+  }
+  auto credentials = MakeServerCredentials(options.security);
+  if (!credentials.ok()) return credentials.status();
+  std::unique_ptr<TokenTable> tokens;
+  if (options.security.auth()) {
+    auto table = TokenTable::FromFile(options.security.auth_tokens_file);
+    if (!table.ok()) return table.status();
+    tokens = std::move(*table);
+  }
   if (options.limits.max_chunk_bytes == 0 ||
       options.limits.max_chunk_bytes > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_chunk_bytes must be 1 byte to 1 GiB, got ", options.limits.max_chunk_bytes));
   }
   std::unique_ptr<Collector> c(new Collector());
+  c->tokens_ = std::move(tokens);
   c->shutdown_grace_ = options.shutdown_grace;
   auto views = OperatorViews::Start(options.metrics_listen);  // probes answer from now on
   if (!views.ok()) return views.status();
@@ -82,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
                                                c->rule_factory_.get(), options.default_rules,
                                                options.step_wait, c->webhooks_.get());
   c->collector_service_ = std::make_unique<CollectorService>(
-      c->registry_.get(), c->storage_pool_.get(), options.limits);
+      c->registry_.get(), c->storage_pool_.get(), options.limits, c->tokens_.get());
   c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get(),
                                                      c->rule_factory_.get());
 
@@ -90,7 +104,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, *credentials, &port);
   const int max_message =
       static_cast<int>(options.limits.max_chunk_bytes) + kMessageOverhead;
   builder.SetMaxReceiveMessageSize(max_message);
@@ -101,7 +115,13 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.SetMaxSendMessageSize(max_message);
   builder.RegisterService(c->collector_service_.get());
-  builder.RegisterService(c->query_service_.get());
+  if (c->tokens_ != nullptr) {
+    c->authorizing_query_service_ =
+        std::make_unique<AuthorizingQueryService>(c->tokens_.get(), c->query_service_.get());
+    builder.RegisterService(c->authorizing_query_service_.get());
+  } else {
+    builder.RegisterService(c->query_service_.get());
+  }
   builder.experimental().SetInterceptorCreators(OperatorViews::Interceptors());
   c->server_ = builder.BuildAndStart();
   if (c->server_ == nullptr || port == 0) {
@@ -118,7 +138,11 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
     c->retention_ = std::move(*retention);
   }
   c->views_->Serving();
-  LOG(INFO) << "collector listening on " << c->address_ << ", data in " << options.data_dir;
+  LOG(INFO) << "collector listening on " << c->address_ << ", data in " << options.data_dir
+            << (options.security.tls() ? ", TLS" : ", plaintext")
+            << (options.security.tls_client_ca_file.empty() ? "" : " with client certificates")
+            << (c->tokens_ != nullptr ? absl::StrCat(", ", c->tokens_->size(), " tokens")
+                                      : std::string(", no authentication"));
   return c;
 }
 

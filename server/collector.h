@@ -16,6 +16,7 @@
 #include "proto/rule.pb.h"
 #include "server/ingest_session.h"
 #include "server/retention.h"
+#include "server/security.h"
 #include "server/webhook_notifier.h"
 
 namespace grpc {
@@ -37,6 +38,8 @@ class CollectorService;
 class JobRegistry;
 class OperatorViews;
 class QueryService;
+class AuthorizingQueryService;
+class TokenTable;
 
 struct CollectorOptions {
   // host:port to listen on. Port 0 picks a free port (see address()).
@@ -71,6 +74,10 @@ struct CollectorOptions {
   // Deleting old jobs in the background (server/retention.h). Default: off,
   // every job is kept.
   RetentionOptions retention;
+  // TLS, client certificates, bearer tokens (server/security.h,
+  // server/auth.h). Default: plaintext, no authentication, which is only
+  // allowed on a loopback `listen`.
+  ServerSecurityOptions security;
 };
 
 class Collector {
@@ -106,6 +113,8 @@ class Collector {
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<CollectorService> collector_service_;
   std::unique_ptr<QueryService> query_service_;
+  std::unique_ptr<TokenTable> tokens_;  // null without authentication
+  std::unique_ptr<AuthorizingQueryService> authorizing_query_service_;  // likewise
   std::unique_ptr<RetentionThread> retention_;  // null when retention is off
   std::unique_ptr<grpc::Server> server_;
   absl::Duration shutdown_grace_;

@@ -17,6 +17,8 @@ class IngestReactor final
       : service_(service), session_(service->registry_, service->limits_) {}
 
   void Begin() { Read(); }
+  // The stream's token (null without authentication); set before Begin.
+  void SetGrant(const TokenGrant* grant) { grant_ = grant; }
 
   void OnReadDone(bool ok) override {
     {
@@ -40,6 +42,15 @@ class IngestReactor final
         AfterStorage();
         return;
       case IngestSession::Next::kHello:
+        if (grant_ != nullptr) {
+          absl::Status allowed = TokenTable::Check(*grant_, in_.hello().job(), Right::kWrite);
+          if (!allowed.ok()) {
+            LOG(WARNING) << "refused a stream (token fingerprint " << grant_->fingerprint
+                         << "): " << allowed.message();
+            AfterStorage(ToGrpcStatus(allowed));
+            return;
+          }
+        }
         service_->storage_pool_->Schedule([this] {
           auto joined = session_.Join(this);
           if (!joined.ok()) {
@@ -160,6 +171,7 @@ class IngestReactor final
   }
 
   CollectorService* const service_;
+  const TokenGrant* grant_ = nullptr;
   IngestSession session_;
   v1::ClientMessage in_;
   absl::Mutex mu_;
@@ -181,10 +193,15 @@ grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* CollectorService:
     closing = closing_;
     reactors_.insert(reactor);
   }
+  absl::StatusOr<const TokenGrant*> grant(static_cast<const TokenGrant*>(nullptr));
+  if (tokens_ != nullptr && !closing) grant = AuthenticateCall(*tokens_, *context);
   if (closing) {
     reactor->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                      "the collector is shutting down"));
+  } else if (!grant.ok()) {
+    reactor->FinishOnce(ToGrpcStatus(grant.status()));
   } else {
+    reactor->SetGrant(*grant);
     reactor->Begin();
   }
   return reactor;

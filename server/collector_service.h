@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/thread_pool.h"
 #include "proto/collector.grpc.pb.h"
+#include "server/auth.h"
 #include "server/ingest_session.h"
 #include "server/job_registry.h"
 
@@ -22,8 +23,11 @@ class IngestReactor;
 
 class CollectorService final : public v1::Collector::CallbackService {
  public:
-  CollectorService(JobRegistry* registry, ThreadPool* storage_pool, IngestLimits limits)
-      : registry_(registry), storage_pool_(storage_pool), limits_(limits) {}
+  // `tokens` non-null: a stream needs a known bearer token, and its hello's
+  // job needs the token's write right (server/auth.h). Not owned.
+  CollectorService(JobRegistry* registry, ThreadPool* storage_pool, IngestLimits limits,
+                   const TokenTable* tokens = nullptr)
+      : registry_(registry), storage_pool_(storage_pool), limits_(limits), tokens_(tokens) {}
 
   grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Stream(
       grpc::CallbackServerContext* context) override;
@@ -42,6 +46,7 @@ class CollectorService final : public v1::Collector::CallbackService {
   JobRegistry* const registry_;
   ThreadPool* const storage_pool_;
   const IngestLimits limits_;
+  const TokenTable* const tokens_;  // null: no authentication
   absl::Mutex mu_;
   std::set<IngestReactor*> reactors_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

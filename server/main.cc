@@ -46,6 +46,19 @@ ABSL_FLAG(absl::Duration, retention_max_age, absl::ZeroDuration(),
 ABSL_FLAG(uint64_t, retention_max_bytes, 0,
           "delete the jobs that ended first while the database is larger than this many "
           "bytes (RocksDB's estimate); 0: no size limit");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM file of the server's certificate chain; with --tls_key the collector serves "
+          "TLS only");
+ABSL_FLAG(std::string, tls_key, "", "PEM file of the server's private key (with --tls_cert)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM file of the CA(s) that sign client certificates: every client must present "
+          "one that verifies (mutual TLS). Needs --tls_cert");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "JSON file of bearer tokens (SHA-256 hashes), each with rights (read, write, admin) "
+          "on a project (job-name prefix) or a list of jobs; see docs/reliability.md. Empty: "
+          "no authentication");
+ABSL_FLAG(bool, allow_insecure, false,
+          "allow plaintext without --auth_tokens on an address that is not loopback");
 ABSL_FLAG(absl::Duration, retention_interval, absl::Minutes(10),
           "how often retention runs (it also runs at start) when a retention limit is set");
 
@@ -81,6 +94,16 @@ int main(int argc, char** argv) {
     options.retention.max_bytes = absl::GetFlag(FLAGS_retention_max_bytes);
   }
   options.retention.interval = absl::GetFlag(FLAGS_retention_interval);
+  options.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.security.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.security.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  options.security.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  if (absl::Status s = sonde::server::CheckServerSecurity(options.listen, options.security);
+      !s.ok()) {
+    std::cerr << "sonde-collector: " << s.message() << "\n";
+    return 2;
+  }
 
   const std::string rules_file = absl::GetFlag(FLAGS_rules_config);
   absl::StatusOr<std::vector<sonde::v1::RuleSpec>> rules;

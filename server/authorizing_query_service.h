@@ -1,0 +1,59 @@
+// The Query service behind bearer-token checks: every call is authenticated
+// against a TokenTable and authorized for the job it names before the
+// QueryService underneath sees it; ListJobs answers only the jobs the token
+// may read. Registered instead of the QueryService when the collector has
+// --auth_tokens. Thread-safe.
+#ifndef SONDE_SERVER_AUTHORIZING_QUERY_SERVICE_H_
+#define SONDE_SERVER_AUTHORIZING_QUERY_SERVICE_H_
+
+#include "grpcpp/server_context.h"
+#include "proto/query.grpc.pb.h"
+#include "server/auth.h"
+#include "server/query_service.h"
+
+namespace sonde::server {
+
+class AuthorizingQueryService final : public v1::Query::Service {
+ public:
+  // Neither is owned; both outlive this.
+  AuthorizingQueryService(const TokenTable* tokens, QueryService* inner)
+      : tokens_(tokens), inner_(inner) {}
+
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                        v1::ListJobsResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo*) override;
+  grpc::Status ListTensors(grpc::ServerContext*, const v1::ListTensorsRequest*,
+                           v1::ListTensorsResponse*) override;
+  grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
+                         v1::ListStepsResponse*) override;
+  grpc::Status ReadTensor(grpc::ServerContext*, const v1::ReadTensorRequest*,
+                          grpc::ServerWriter<v1::TensorChunk>*) override;
+  grpc::Status ReadSeries(grpc::ServerContext*, const v1::ReadSeriesRequest*,
+                          v1::ReadSeriesResponse*) override;
+  grpc::Status GetRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
+                              v1::GetRuleResultsResponse*) override;
+  grpc::Status WatchRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
+                                grpc::ServerWriter<v1::RuleResult>*) override;
+  grpc::Status ListRuleCatalog(grpc::ServerContext*, const v1::ListRuleCatalogRequest*,
+                               v1::ListRuleCatalogResponse*) override;
+  grpc::Status WatchSteps(grpc::ServerContext*, const v1::WatchStepsRequest*,
+                          grpc::ServerWriter<v1::CompletedStep>*) override;
+  grpc::Status PostRuleResult(grpc::ServerContext*, const v1::PostRuleResultRequest*,
+                              v1::PostRuleResultResponse*) override;
+  grpc::Status EnableRules(grpc::ServerContext*, const v1::EnableRulesRequest*,
+                           v1::EnableRulesResponse*) override;
+  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest*,
+                         v1::DeleteJobResponse*) override;
+
+ private:
+  // OK if the call's token has `right` on `job`.
+  absl::Status Allow(const grpc::ServerContext& context, const std::string& job,
+                     Right right) const;
+
+  const TokenTable* const tokens_;
+  QueryService* const inner_;
+};
+
+}  // namespace sonde::server
+
+#endif  // SONDE_SERVER_AUTHORIZING_QUERY_SERVICE_H_
