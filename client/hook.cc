@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
 
   SenderOptions so;
   so.collector = hook->options_.collector;
+  so.security = hook->options_.security;
   so.hello.set_job(hook->options_.job);
   so.hello.set_worker(hook->options_.worker);
   so.hello.set_world_size(hook->options_.world_size);

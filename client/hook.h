@@ -39,6 +39,7 @@
 #include "cuda/histogram_math.h"
 #include "client/save_config.h"
 #include "client/tensor_view.h"
+#include "common/channel.h"
 #include "proto/collector.pb.h"
 #include "proto/rule.pb.h"
 
@@ -51,6 +52,9 @@ struct PendingDeviceTensor;
 struct HookOptions {
   // Collector address, host:port. Default: a collector on this machine.
   std::string collector = "127.0.0.1:7070";
+  // TLS (CA to trust, client certificate) and bearer token for a collector
+  // that asks for them (common/channel.h). Default: plaintext, no token.
+  ChannelSecurity security;
   // Job name: [A-Za-z0-9._-]{1,128}. Required.
   std::string job;
   // This process's rank and the number of training processes.

@@ -18,6 +18,16 @@ std::unique_ptr<QueryClient> QueryClient::Connect(const std::string& address,
   return std::unique_ptr<QueryClient>(new QueryClient(v1::Query::NewStub(channel), timeout));
 }
 
+absl::StatusOr<std::unique_ptr<QueryClient>> QueryClient::Connect(
+    const std::string& address, const ChannelSecurity& security, absl::Duration timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = MakeChannel(address, security, args);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<QueryClient>(
+      new QueryClient(v1::Query::NewStub(*channel), timeout));
+}
+
 void QueryClient::SetDeadline(grpc::ClientContext& ctx) const {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
 }

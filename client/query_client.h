@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/channel.h"
 #include "proto/query.grpc.pb.h"
 
 namespace sonde {
@@ -26,6 +27,11 @@ class QueryClient {
   // `timeout` bounds each unary call. Does not connect until the first call.
   static std::unique_ptr<QueryClient> Connect(const std::string& address,
                                               absl::Duration timeout = absl::Seconds(30));
+  // The same over TLS and/or with a bearer token (common/channel.h). Errors
+  // of MakeChannel (unreadable PEM files, inconsistent options).
+  static absl::StatusOr<std::unique_ptr<QueryClient>> Connect(
+      const std::string& address, const ChannelSecurity& security,
+      absl::Duration timeout = absl::Seconds(30));
 
   absl::StatusOr<std::vector<v1::JobInfo>> ListJobs();
   absl::StatusOr<v1::JobInfo> GetJob(const std::string& job);

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel.h"
 #include "common/dtype.h"
 #include "common/tensor_chunks.h"
 #include "cuda/cpu_stats.h"
@@ -496,8 +497,13 @@ bool Sender::StreamOnce() {
               static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_min)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_max)));
-  auto channel = grpc::CreateCustomChannel(options_.collector,
-                                           grpc::InsecureChannelCredentials(), args);
+  auto made = MakeChannel(options_.collector, options_.security, args);
+  if (!made.ok()) {
+    LogOnce("channel", absl::StrCat("cannot connect to collector ", options_.collector, ": ",
+                                    made.status().message()));
+    return false;
+  }
+  auto channel = std::move(*made);
   auto stub = v1::Collector::NewStub(channel);
   grpc::ClientContext context;
   {

@@ -35,6 +35,7 @@
 #include "client/device_capture.h"
 #include "client/queued_tensor.h"
 #include "client/spill_file.h"
+#include "common/channel.h"
 #include "cuda/histogram.h"
 #include "proto/collector.grpc.pb.h"
 
@@ -42,6 +43,7 @@ namespace sonde {
 
 struct SenderOptions {
   std::string collector;              // host:port
+  ChannelSecurity security;           // TLS and token; default plaintext, none
   v1::Hello hello;                    // job, worker, world size, rules...
   // Bytes of tensor values held in memory: queued and sent-but-unacked.
   uint64_t max_queue_bytes = 256 << 20;

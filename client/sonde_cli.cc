@@ -15,6 +15,7 @@
 // Every command takes --collector (default 127.0.0.1:7070) and --json.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -33,6 +34,15 @@
 #include "rules/rule_config.h"
 
 ABSL_FLAG(std::string, collector, "127.0.0.1:7070", "collector address host:port");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM file of the CA to trust for the collector's certificate; given: use TLS");
+ABSL_FLAG(std::string, tls_cert, "", "PEM file of a client certificate (mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM file of the client certificate's key");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name to check the collector's certificate against (default: --collector's host)");
+ABSL_FLAG(std::string, token, "",
+          "bearer token (visible to other local users in the process list: prefer the "
+          "SONDE_TOKEN environment variable)");
 ABSL_FLAG(std::string, job, "", "job name");
 ABSL_FLAG(std::string, tensor, "", "tensor name");
 ABSL_FLAG(std::string, collection, "", "only tensors in this collection");
@@ -370,7 +380,18 @@ int Main(const std::vector<char*>& args) {
   const bool json = absl::GetFlag(FLAGS_json);
   auto mode = ModeFlag();
   if (!mode.ok()) return Fail(mode.status());
-  auto q = QueryClient::Connect(absl::GetFlag(FLAGS_collector));
+  ChannelSecurity security;
+  security.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  security.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  security.key_file = absl::GetFlag(FLAGS_tls_key);
+  security.server_name_override = absl::GetFlag(FLAGS_tls_server_name);
+  security.token = absl::GetFlag(FLAGS_token);
+  if (const char* env = std::getenv("SONDE_TOKEN"); security.token.empty() && env != nullptr) {
+    security.token = env;
+  }
+  auto connected = QueryClient::Connect(absl::GetFlag(FLAGS_collector), security);
+  if (!connected.ok()) return Fail(connected.status());
+  std::unique_ptr<QueryClient> q = std::move(*connected);
   if (cmd == "jobs") return Jobs(*q, json);
   if (cmd == "rule-catalog") return Catalog(*q, json);
   const std::string job = absl::GetFlag(FLAGS_job);
@@ -396,7 +417,8 @@ int Main(const std::vector<char*>& args) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|delete} "
-      "[--collector=host:port] "
+      "[--collector=host:port] [--tls_ca=ca.pem [--tls_cert=c.pem --tls_key=k.pem]] "
+      "[--token=T, or SONDE_TOKEN in the environment] "
       "[--job=J] [--json] ...");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return sonde::Main(args);
