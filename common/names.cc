@@ -1,6 +1,7 @@
 #include "common/names.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 
 namespace sonde {
 
@@ -28,6 +29,7 @@ absl::Status ValidateTensorName(absl::string_view name) {
   if (name.find('\0') != absl::string_view::npos) {
     return absl::InvalidArgumentError("tensor name contains a NUL byte");
   }
+  if (!IsValidUtf8(name)) return absl::InvalidArgumentError("tensor name is not valid UTF-8");
   return absl::OkStatus();
 }
 

@@ -743,6 +743,36 @@ TEST_F(IngestSessionTest, TensorNameWithANulByteIsInvalidArgument) {
   }
 }
 
+TEST_F(IngestSessionTest, EmptyAndOverlongTensorNamesAreInvalidArgumentAndStoredStepsStay) {
+  Worker w(registry_.get());
+  CommitWeightsAtStepZero(w, "names");
+  EXPECT_THAT(w.SendSummary(ScalarSummary("", 1, 1.0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tensor name is empty"));
+  Worker w2(registry_.get());
+  ASSERT_THAT(w2.Join(MakeHello("names-long")), IsOk());
+  EXPECT_THAT(w2.SendTensor(Header(std::string(1025, 'n'), 0, {1}), F32Bytes({1})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "1025 bytes long; the limit is 1024"));
+  // Binary names that are not UTF-8 would be stored but could never be read
+  // back (protobuf strings refuse them): refused up front.
+  Worker w3(registry_.get());
+  ASSERT_THAT(w3.Join(MakeHello("names-binary")), IsOk());
+  EXPECT_THAT(w3.SendTensor(Header(std::string("\x01\xfe\x7f layer", 9), 0, {1}), F32Bytes({1})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not valid UTF-8"));
+  // Any other UTF-8 up to the limit is a name, control characters included.
+  Worker w4(registry_.get());
+  ASSERT_THAT(w4.Join(MakeHello("names-utf8")), IsOk());
+  const std::string odd("\x01\x7f layer/caf\xc3\xa9\xf0\x9f\x98\x80");
+  SONDE_ASSERT_OK(w4.SendTensor(Header(odd, 0, {1}), F32Bytes({1})));
+  ASSERT_THAT(w4.EndStep(0, 1), IsOk());
+  auto stored = ReadBytes("names-utf8", 0, odd);
+  ASSERT_THAT(stored, IsOk());
+  EXPECT_EQ(*stored, F32Bytes({1}));
+  // The refused streams left the first job's stored step as it was.
+  auto bytes = ReadBytes("names", 0, "w");
+  ASSERT_THAT(bytes, IsOk());
+  EXPECT_EQ(*bytes, F32Bytes(kWeights));
+}
+
 TEST_F(IngestSessionTest, SummaryWhoseStatisticsCountDisagreesWithTheShapeIsInvalidArgument) {
   Worker w(registry_.get());
   ASSERT_THAT(w.Join(MakeHello("summary-count")), IsOk());

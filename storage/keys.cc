@@ -1,5 +1,7 @@
 #include "storage/keys.h"
 
+#include "common/utf8.h"
+
 #include "absl/strings/str_cat.h"
 
 namespace sonde::storage {
@@ -71,6 +73,10 @@ absl::Status ValidateKeyName(absl::string_view what, absl::string_view name) {
   }
   if (name.find('\0') != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte"));
+  }
+  if (!IsValidUtf8(name)) {
+    // Records hold names in protobuf strings, which refuse invalid UTF-8.
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid UTF-8"));
   }
   return absl::OkStatus();
 }
