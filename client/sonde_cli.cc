@@ -390,7 +390,8 @@ int Main(const std::vector<char*>& args) {
     security.token = env;
   }
   auto connected = QueryClient::Connect(absl::GetFlag(FLAGS_collector), security);
-  if (!connected.ok()) return Fail(connected.status());
+  // Exit code 3 means "no such job": an unreadable PEM file is a usage error.
+  if (!connected.ok()) return Fail(absl::InvalidArgumentError(connected.status().message()));
   std::unique_ptr<QueryClient> q = std::move(*connected);
   if (cmd == "jobs") return Jobs(*q, json);
   if (cmd == "rule-catalog") return Catalog(*q, json);
