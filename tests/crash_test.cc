@@ -6,8 +6,9 @@
 // with the statistics of its values; rule verdicts did not fire twice.
 //
 // Fast by default (CI). Long runs:
-//   bazel test //tests:crash_test --test_env=SONDE_CRASH_KILLS=300 \
-//     --test_env=SONDE_CRASH_STEPS=3000 --test_timeout=7200 --test_output=streamed
+//   bazel test //tests:crash_test --test_env=SONDE_CRASH_KILLS=400 \
+//     --test_env=SONDE_CRASH_STEPS=1500 --test_timeout=7200 --test_output=streamed
+// (add --test_env=SONDE_CRASH_QUIET_MS=10000 past a few thousand steps).
 #include <fcntl.h>
 #include <iostream>
 #include <algorithm>
@@ -223,6 +224,10 @@ void Train(Client* c, const std::string& address, int steps) {
 TEST(CrashTest, EveryAcknowledgedStepSurvivesRepeatedKill9BitExactAndExactlyOnce) {
   const int min_kills = EnvInt("SONDE_CRASH_KILLS", 6);
   const int steps = EnvInt("SONDE_CRASH_STEPS", 120);
+  // Every tenth collector life lasts this long. A restart replays the
+  // job's stored steps to its rules (time grows with the steps stored), so
+  // long runs need longer quiet lives for clients to get through.
+  const int quiet_ms = EnvInt("SONDE_CRASH_QUIET_MS", 3000);
   TempDir dir;
   TestHttpServer webhook;
   const std::string address = ReserveAddress();
@@ -254,13 +259,13 @@ TEST(CrashTest, EveryAcknowledgedStepSurvivesRepeatedKill9BitExactAndExactlyOnce
   }
   // The killer: SIGKILL at random moments while clients stream (and at
   // least `min_kills` times), each followed by a restart. Every tenth
-  // restart lives 3 s, so clients whose reconnect backoff has grown (up to
-  // 5 s) get through even when kills come faster than a reconnect takes.
+  // restart lives quiet_ms, so clients whose reconnect backoff has grown (up
+  // to 5 s) get through even when kills come faster than a reconnect takes.
   std::mt19937 rng(12345);
   int kills = 0;
   while (running.load() > 0 || kills < min_kills) {
     const int uptime_ms =
-        kills % 10 == 9 ? 3000 : std::uniform_int_distribution<int>(50, 500)(rng);
+        kills % 10 == 9 ? quiet_ms : std::uniform_int_distribution<int>(50, 500)(rng);
     absl::SleepFor(absl::Milliseconds(uptime_ms));
     collector.Kill();
     ++kills;

@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 #include "storage/keys.h"
 #include "tests/fuzz/fuzz_input.h"
 
@@ -133,11 +134,18 @@ Parsed ReadKey(FuzzReader& in) {
 // layout cannot hold, then make the name holdable.
 void MakeHoldable(std::string& name) {
   const bool has_nul = name.find('\0') != std::string::npos;
+  const bool utf8 = IsValidUtf8(name);
   const bool valid = storage::ValidateKeyName("tensor name", name).ok();
-  if (valid == (has_nul || name.empty())) {
+  if (valid == (has_nul || name.empty() || !utf8)) {
     FuzzFail(absl::StrCat("ValidateKeyName said ", valid, " for name ", Hex(name)));
   }
   std::replace(name.begin(), name.end(), '\0', '\x01');
+  if (!utf8) {
+    // Keep the ASCII bytes, turn the rest into '?': the name stays holdable.
+    for (char& c : name) {
+      if (static_cast<unsigned char>(c) >= 0x80) c = '?';
+    }
+  }
 }
 
 // `prefix` matches `key` exactly when `should`, and [prefix, PrefixEnd)
