@@ -490,10 +490,10 @@ bool Sender::StreamOnce() {
   // A channel of its own for every attempt, with gRPC's reconnect backoff
   // kept under ours: otherwise subchannels shared across channels remember
   // failures and back off for up to two minutes after a collector restart.
+  // (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left alone: it is also the
+  // shortest connect timeout, and 100 ms failed handshakes on a busy host.)
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_min)));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_min)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_max)));

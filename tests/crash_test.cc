@@ -39,6 +39,7 @@
 #include "cuda/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/http_server.h"
+#include "tests/testing/free_address.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -60,18 +61,6 @@ std::string CollectorBinary() {
   const char* workspace = std::getenv("TEST_WORKSPACE");
   return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "sonde",
                       "/server/sonde-collector");
-}
-
-std::string ReserveAddress() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
 }
 
 // A sonde-collector child process on a fixed address and data directory.
@@ -230,7 +219,7 @@ TEST(CrashTest, EveryAcknowledgedStepSurvivesRepeatedKill9BitExactAndExactlyOnce
   const int quiet_ms = EnvInt("SONDE_CRASH_QUIET_MS", 3000);
   TempDir dir;
   TestHttpServer webhook;
-  const std::string address = ReserveAddress();
+  const std::string address = ::sonde::testing::FreeLoopbackAddress();
   // ExplodingTensor fires (once) on job B's NaN, posting a webhook and
   // stopping its training.
   const std::string rules = absl::StrCat(

@@ -21,6 +21,7 @@
 #include "server/collector.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/in_process_collector.h"
+#include "tests/testing/free_address.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tcp_proxy.h"
 #include "tests/testing/temp_dir.h"
@@ -165,22 +166,9 @@ TEST(Reliability, AConnectionCutInTheMiddleOfATensorIsResentWhole) {
   EXPECT_GE(::sonde::testing::SampleOr0(samples, "sonde_client_reconnects_total"), 1.0);
 }
 
-// An address nothing listens on yet.
-std::string ReserveAddress() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
-}
-
 class CollectorLater {
  public:
-  CollectorLater() : address_(ReserveAddress()) {}
+  CollectorLater() : address_(::sonde::testing::FreeLoopbackAddress()) {}
   const std::string& address() const { return address_; }
   void Start() {
     server::CollectorOptions o;
