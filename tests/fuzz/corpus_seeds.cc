@@ -1,5 +1,6 @@
 #include "tests/fuzz/corpus_seeds.h"
 
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -320,6 +321,35 @@ std::vector<Seed> MakeIngestSeeds() {
       Add(s, loss);
     }
     seeds.push_back({"seed-protocol-errors", s});
+  }
+  {
+    // The collector restarts after two steps (its registry replays them
+    // from the store); the worker resumes at step 2 and finishes.
+    std::string s = small;
+    Add(s, HelloMessage("restart", 0, 1, 7));
+    AddStep(s, 0);
+    AddStep(s, 1);
+    Add(s, HelloMessage("restart", 0, 1, 7), kIngestRestart);
+    AddStep(s, 2);
+    Add(s, JobEndMessage());
+    seeds.push_back({"seed-collector-restart", s});
+  }
+  {
+    // A NaN under a rule that stops training: the rule's verdict and its
+    // StopTraining action go back through the registry.
+    std::string s = small;
+    v1::ClientMessage hello = HelloMessage("nan", 0, 1);
+    v1::RuleSpec* rule = hello.mutable_hello()->add_rules();
+    rule->set_rule_type("ExplodingTensor");
+    rule->add_actions("StopTraining");
+    Add(s, hello);
+    const std::string bytes = F32Bytes({1, std::nanf(""), 3, 4});
+    for (const v1::TensorChunk& c : SplitIntoChunks(Header("fc1.weight", 0, {4}), bytes, 16)) {
+      Add(s, ChunkMessage(c));
+    }
+    Add(s, StepEndMessage(0, 1));
+    AddStep(s, 1);
+    seeds.push_back({"seed-nan-stops-training", s});
   }
   {
     // The collector's default limits, a tensor whose chunk count and size

@@ -172,6 +172,16 @@ TEST(IngestSeeds, HappyPathsCommitAndEndTheJob) {
   EXPECT_EQ(o.job_ends, 2);
   EXPECT_EQ(o.errors, 0);
 
+  o = RunIngestSeed("seed-collector-restart");
+  EXPECT_EQ(o.joins, 2);
+  EXPECT_EQ(o.commits, 3);
+  EXPECT_EQ(o.job_ends, 1);
+  EXPECT_EQ(o.errors, 0);
+
+  o = RunIngestSeed("seed-nan-stops-training");
+  EXPECT_EQ(o.commits, 2);
+  EXPECT_EQ(o.errors, 0);
+
   o = RunIngestSeed("seed-statistics-histogram-rule");
   EXPECT_EQ(o.commits, 1);
   EXPECT_EQ(o.job_ends, 1);

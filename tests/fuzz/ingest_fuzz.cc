@@ -149,7 +149,7 @@ class Run {
       : env_(Environment::Get()),
         limits_(limits),
         suffix_(std::move(suffix)),
-        registry_(env_.store(), env_.pool(), env_.factory(), {}) {}
+        registry_(NewRegistry()) {}
   ~Run() {
     for (Stream& s : streams_) End(s);
   }
@@ -157,11 +157,18 @@ class Run {
   const IngestOutcome& outcome() const { return outcome_; }
 
   void Deliver(uint8_t control, v1::ClientMessage m) {
+    if (control & kIngestRestart) {
+      // The collector restarts: every stream breaks, a new registry loads
+      // the jobs from the store (JobRegistry's replay of stored steps).
+      for (Stream& stream : streams_) End(stream);
+      registry_.reset();
+      registry_ = NewRegistry();
+    }
     Stream& s = streams_[control & kIngestSecondStream ? 1 : 0];
     if ((control & kIngestReconnect) || (s.handle != nullptr && s.handle->aborted())) End(s);
     if (!s.session.has_value()) {
       s.handle = std::make_unique<Handle>();
-      s.session.emplace(&registry_, limits_);
+      s.session.emplace(registry_.get(), limits_);
     }
     if (m.has_hello()) m.mutable_hello()->set_job(Unique(m.hello().job(), suffix_));
     if (m.has_chunk()) {
@@ -239,6 +246,11 @@ class Run {
   }
 
  private:
+  std::unique_ptr<server::JobRegistry> NewRegistry() {
+    return std::make_unique<server::JobRegistry>(env_.store(), env_.pool(), env_.factory(),
+                                                 std::vector<v1::RuleSpec>{});
+  }
+
   // What an acknowledged step left in the store.
   void CheckStored(const Stream& s, const v1::StepEnd& end, const v1::Ack& ack) {
     storage::Store* store = env_.store();
@@ -278,7 +290,7 @@ class Run {
   const std::string suffix_;
   IngestOutcome outcome_;
   // Declared before the streams: the registry outlives every session.
-  server::JobRegistry registry_;
+  std::unique_ptr<server::JobRegistry> registry_;
   Stream streams_[2];
 };
 

@@ -8,7 +8,8 @@
 //            reactor in server/collector_service.cc delivers it: OnMessage,
 //            then Join / Commit / EndJob when it asks for one; an error ends
 //            that stream (Close), and the stream's next message opens a new
-//            one (a reconnect). Control bits below.
+//            one (a reconnect); a record may also restart the collector
+//            (a new JobRegistry over the same Store). Control bits below.
 // Each input runs against its own JobRegistry; job names get a suffix that
 // is unique to the input, so inputs never see each other's jobs in the
 // Store, which is opened once per process in a temporary directory (and
@@ -38,6 +39,9 @@ inline constexpr uint8_t kIngestSecondStream = 1 << 0;  // stream 1 instead of s
 inline constexpr uint8_t kIngestRawSeq = 1 << 1;        // keep the message's seq (else the next)
 inline constexpr uint8_t kIngestFixCrc = 1 << 2;        // set a chunk's crc32c to its payload's
 inline constexpr uint8_t kIngestReconnect = 1 << 3;     // end the stream before this message
+inline constexpr uint8_t kIngestRestart = 1 << 4;       // restart the collector first: every
+                                                        // stream ends, a new JobRegistry
+                                                        // loads the jobs from the store
 
 // Settings byte 0.
 inline constexpr uint8_t kIngestDefaultLimits = 1 << 7;
