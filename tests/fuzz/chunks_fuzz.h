@@ -36,10 +36,10 @@ inline constexpr uint8_t kChunkDefaultLimits = 1 << 7;
 
 // What one input did, for tests that check a seed reaches what it is for.
 struct ChunkOutcome {
-  int accepted = 0;   // chunks Add accepted
-  int refused = 0;    // chunks Add refused (InvalidArgument)
-  int crc_refused = 0;  // of which DataLoss
-  int completed = 0;  // tensors completed
+  int accepted = 0;     // chunks Add accepted
+  int refused = 0;      // chunks Add refused with InvalidArgument
+  int crc_refused = 0;  // chunks Add refused for their CRC (DataLoss)
+  int completed = 0;    // tensors completed
 };
 
 // Runs one input, checking every property; aborts on a violation.

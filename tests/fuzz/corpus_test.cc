@@ -79,7 +79,8 @@ TEST_P(CorpusTest, TruncatedAndMutatedSeedsPass) {
     const size_t n = seed.bytes.size();
     const size_t step = std::max<size_t>(1, n / 96);
     for (size_t len = 0; len < n; len += step) {
-      ASSERT_EQ(RunTarget(GetParam(), seed.bytes.substr(0, len)), 0) << seed.name << " cut at " << len;
+      ASSERT_EQ(RunTarget(GetParam(), seed.bytes.substr(0, len)), 0)
+          << seed.name << " cut at " << len;
       ++runs;
     }
     for (int i = 0; i < 96 && n > 0; ++i) {

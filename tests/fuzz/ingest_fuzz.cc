@@ -193,7 +193,7 @@ class Run {
         auto joined = s.session->Join(s.handle.get());
         if (!joined.ok()) {
           ++outcome_.errors;
-      CheckError("Join", joined.status());
+          CheckError("Join", joined.status());
           End(s);
           return;
         }
@@ -210,7 +210,7 @@ class Run {
         auto ack = s.session->Commit();
         if (!ack.ok()) {
           ++outcome_.errors;
-      CheckError("Commit", ack.status());
+          CheckError("Commit", ack.status());
           End(s);
           return;
         }
@@ -231,7 +231,7 @@ class Run {
         auto ack = s.session->EndJob();
         if (!ack.ok()) {
           ++outcome_.errors;
-      CheckError("EndJob", ack.status());
+          CheckError("EndJob", ack.status());
           End(s);
           return;
         }
@@ -255,7 +255,9 @@ class Run {
   void CheckStored(const Stream& s, const v1::StepEnd& end, const v1::Ack& ack) {
     storage::Store* store = env_.store();
     auto records = store->TensorsAtStep(s.job_id, ack.mode(), end.mode_step());
-    if (!records.ok()) FuzzFail(absl::StrCat("reading a stored step: ", records.status().ToString()));
+    if (!records.ok()) {
+      FuzzFail(absl::StrCat("reading a stored step: ", records.status().ToString()));
+    }
     uint32_t mine = 0;
     for (const v1::TensorRecord& r : *records) {
       if (r.worker() != s.worker || r.step() != ack.step()) continue;
