@@ -190,6 +190,15 @@ absl::Status IngestSession::OpenStep(int64_t step, v1::Mode mode, int64_t mode_s
         absl::StrCat("step ", step, " does not follow the stored step ", last_step_,
                      " (steps must increase; another client wrote this worker's steps)"));
   }
+  auto mode_last = stream_mode_steps_.find(mode);
+  if (mode_last != stream_mode_steps_.end() && mode_step <= mode_last->second) {
+    // Two global steps with one mode step would overwrite each other's
+    // records (they are keyed by mode step).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, " has ", ModeName(mode), " step ", mode_step, ", which does not follow ",
+        ModeName(mode), " step ", mode_last->second, " (mode steps must increase)"));
+  }
+  stream_mode_steps_[mode] = mode_step;
   stream_step_ = step;
   step_.emplace();
   step_->step.set_step(step);

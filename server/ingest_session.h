@@ -8,6 +8,7 @@
 #define SONDE_SERVER_INGEST_SESSION_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -82,6 +83,7 @@ class IngestSession {
   uint64_t last_seq_ = 0;
   int64_t last_step_ = -1;  // last global step stored for this worker
   int64_t stream_step_ = -1;  // last global step opened on this stream
+  std::map<v1::Mode, int64_t> stream_mode_steps_;  // last mode step per mode, likewise
   bool same_client_ = false;  // may resend stored steps (see JoinResult)
   StreamHandle* stream_ = nullptr;
 

@@ -647,6 +647,27 @@ TEST_F(IngestSessionTest, RepeatingACommittedStepIsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, "steps must increase"));
 }
 
+TEST_F(IngestSessionTest, TwoGlobalStepsWithOneModeStepAreInvalidArgument) {
+  // Found while writing the ingest fuzzer: step 11 as TRAIN 5 after step 10
+  // as TRAIN 5 replaced step 10's records (they are keyed by mode step).
+  Worker w(registry_.get());
+  ASSERT_THAT(w.Join(MakeHello("mode-steps")), IsOk());
+  v1::TensorChunk first = Header("w", 10, {10});
+  first.set_mode_step(5);
+  SONDE_ASSERT_OK(w.SendTensor(first, F32Bytes(kWeights)));
+  v1::ClientMessage end = StepEndMessage(10, 1);
+  end.mutable_step_end()->set_mode_step(5);
+  ASSERT_THAT(w.Send(end), IsOk());
+  ASSERT_THAT(w.session().Commit(), IsOk());
+  v1::TensorChunk second = Header("w", 11, {10});
+  second.set_mode_step(5);
+  EXPECT_THAT(w.SendTensor(second, F32Bytes(std::vector<float>(10, 0.f))),
+              StatusIs(absl::StatusCode::kInvalidArgument, "mode steps must increase"));
+  auto bytes = ReadBytes("mode-steps", 5, "w");
+  ASSERT_THAT(bytes, IsOk());
+  EXPECT_EQ(*bytes, F32Bytes(kWeights));
+}
+
 TEST_F(IngestSessionTest, NegativeStepIsInvalidArgument) {
   Worker w(registry_.get());
   ASSERT_THAT(w.Join(MakeHello("negative")), IsOk());
