@@ -103,13 +103,11 @@ void CheckError(absl::string_view what, const absl::Status& s) {
   }
 }
 
-// The client end of one stream, as the registry sees it. Send and Abort
-// carry no `override`: Abort is newer than some versions of StreamHandle,
-// and the harness builds against both.
+// The client end of one stream, as the registry sees it.
 class Handle : public server::StreamHandle {
  public:
-  void Send(const v1::ServerMessage& message) { sent_.fetch_add(1); }
-  void Abort(const absl::Status& status) {
+  void Send(const v1::ServerMessage& message) override { sent_.fetch_add(1); }
+  void Abort(const absl::Status& status) override {
     CheckError("StreamHandle::Abort", status);
     aborted_.store(true);
   }
