@@ -39,11 +39,14 @@ bool Permanent(grpc::StatusCode code) {
          code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::UNIMPLEMENTED;
 }
 
-uint64_t RandomClientId() {
+// The options with a client id: random, nonzero, fixed for the sender's life.
+SenderOptions WithClientId(SenderOptions options) {
+  if (options.hello.client_id() != 0) return options;
   std::random_device rd;
   uint64_t id = 0;
   while (id == 0) id = (uint64_t{rd()} << 32) ^ rd();
-  return id;
+  options.hello.set_client_id(id);
+  return options;
 }
 
 uint64_t MessageCost(const v1::ClientMessage& m) {
@@ -58,10 +61,7 @@ std::string SpillDir(const std::string& configured) {
 
 }  // namespace
 
-Sender::Sender(SenderOptions options) : options_(std::move(options)) {
-  if (options_.hello.client_id() == 0) {
-    const_cast<SenderOptions&>(options_).hello.set_client_id(RandomClientId());
-  }
+Sender::Sender(SenderOptions options) : options_(WithClientId(std::move(options))) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -317,8 +317,8 @@ bool Sender::CanTakeLocked() const {
     // A spilled record is read back only when the unacknowledged window has
     // room for it, or when nothing waits for an ack (the open step must be
     // able to finish, or nothing would ever be acknowledged).
-    bool awaiting_ack = false;
-    for (const Unacked& u : unacked_) awaiting_ack = awaiting_ack || u.complete;
+    // Entries complete in order: only the last one may be open.
+    const bool awaiting_ack = !unacked_.empty() && unacked_.front().complete;
     return !awaiting_ack || memory_bytes_ + spill_->NextSize() <= options_.max_queue_bytes;
   }
   return job_end_item_.has_value();
@@ -679,7 +679,10 @@ bool Sender::StreamOnce() {
   if (finished_job) stream->WritesDone();
   {
     absl::MutexLock lock(&mu_);
-    if (give_up_ || !finished_job) context.TryCancel();
+    // Cancel only a call that is still open (to end the reader): cancelling
+    // one the collector already ended would replace its status (say, the
+    // refusal of a hello) with CANCELLED.
+    if (give_up_ || (!finished_job && !broken_)) context.TryCancel();
   }
   reader.join();
   grpc::Status status = stream->Finish();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -136,6 +137,37 @@ TEST(Reliability, LostAcksThenACutConnectionStoreEveryStepOnceWithoutResendingSt
   auto job = q->GetJob("lost-acks");
   SONDE_ASSERT_OK(job);
   EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+}
+
+TEST(Reliability, ALostJobEndAckStillClosesCleanly) {
+  InProcessCollector collector;
+  TcpProxy proxy(collector.address());
+  auto hook = Hook::Create(Options(proxy.address(), "lost-job-end-ack"));
+  SONDE_ASSERT_OK(hook);
+  SaveSteps(**hook, 0, 3, 100);
+  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(30)));
+  // The job end is stored, but its ack never comes back.
+  proxy.set_forward_to_client(false);
+  absl::Status closed = absl::UnknownError("Close did not return");
+  std::thread closer([&] { closed = (*hook)->Close(); });
+  auto q = QueryClient::Connect(collector.address());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<v1::JobInfo> job;
+  while (absl::Now() < deadline) {
+    job = q->GetJob("lost-job-end-ack");
+    if (job.ok() && job->status() == v1::JOB_STATUS_FINISHED) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+  // On reconnecting, the collector refuses the finished job: the client
+  // takes that as the answer to its job end.
+  proxy.set_forward_to_client(true);
+  proxy.CutAll();
+  closer.join();
+  EXPECT_THAT(closed, IsOk());
+  EXPECT_GE((*hook)->counters().reconnects, 1u);
+  EXPECT_EQ(CheckStored(*q, "lost-job-end-ack", 3, 100), 3);
 }
 
 TEST(Reliability, AConnectionCutInTheMiddleOfATensorIsResentWhole) {

@@ -317,6 +317,16 @@ TEST_F(TokenTest, MissingOrUnknownTokenIsUnauthenticated) {
   EXPECT_THAT(QueryAs(kARead)->RuleCatalog().status(), IsOk());
 }
 
+TEST_F(TokenTest, AHookRefusedForItsTokenGivesUpInsteadOfRetrying) {
+  // The refusal ends the hello's stream with PERMISSION_DENIED: the hook
+  // disables itself at once (Close says so) rather than retrying until its
+  // close timeout (20 s) runs out.
+  EXPECT_THAT(StreamJob(address(), Token(kARead), "teamA-refused"),
+              StatusIs(absl::StatusCode::kUnavailable, "did not accept the job"));
+  EXPECT_THAT(StreamJob(address(), Token("tok-nobody"), "teamA-refused"),
+              StatusIs(absl::StatusCode::kUnavailable, "did not accept the job"));
+}
+
 TEST_F(TokenTest, WriteTokenStreamsItsProjectAndReadTokenReadsIt) {
   SONDE_ASSERT_OK(StreamJob(address(), Token(kAWrite), "teamA-run"));
   auto steps = QueryAs(kARead)->ListSteps("teamA-run");

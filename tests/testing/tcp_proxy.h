@@ -66,7 +66,6 @@ class TcpProxy {
   void CutAll() {
     absl::MutexLock lock(&mu_);
     for (int fd : open_fds_) shutdown(fd, SHUT_RDWR);
-    ++cuts_;
   }
   // While false, bytes from the target are read and discarded.
   void set_forward_to_client(bool on) { forward_to_client_ = on; }
@@ -75,10 +74,6 @@ class TcpProxy {
   void CutAfterClientBytes(uint64_t bytes) { cut_after_client_bytes_ = bytes; }
 
   int connections() const { return connections_.load(); }
-  int cuts() {
-    absl::MutexLock lock(&mu_);
-    return cuts_;
-  }
 
  private:
   void AcceptLoop() {
@@ -175,7 +170,6 @@ class TcpProxy {
   absl::Mutex mu_;
   std::vector<int> open_fds_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> pumps_ ABSL_GUARDED_BY(mu_);
-  int cuts_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace sonde::testing
