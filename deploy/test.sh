@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds everything, runs every test, and ends
-# with a line "N passed, N failed" counting GoogleTest cases (a test target
+# with a line "N passed, N failed" counting GoogleTest and pytest cases (a test target
 # that fails without reporting cases counts as one failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +19,12 @@ while read -r target status; do
   xml="${xml/://}/test.xml"
   t=0; f=0; s=0
   if [ -f "$xml" ]; then
-    # The first <testsuites ...> element carries the totals.
+    # The first <testsuites ...> element carries the totals (GoogleTest);
+    # pytest leaves it bare and puts them on its one <testsuite ...>.
     head=$(grep -m1 -o '<testsuites[^>]*>' "$xml" || true)
+    if ! grep -q ' tests="' <<<"$head"; then
+      head=$(grep -m1 -o '<testsuite [^>]*>' "$xml" || true)
+    fi
     t=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$head"); t=${t:-0}
     fl=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$head"); fl=${fl:-0}
     er=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$head"); er=${er:-0}
