@@ -104,6 +104,23 @@ void CollectionSet::AddToCollection(const std::string& collection, const std::st
   member_cache_.erase(tensor);
 }
 
+void CollectionSet::Include(const std::string& collection) {
+  Get(collection);
+  included_.insert(collection);
+}
+
+bool CollectionSet::AnyDue(v1::Mode mode, int64_t mode_step) const {
+  for (const std::string& c : included_) {
+    if (c == "gradients" && (mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT)) continue;
+    auto it = collections_.find(c);
+    const SaveConfig& sc = it != collections_.end() && it->second.save_config.has_value()
+                               ? *it->second.save_config
+                               : config_.save_config;
+    if (sc.ShouldSave(mode, mode_step)) return true;
+  }
+  return false;
+}
+
 const std::vector<std::string>& CollectionSet::Members(const std::string& tensor) {
   auto it = member_cache_.find(tensor);
   if (it != member_cache_.end()) return it->second;

@@ -61,6 +61,13 @@ class CollectionSet {
 
   // Adds a tensor name to a collection (creating a custom collection).
   void AddToCollection(const std::string& collection, const std::string& tensor);
+  // Saves the collection from now on (with its own save config, else the
+  // hook's), as if it had been in include_collections.
+  void Include(const std::string& collection);
+  // Could any tensor be saved at this mode step? False only when no
+  // included collection's save config says this step: callers use it to
+  // skip all per-tensor work on steps that save nothing.
+  bool AnyDue(v1::Mode mode, int64_t mode_step) const;
 
   // What a rule needs (from the collector's hello ack): the collection is
   // included from now on, gains the request's regexes, keeps its own save

@@ -176,13 +176,22 @@ int64_t Hook::mode_step() const {
   return it == mode_steps_.end() ? -1 : it->second;
 }
 
+int64_t Hook::CurrentOrNextModeStepLocked() {
+  auto it = mode_steps_.find(mode_);
+  if (it == mode_steps_.end()) return 0;
+  return step_open_ ? it->second : it->second + 1;
+}
+
 bool Hook::ShouldSave(const std::string& name, const std::vector<std::string>& collections) {
   absl::MutexLock lock(&mu_);
   if (closed_) return false;
-  const int64_t next_mode_step =
-      step_open_ ? mode_steps_[mode_]
-                 : (mode_steps_.count(mode_) > 0 ? mode_steps_[mode_] + 1 : 0);
-  return collections_.Decide(name, collections, mode_, next_mode_step).save;
+  return collections_.Decide(name, collections, mode_, CurrentOrNextModeStepLocked()).save;
+}
+
+bool Hook::StepMaySave() {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return false;
+  return collections_.AnyDue(mode_, CurrentOrNextModeStepLocked());
 }
 
 absl::StatusOr<uint64_t> Hook::CheckTensor(const std::string& name, const TensorView& tensor) {
@@ -364,6 +373,11 @@ absl::Status Hook::SaveScalar(const std::string& name, double value,
 void Hook::AddToCollection(const std::string& collection, const std::string& name) {
   absl::MutexLock lock(&mu_);
   collections_.AddToCollection(collection, name);
+}
+
+void Hook::IncludeCollection(const std::string& collection) {
+  absl::MutexLock lock(&mu_);
+  collections_.Include(collection);
 }
 
 absl::Status Hook::WaitUntilConnected(absl::Duration timeout) {

@@ -133,6 +133,11 @@ class Hook {
   // current step? Lets callers skip preparing tensors that are not due.
   bool ShouldSave(const std::string& name, const std::vector<std::string>& collections = {});
 
+  // Would anything be saved at the current (or, between steps, the next)
+  // step? False lets framework hooks skip a step's tensors at the cost of
+  // one call. Rules that ask for collections later can turn it true.
+  bool StepMaySave();
+
   // Saves a tensor at the current step if its collections say so.
   // Host values are copied before returning. Device tensors are measured on
   // the device, asynchronously: the call only enqueues work ordered after
@@ -152,6 +157,8 @@ class Hook {
                           const std::vector<std::string>& collections = {"scalars"});
   // Puts a tensor name in a collection (smdebug's add_to_collection).
   void AddToCollection(const std::string& collection, const std::string& name);
+  // Saves this collection from now on, as if in include_collections.
+  void IncludeCollection(const std::string& collection);
 
   // Waits until the collector has accepted this process (and told it what
   // its rules need saved). Training never has to call this; it is for
@@ -193,6 +200,7 @@ class Hook {
   void EndStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyHelloAck(const v1::HelloAck& ack);
   void StartStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t CurrentOrNextModeStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogOnce(const std::string& key, const std::string& message);
   // Validation shared by host and device tensors; the tensor's byte count.
   absl::StatusOr<uint64_t> CheckTensor(const std::string& name, const TensorView& tensor);

@@ -109,6 +109,39 @@ TEST(Collections, BuiltInRegexesFollowPyTorchNames) {
             std::vector<std::string>{"losses"});
 }
 
+TEST(Collections, AnyDueFollowsEveryIncludedCollectionsSaveConfig) {
+  HookConfig config;
+  config.save_config = SaveConfig::Every(100);
+  CollectionConfig weights;
+  weights.name = "weights";
+  weights.save_config = SaveConfig::Every(7);
+  config.collections = {weights};
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  for (int64_t step = 0; step < 300; ++step) {
+    // losses (the hook's interval 100) or weights (its own 7).
+    const bool expected = step % 100 == 0 || step % 7 == 0;
+    EXPECT_EQ(set->AnyDue(v1::MODE_TRAIN, step), expected) << step;
+    // AnyDue is never false where Decide would save.
+    if (!set->AnyDue(v1::MODE_TRAIN, step)) {
+      EXPECT_FALSE(set->Decide("Net_fc1.weight", {}, v1::MODE_TRAIN, step).save);
+      EXPECT_FALSE(set->Decide("MSELoss_output_0", {}, v1::MODE_TRAIN, step).save);
+    }
+  }
+}
+
+TEST(Collections, IncludeSavesACollectionFromThenOn) {
+  HookConfig config;
+  config.save_config = SaveConfig::Every(1);
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  EXPECT_FALSE(set->Decide("lr", {"custom"}, v1::MODE_TRAIN, 0).save);
+  set->Include("custom");
+  SaveDecision d = set->Decide("lr", {"custom"}, v1::MODE_TRAIN, 1);
+  EXPECT_TRUE(d.save);
+  EXPECT_EQ(d.collections, std::vector<std::string>{"custom"});
+}
+
 TEST(Collections, GradientsAreNotSavedInEvalMode) {
   HookConfig config;
   config.include_collections = {"gradients"};

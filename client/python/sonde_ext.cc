@@ -1,0 +1,229 @@
+// sonde._sonde: the C++ hook (client/hook.h) for Python, through pybind11.
+//
+// The Python side (sonde/torch/hook.py) turns framework tensors into raw
+// pointers, dtypes and shapes; everything else (statistics, histograms,
+// chunking, streaming, retries) happens here and on the hook's own
+// threads. Every call that does real work releases the GIL, so training
+// threads and the hook's threads never wait on each other through Python.
+//
+// Options arrive as one JSON document (sonde/torch/hook.py builds it), so
+// the binding stays small and option parsing is tested in one place.
+// Errors: bad options raise ValueError; saving never raises, it returns
+// None or (status code name, message) and the Python side decides.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/hook.h"
+#include "client/python/options_json.h"
+#include "cuda/device_stats.h"
+
+namespace py = pybind11;
+
+namespace sonde {
+namespace {
+
+py::object StatusToPython(const absl::Status& s) {
+  if (s.ok()) return py::none();
+  return py::make_tuple(std::string(absl::StatusCodeToString(s.code())),
+                        std::string(s.message()));
+}
+
+TensorView ToView(uintptr_t data, int dtype, std::vector<int64_t> shape, int device,
+                  int device_index, uintptr_t stream) {
+  TensorView v;
+  v.data = reinterpret_cast<const void*>(data);
+  v.dtype = static_cast<v1::DType>(dtype);
+  v.shape = std::move(shape);
+  v.device = device == 1 ? Device::kCuda : Device::kHost;
+  v.device_index = device_index;
+  v.stream = reinterpret_cast<void*>(stream);
+  return v;
+}
+
+// The Python object: owns the hook; every method is safe after close().
+class PyHook {
+ public:
+  static std::unique_ptr<PyHook> Create(const std::string& options_json) {
+    absl::StatusOr<std::unique_ptr<Hook>> hook;
+    {
+      absl::StatusOr<PythonHookOptions> parsed = ParsePythonHookOptions(options_json);
+      if (!parsed.ok()) throw py::value_error(std::string(parsed.status().message()));
+      py::gil_scoped_release release;
+      if (parsed->config_file.empty()) {
+        hook = Hook::Create(std::move(parsed->options));
+      } else {
+        hook = Hook::CreateFromJsonFile(parsed->config_file, std::move(parsed->options));
+      }
+    }
+    if (!hook.ok()) throw py::value_error(std::string(hook.status().message()));
+    return std::unique_ptr<PyHook>(new PyHook(std::move(*hook)));
+  }
+
+  void StartStep() { hook_->StartStep(); }
+  void EndStep() { hook_->EndStep(); }
+  void SetMode(int mode) { hook_->SetMode(static_cast<v1::Mode>(mode)); }
+  int Mode() const { return hook_->mode(); }
+  int64_t Step() const { return hook_->step(); }
+  int64_t ModeStep() const { return hook_->mode_step(); }
+  bool StepMaySave() { return hook_->StepMaySave(); }
+  bool ShouldSave(const std::string& name, const std::vector<std::string>& collections) {
+    return hook_->ShouldSave(name, collections);
+  }
+
+  py::object Save(const std::string& name, uintptr_t data, int dtype, std::vector<int64_t> shape,
+                  const std::vector<std::string>& collections, int device, int device_index,
+                  uintptr_t stream) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hook_->SaveTensor(name, ToView(data, dtype, std::move(shape), device, device_index, stream),
+                            collections);
+    }
+    return StatusToPython(s);
+  }
+
+  // items: (name, data, dtype, shape, collections, device, device_index, stream)
+  py::object SaveMany(const py::list& items) {
+    std::vector<NamedTensor> tensors;
+    tensors.reserve(items.size());
+    for (const py::handle& item : items) {
+      auto t = item.cast<std::tuple<std::string, uintptr_t, int, std::vector<int64_t>,
+                                    std::vector<std::string>, int, int, uintptr_t>>();
+      tensors.push_back(NamedTensor{
+          std::move(std::get<0>(t)),
+          ToView(std::get<1>(t), std::get<2>(t), std::move(std::get<3>(t)), std::get<5>(t),
+                 std::get<6>(t), std::get<7>(t)),
+          std::move(std::get<4>(t))});
+    }
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hook_->SaveTensors(tensors);
+    }
+    return StatusToPython(s);
+  }
+
+  py::object SaveScalar(const std::string& name, double value,
+                        const std::vector<std::string>& collections) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hook_->SaveScalar(name, value, collections);
+    }
+    return StatusToPython(s);
+  }
+
+  void AddToCollection(const std::string& collection, const std::string& name) {
+    hook_->AddToCollection(collection, name);
+  }
+  void IncludeCollection(const std::string& collection) { hook_->IncludeCollection(collection); }
+
+  py::object WaitUntilConnected(double seconds) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hook_->WaitUntilConnected(absl::Seconds(seconds));
+    }
+    return StatusToPython(s);
+  }
+  py::object Flush(double seconds) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hook_->Flush(absl::Seconds(seconds));
+    }
+    return StatusToPython(s);
+  }
+  py::object Close() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hook_->Close();
+    }
+    return StatusToPython(s);
+  }
+
+  bool ShouldStop() const { return hook_->should_stop(); }
+
+  py::object StopAction() const {
+    std::optional<v1::Action> a = hook_->stop_action();
+    if (!a.has_value()) return py::none();
+    py::dict d;
+    d["rule"] = a->rule();
+    d["reason"] = a->reason();
+    d["step"] = a->step();
+    d["status"] = a->has_verdict() ? static_cast<int>(a->verdict().status()) : 0;
+    return std::move(d);
+  }
+
+  py::dict Counters() const {
+    const Hook::Counters c = hook_->counters();
+    py::dict d;
+    d["tensors_saved"] = c.tensors_saved;
+    d["tensors_dropped"] = c.tensors_dropped;
+    d["steps_dropped"] = c.steps_dropped;
+    d["tensors_spilled"] = c.tensors_spilled;
+    d["bytes_spilled"] = c.bytes_spilled;
+    d["steps"] = c.steps;
+    d["messages_sent"] = c.messages_sent;
+    d["messages_resent"] = c.messages_resent;
+    d["steps_acked"] = c.steps_acked;
+    d["duplicates_acked"] = c.duplicates_acked;
+    d["reconnects"] = c.reconnects;
+    d["memory_bytes"] = c.memory_bytes;
+    return d;
+  }
+
+ private:
+  explicit PyHook(std::unique_ptr<Hook> hook) : hook_(std::move(hook)) {}
+  std::unique_ptr<Hook> hook_;
+};
+
+}  // namespace
+}  // namespace sonde
+
+PYBIND11_MODULE(_sonde, m) {
+  using sonde::PyHook;
+  m.doc() = "Sonde's C++ client hook (internal; use sonde.torch.Hook)";
+  m.def("probe_device", [](int device) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = sonde::DeviceStats::Probe(device);
+    }
+    return sonde::StatusToPython(s);
+  }, py::arg("device"), "None if CUDA device `device` can be measured, else (code, why)");
+  py::class_<PyHook>(m, "Hook")
+      .def_static("create", &PyHook::Create, py::arg("options_json"))
+      .def("start_step", &PyHook::StartStep, py::call_guard<py::gil_scoped_release>())
+      .def("end_step", &PyHook::EndStep, py::call_guard<py::gil_scoped_release>())
+      .def("set_mode", &PyHook::SetMode, py::call_guard<py::gil_scoped_release>())
+      .def("mode", &PyHook::Mode)
+      .def("step", &PyHook::Step)
+      .def("mode_step", &PyHook::ModeStep)
+      .def("step_may_save", &PyHook::StepMaySave, py::call_guard<py::gil_scoped_release>())
+      .def("should_save", &PyHook::ShouldSave, py::call_guard<py::gil_scoped_release>())
+      .def("save", &PyHook::Save)
+      .def("save_many", &PyHook::SaveMany)
+      .def("save_scalar", &PyHook::SaveScalar)
+      .def("add_to_collection", &PyHook::AddToCollection)
+      .def("include_collection", &PyHook::IncludeCollection)
+      .def("wait_until_connected", &PyHook::WaitUntilConnected)
+      .def("flush", &PyHook::Flush)
+      .def("close", &PyHook::Close)
+      .def("should_stop", &PyHook::ShouldStop)
+      .def("stop_action", &PyHook::StopAction)
+      .def("counters", &PyHook::Counters);
+}
