@@ -24,7 +24,7 @@ constexpr char kClientVersion[] = "sonde-cpp/0.1.0";
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
+absl::Status Hook::Validate(const HookOptions& options) {
   absl::Status s = ValidateJobName(options.job);
   if (!s.ok()) return s;
   if (options.world_size < 1 || options.worker < 0 || options.worker >= options.world_size) {
@@ -36,6 +36,12 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
   if (options.max_chunk_bytes == 0) {
     return absl::InvalidArgumentError("max_chunk_bytes must be positive");
   }
+  return CollectionSet::Create(options.config).status();
+}
+
+absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
+  absl::Status s = Validate(options);
+  if (!s.ok()) return s;
   auto collections = CollectionSet::Create(options.config);
   if (!collections.ok()) return collections.status();
   std::unique_ptr<Hook> hook(new Hook(std::move(options), std::move(*collections)));
@@ -75,6 +81,12 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
 
 absl::StatusOr<std::unique_ptr<Hook>> Hook::CreateFromJsonFile(const std::string& path,
                                                                HookOptions base) {
+  absl::StatusOr<HookOptions> options = ApplyJsonFile(path, std::move(base));
+  if (!options.ok()) return options.status();
+  return Create(std::move(*options));
+}
+
+absl::StatusOr<HookOptions> Hook::ApplyJsonFile(const std::string& path, HookOptions base) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read hook config '", path, "'"));
   std::stringstream text;
@@ -89,7 +101,7 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::CreateFromJsonFile(const std::string
   if (c != parsed->sonde_parameters.end()) base.collector = c->second;
   auto j = parsed->sonde_parameters.find("job");
   if (j != parsed->sonde_parameters.end()) base.job = j->second;
-  return Create(std::move(base));
+  return base;
 }
 
 Hook::Hook(HookOptions options, CollectionSet collections)

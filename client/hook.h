@@ -114,6 +114,11 @@ class Hook {
   static absl::StatusOr<std::unique_ptr<Hook>> CreateFromJsonFile(const std::string& path,
                                                                   HookOptions base);
 
+  // The checks Create makes, without starting anything.
+  static absl::Status Validate(const HookOptions& options);
+  // `base` with a hook config JSON file applied, as CreateFromJsonFile does.
+  static absl::StatusOr<HookOptions> ApplyJsonFile(const std::string& path, HookOptions base);
+
   ~Hook();  // Close() if not closed
 
   // Steps. StartStep ends the open step (if any) and begins the next: the

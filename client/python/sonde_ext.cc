@@ -197,6 +197,18 @@ class PyHook {
 PYBIND11_MODULE(_sonde, m) {
   using sonde::PyHook;
   m.doc() = "Sonde's C++ client hook (internal; use sonde.torch.Hook)";
+  m.def("check_options", [](const std::string& options_json) {
+    absl::StatusOr<sonde::PythonHookOptions> parsed = sonde::ParsePythonHookOptions(options_json);
+    if (!parsed.ok()) return sonde::StatusToPython(parsed.status());
+    sonde::HookOptions options = std::move(parsed->options);
+    if (!parsed->config_file.empty()) {
+      absl::StatusOr<sonde::HookOptions> applied =
+          sonde::Hook::ApplyJsonFile(parsed->config_file, std::move(options));
+      if (!applied.ok()) return sonde::StatusToPython(applied.status());
+      options = std::move(*applied);
+    }
+    return sonde::StatusToPython(sonde::Hook::Validate(options));
+  }, py::arg("options_json"), "None if a hook could be created with these options, else (code, why)");
   m.def("probe_device", [](int device) {
     absl::Status s;
     {

@@ -1,0 +1,621 @@
+"""sonde.torch.Hook: smdebug's PyTorch hook, streaming to a Sonde collector.
+
+  import sonde.torch as smd
+  hook = smd.Hook(collector="collector:7070", job="resnet-lr0.1",
+                  save_config=smd.SaveConfig(save_interval=100),
+                  include_collections=["weights", "gradients", "losses"])
+  hook.register_module(model)
+  hook.register_loss(criterion)
+  for x, y in loader:
+      loss = criterion(model(x), y)   # the model's forward starts a step
+      loss.backward()
+      optimizer.step()
+      if hook.should_stop():          # a rule's StopTraining reached us
+          break
+  hook.close()
+
+Tensor names are smdebug's: `<Model>_<param>` for weights and biases
+(saved when the model's forward begins), `gradient/<Model>_<param>` (in
+backward, only for parameters that require grad), `<module>_input_<i>` and
+`<module>_output_<i>` for modules (the top module is named by its class),
+and `<Loss>_output_0` for registered losses.
+
+All the work is in the C++ hook (sonde._sonde): statistics, histograms,
+chunking and streaming run on its threads without the GIL. This file only
+turns tensors into (pointer, dtype, shape, device, stream). CPU tensors are
+copied before the call returns; CUDA tensors are measured on their device,
+ordered after the current stream, with no synchronisation, .cpu() or .item()
+on the training thread.
+
+A failure inside Sonde never stops training: it is logged once and the hook
+disables itself (strict=True raises instead). Saves the collector refuses
+(a bad name, a full device buffer pool) are logged once and training goes on.
+"""
+
+import atexit
+import json
+import logging
+import os
+import weakref
+
+import numpy as np
+import torch
+
+from sonde import _sonde
+from sonde import modes as _modes
+from sonde.config import Collection, ReductionConfig, SaveConfig
+
+log = logging.getLogger("sonde")
+
+_DTYPES = {
+    torch.float32: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.float64: 4,
+    torch.int8: 5,
+    torch.int16: 6,
+    torch.int32: 7,
+    torch.int64: 8,
+    torch.uint8: 9,
+    torch.bool: 10,
+}
+_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_NUMPY_DTYPES = {
+    np.dtype(np.float32): 1,
+    np.dtype(np.float16): 2,
+    np.dtype(np.float64): 4,
+    np.dtype(np.int8): 5,
+    np.dtype(np.int16): 6,
+    np.dtype(np.int32): 7,
+    np.dtype(np.int64): 8,
+    np.dtype(np.uint8): 9,
+    np.dtype(np.bool_): 10,
+}
+
+_BUILTIN_COLLECTIONS = ("weights", "biases", "gradients", "losses", "inputs", "outputs",
+                        "scalars", "metrics", "default", "all")
+
+CONFIG_FILE_ENV = ("SONDE_CONFIG_FILE_PATH", "SMDEBUG_CONFIG_FILE_PATH")
+DEFAULT_CONFIG_FILE = "/opt/ml/input/config/debughookconfig.json"
+
+
+class SondeError(RuntimeError):
+    """A Sonde failure, raised only by hooks created with strict=True."""
+
+
+class StopTrainingRequested(Exception):
+    """Raised at the next step boundary after a rule's StopTraining action,
+    by hooks created with raise_on_stop=True. `action` has the rule, reason
+    and step."""
+
+    def __init__(self, action):
+        self.action = action or {}
+        super().__init__("rule %s asked to stop training at step %s: %s" % (
+            self.action.get("rule", "?"), self.action.get("step", "?"),
+            self.action.get("reason", "")))
+
+
+def _flatten(value):
+    """The tensors of a module's inputs or outputs, in order (nested tuples,
+    lists and dicts flattened as smdebug numbers them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        out = []
+        for v in value:
+            out.extend(_flatten(v))
+        return out
+    if isinstance(value, dict):
+        out = []
+        for k in value:
+            out.extend(_flatten(value[k]))
+        return out
+    return []
+
+
+class Hook:
+    """smdebug's PyTorch Hook API; `collector` and `job` replace out_dir.
+
+    Args (all optional except job, which a config file may supply):
+      collector: host:port of the collector (default 127.0.0.1:7070, or
+        $SONDE_COLLECTOR).
+      job: the job's name, [A-Za-z0-9._-]{1,128} (default $SONDE_JOB).
+      save_config: a SaveConfig (default: every 500 steps).
+      reduction_config: a ReductionConfig: save these statistics instead of
+        the values (default: save values).
+      include_regex: tensor-name regexes of the "default" collection.
+      include_collections: collections to save (default ["losses"]; rules
+        add what they need when the collector accepts the job).
+      save_all: save every tensor.
+      include_workers: "one" (only rank 0 saves) or "all".
+      export_tensorboard: ask the collector to write TensorBoard files.
+      rules: extra rules for this job in the collector's --rules syntax,
+        e.g. "ExplodingTensor(actions=StopTraining);VanishingGradient".
+      metadata: free-form strings stored with the job.
+      token, ca_file, cert_file, key_file, server_name_override: bearer token
+        and TLS for a collector that asks for them.
+      worker, world_size: this process's rank and the number of processes
+        (default: torch.distributed's, else 0 and 1).
+      strict: raise SondeError on any Sonde failure instead of logging once
+        and disabling (for tests and CI).
+      raise_on_stop: raise StopTrainingRequested at the next step boundary
+        once a rule asks to stop (default: only should_stop() turns true).
+      max_queue_bytes, backpressure ("spill", "drop", "block"), spill_dir,
+      close_timeout_seconds: see client/hook.h.
+    """
+
+    def __init__(self, collector=None, job=None, save_config=None, reduction_config=None,
+                 include_regex=None, include_collections=None, save_all=False,
+                 include_workers="one", export_tensorboard=False, rules=None, metadata=None,
+                 token=None, ca_file=None, cert_file=None, key_file=None,
+                 server_name_override=None, worker=None, world_size=None, strict=False,
+                 raise_on_stop=False, max_queue_bytes=None, backpressure=None, spill_dir=None,
+                 close_timeout_seconds=None, _config_file=None):
+        if include_workers not in ("one", "all"):
+            raise ValueError("include_workers must be 'one' or 'all', not %r" % (include_workers,))
+        if save_config is not None and not isinstance(save_config, SaveConfig):
+            raise TypeError("save_config must be a sonde SaveConfig")
+        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
+            raise TypeError("reduction_config must be a sonde ReductionConfig")
+        if worker is None or world_size is None:
+            rank, size = 0, 1
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                rank, size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            worker = rank if worker is None else worker
+            world_size = size if world_size is None else world_size
+        self.strict = bool(strict)
+        self.raise_on_stop = bool(raise_on_stop)
+        self.worker = int(worker)
+        self.world_size = int(world_size)
+        self.save_config = save_config or SaveConfig()
+        self.reduction_config = reduction_config
+        self.include_regex = list(include_regex or [])
+        self.include_collections = list(include_collections or [])
+        self.save_all = bool(save_all)
+        self._collections = {}
+        self._native = None
+        self._disabled = self.worker != 0 and include_workers == "one"
+        self._closed = False
+        self._logged = set()
+        self._due = False
+        self._mode = _modes.GLOBAL
+        self._handles = []
+        self._module_names = {}     # id(module) -> smdebug name
+        self._module_collections = {}  # id(module) -> [(collection, inputs, outputs)]
+        self._tops = set()          # ids of registered top-level modules
+        meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+        if export_tensorboard:
+            meta.setdefault("sonde.tensorboard", "on")
+        self._options = {
+            "collector": collector or os.environ.get("SONDE_COLLECTOR") or "127.0.0.1:7070",
+            "job": job or os.environ.get("SONDE_JOB") or "",
+            "worker": self.worker,
+            "world_size": self.world_size,
+            "metadata": meta,
+            "rules": rules if isinstance(rules, str) or rules is None else ";".join(rules),
+            "token": token,
+            "ca_file": ca_file,
+            "cert_file": cert_file,
+            "key_file": key_file,
+            "server_name_override": server_name_override,
+            "max_queue_bytes": max_queue_bytes,
+            "backpressure": backpressure,
+            "spill_dir": spill_dir,
+            "close_timeout_seconds": close_timeout_seconds,
+            "config_file": _config_file,
+        }
+        # Mistakes in the options are the user's, and surface here, before
+        # training starts (ValueError), even in non-strict mode.
+        err = _sonde.check_options(self._options_json())
+        if err is not None:
+            raise ValueError(err[1])
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # ---- construction -------------------------------------------------
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path=None, **kwargs):
+        """A hook from SageMaker's hook-config JSON (HookParameters and
+        CollectionConfigurations; Sonde reads "collector" and "job" from
+        HookParameters too). The path defaults to $SONDE_CONFIG_FILE_PATH,
+        $SMDEBUG_CONFIG_FILE_PATH, then SageMaker's
+        /opt/ml/input/config/debughookconfig.json. kwargs are passed to
+        Hook() (collector, job, credentials, strict, ...)."""
+        if json_file_path is None:
+            for env in CONFIG_FILE_ENV:
+                if os.environ.get(env):
+                    json_file_path = os.environ[env]
+                    break
+            else:
+                json_file_path = DEFAULT_CONFIG_FILE
+        if not os.path.isfile(json_file_path):
+            raise FileNotFoundError("no hook config file at %s" % json_file_path)
+        return cls(_config_file=json_file_path, **kwargs)
+
+    def _config_json(self):
+        collections = []
+        included = set(self.include_collections)
+        for name, c in self._collections.items():
+            if c._customized() or name in included:
+                collections.append(c._json())
+        return {
+            "save_config": self.save_config._json(),
+            "reduction_config": (self.reduction_config._json()
+                                 if self.reduction_config is not None else None),
+            "include_regex": self.include_regex,
+            "include_collections": self.include_collections,
+            "save_all": self.save_all,
+            "collections": collections,
+        }
+
+    def _options_json(self):
+        options = {k: v for k, v in self._options.items() if v is not None}
+        if not options.get("config_file"):
+            options["config"] = self._config_json()
+        return json.dumps(options)
+
+    def _hook(self):
+        """The native hook, created at the first step (so collections can be
+        changed until then); None once disabled."""
+        if self._native is None and not self._disabled and not self._closed:
+            try:
+                self._native = _sonde.Hook.create(self._options_json())
+                for c in self._collections.values():
+                    for name in c.tensor_names:
+                        self._native.add_to_collection(c.name, name)
+                    if c.tensor_names or c.modules:
+                        self._native.include_collection(c.name)
+            except Exception as e:  # noqa: BLE001 - contained by design
+                self._fail("could not start", e)
+        return None if self._disabled else self._native
+
+    # ---- collections --------------------------------------------------
+
+    def get_collection(self, name):
+        """The collection `name` (created if new). Changes apply until the
+        first step; a collection changed here is saved."""
+        c = self._collections.get(name)
+        if c is None:
+            c = Collection(name)
+            self._collections[name] = c
+        if self._native is not None:
+            self._log_once("late-collection:" + name,
+                           "collection '%s' was changed after the first step; only tensor names "
+                           "and modules added later take effect" % name)
+        return c
+
+    def get_collections(self):
+        return dict(self._collections)
+
+    def add_to_collection(self, collection_name, args):
+        """Adds tensor names (or a module's outputs) to a collection."""
+        c = self.get_collection(collection_name)
+        items = args if isinstance(args, (list, tuple)) else [args]
+        for item in items:
+            if isinstance(item, torch.nn.Module):
+                c.add_module_tensors(item, outputs=True)
+                self._module_collections.setdefault(id(item), []).append((c.name, False, True))
+            else:
+                c.add_tensor_name(str(item))
+                if self._native is not None:
+                    self._native.add_to_collection(c.name, str(item))
+        if self._native is not None:
+            self._native.include_collection(c.name)
+
+    # ---- registration -------------------------------------------------
+
+    def register_module(self, module):
+        """Hooks a model: its forward starts each step and saves weights;
+        every submodule's forward saves inputs and outputs; parameters that
+        require grad save their gradients during backward."""
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError("register_module needs a torch.nn.Module, not %s" % type(module))
+        if id(module) in self._tops:
+            raise ValueError("module %s is already registered" % module._get_name())
+        top = module._get_name()
+        for name, sub in module.named_modules():
+            self._module_names[id(sub)] = name if name else top
+        self._module_names[id(module)] = top
+        self._tops.add(id(module))
+        self._handles.append(module.register_forward_pre_hook(self._forward_pre_hook))
+        for sub in module.modules():
+            self._handles.append(sub.register_forward_hook(self._forward_hook))
+        for pname, param in module.named_parameters():
+            if param.requires_grad:
+                self._handles.append(param.register_hook(self._gradient_hook(
+                    "gradient/%s_%s" % (top, pname))))
+        for c in self._collections.values():
+            for (m, inputs, outputs) in c.modules:
+                self._module_collections.setdefault(id(m), []).append((c.name, inputs, outputs))
+
+    register_hook = register_module  # the name in smdebug's older notebooks
+
+    def register_loss(self, loss_module):
+        """Saves a loss module's output as `<Loss>_output_0` (collection
+        "losses") and its inputs as `<Loss>_input_<i>`."""
+        if not isinstance(loss_module, torch.nn.Module):
+            raise TypeError("register_loss needs a torch.nn.Module, not %s" % type(loss_module))
+        self._module_names[id(loss_module)] = loss_module._get_name()
+        self._handles.append(loss_module.register_forward_hook(self._forward_hook))
+
+    # ---- steps and modes ----------------------------------------------
+
+    def set_mode(self, mode):
+        """TRAIN, EVAL, PREDICT or GLOBAL (sonde.modes); ends the open step."""
+        mode = _modes.ModeKeys(mode)
+        self._mode = mode
+        h = self._hook()
+        if h is not None:
+            self._guard("set_mode", h.set_mode, int(mode))
+
+    def get_mode(self):
+        return self._mode
+
+    @property
+    def step(self):
+        h = self._native
+        return h.step() if h is not None else -1
+
+    @property
+    def mode_step(self):
+        h = self._native
+        return h.mode_step() if h is not None else -1
+
+    def _start_step(self):
+        h = self._hook()
+        if h is None:
+            return
+        if self.raise_on_stop and h.should_stop():
+            raise StopTrainingRequested(h.stop_action())
+        try:
+            h.start_step()
+            self._due = h.step_may_save()
+        except Exception as e:  # noqa: BLE001
+            self._fail("start_step", e)
+
+    def _forward_pre_hook(self, module, inputs):
+        self._start_step()
+        if not self._due:
+            return
+        try:
+            top = self._module_names[id(module)]
+            items, keep = [], []
+            for pname, param in module.named_parameters():
+                self._collect(items, keep, "%s_%s" % (top, pname), param.detach(), [])
+            self._save_items(items)
+        except Exception as e:  # noqa: BLE001
+            self._fail("saving weights", e)
+
+    def _forward_hook(self, module, inputs, outputs):
+        if not self._due or self._disabled:
+            return
+        try:
+            name = self._module_names.get(id(module))
+            if name is None:
+                return
+            extra = self._module_collections.get(id(module), ())
+            items, keep = [], []
+            in_colls = ["inputs"] + [c for (c, i, _) in extra if i]
+            out_colls = ["outputs"] + [c for (c, _, o) in extra if o]
+            for i, t in enumerate(_flatten(inputs)):
+                self._collect(items, keep, "%s_input_%d" % (name, i), t.detach(), in_colls)
+            for i, t in enumerate(_flatten(outputs)):
+                self._collect(items, keep, "%s_output_%d" % (name, i), t.detach(), out_colls)
+            self._save_items(items)
+        except Exception as e:  # noqa: BLE001
+            self._fail("saving module tensors", e)
+
+    def _gradient_hook(self, name):
+        def hook(grad):
+            if not self._due or self._disabled or grad is None:
+                return None
+            try:
+                items, keep = [], []
+                self._collect(items, keep, name, grad.detach(), [])
+                self._save_items(items)
+            except Exception as e:  # noqa: BLE001
+                self._fail("saving gradients", e)
+            return None
+        return hook
+
+    # ---- saving -------------------------------------------------------
+
+    def _collect(self, items, keep, name, t, collections):
+        """Appends the native save tuple for tensor `t` if it is due."""
+        h = self._native
+        if h is None or not h.should_save(name, collections):
+            return
+        dtype = _DTYPES.get(t.dtype)
+        if dtype is None:
+            self._log_once("dtype:" + name, "tensor '%s' not saved: dtype %s is not supported"
+                           % (name, t.dtype))
+            return
+        if t.is_sparse:
+            t = t.to_dense()
+        if t.is_cuda:
+            if t.dtype not in _CUDA_DTYPES:
+                self._log_once("cuda-dtype:" + name,
+                               "tensor '%s' not saved: %s on a GPU would need a copy to the host "
+                               "that waits for the GPU" % (name, t.dtype))
+                return
+            t = t.contiguous()
+            stream = torch.cuda.current_stream(t.device).cuda_stream
+            items.append((name, t.data_ptr(), dtype, list(t.shape), collections, 1,
+                          t.device.index or 0, stream))
+        else:
+            t = t.contiguous()
+            items.append((name, t.data_ptr(), dtype, list(t.shape), collections, 0, 0, 0))
+        keep.append(t)  # alive until the native call has copied or enqueued it
+
+    def _save_items(self, items):
+        if not items:
+            return
+        err = self._native.save_many(items)
+        if err is not None:
+            self._refused(err, ", ".join(i[0] for i in items[:3]))
+
+    def _refused(self, err, what):
+        code, message = err
+        if self.strict:
+            raise SondeError("%s: %s" % (code, message))
+        self._log_once("refused:%s:%s" % (code, what), "%s not saved: %s" % (what, message))
+
+    def save_tensor(self, tensor_name, tensor_value, collections_to_write="default"):
+        """Saves a tensor (torch, numpy or a Python number) at the current
+        step into these collections, which are saved from now on with their
+        own save config (else the hook's)."""
+        if isinstance(collections_to_write, str):
+            collections_to_write = [collections_to_write]
+        h = self._hook()
+        if h is None:
+            return
+        try:
+            for c in collections_to_write:
+                h.include_collection(c)
+            items, keep = [], []
+            if isinstance(tensor_value, torch.Tensor):
+                self._collect(items, keep, tensor_name, tensor_value.detach(),
+                              list(collections_to_write))
+                self._save_items(items)
+                return
+            array = np.ascontiguousarray(np.asarray(tensor_value))
+            dtype = _NUMPY_DTYPES.get(array.dtype)
+            if dtype is None:
+                array = array.astype(np.float64)
+                dtype = 4
+            err = h.save(tensor_name, array.ctypes.data, dtype, list(array.shape),
+                         list(collections_to_write), 0, 0, 0)
+            if err is not None:
+                self._refused(err, tensor_name)
+        except SondeError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self._fail("save_tensor", e)
+
+    def save_scalar(self, name, value, sm_metric=False, timestamp=None):
+        """Saves a scalar in the "scalars" collection at the current step.
+        A CUDA tensor is measured on the device (no .item() sync)."""
+        h = self._hook()
+        if h is None:
+            return
+        try:
+            h.include_collection("scalars")
+            if isinstance(value, torch.Tensor):
+                items, keep = [], []
+                self._collect(items, keep, name, value.detach().reshape(()), ["scalars"])
+                self._save_items(items)
+                return
+            err = h.save_scalar(name, float(value), ["scalars"])
+            if err is not None:
+                self._refused(err, name)
+        except SondeError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self._fail("save_scalar", e)
+
+    # ---- stop, flush, close -------------------------------------------
+
+    def should_stop(self):
+        """True once a rule's StopTraining action has reached this process."""
+        h = self._native
+        return bool(h is not None and h.should_stop())
+
+    def stop_action(self):
+        """The StopTraining action (rule, reason, step), or None."""
+        h = self._native
+        return h.stop_action() if h is not None else None
+
+    def wait_until_connected(self, timeout_seconds=10.0):
+        """Waits until the collector has accepted the job (and told the hook
+        what its rules need). Training never has to call this."""
+        h = self._hook()
+        if h is None:
+            return False
+        return h.wait_until_connected(float(timeout_seconds)) is None
+
+    def flush(self, timeout_seconds=30.0):
+        """Ends the open step and waits until the collector has stored
+        everything saved so far. True on success."""
+        h = self._native
+        if h is None:
+            return not self._disabled
+        err = h.flush(float(timeout_seconds))
+        if err is not None:
+            self._log_once("flush:" + err[0], "flush: " + err[1])
+        return err is None
+
+    def counters(self):
+        """The native hook's counters (saved, dropped, spilled, resent...)."""
+        h = self._native
+        return h.counters() if h is not None else {}
+
+    @property
+    def disabled(self):
+        return self._disabled
+
+    def close(self):
+        """Ends the step and the job, waits (up to close_timeout_seconds) for
+        the collector to store everything, and unhooks the model."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._due = False
+        h = self._native
+        if h is None:
+            return
+        try:
+            err = h.close()
+        except Exception as e:  # noqa: BLE001
+            if self.strict:
+                raise SondeError("close: %s" % e) from e
+            log.warning("sonde: close failed: %s", e)
+            return
+        if err is not None:
+            if self.strict:
+                raise SondeError("close: %s: %s" % err)
+            log.warning("sonde: close: %s", err[1])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # ---- containment --------------------------------------------------
+
+    def _guard(self, what, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001
+            self._fail(what, e)
+            return None
+
+    def _log_once(self, key, message):
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        log.warning("sonde: %s (logged once)", message)
+
+    def _fail(self, where, error):
+        """A failure inside Sonde: raise in strict mode, else log once and
+        stop hooking (training goes on untouched)."""
+        if self.strict:
+            raise SondeError("%s: %s" % (where, error)) from error
+        if not self._disabled:
+            log.error("sonde: %s failed (%s: %s); Sonde is disabled for the rest of this run, "
+                      "training continues", where, type(error).__name__, error, exc_info=True)
+        self._disabled = True
+        self._due = False
+
+
+def _close_at_exit(ref):
+    hook = ref()
+    if hook is not None:
+        try:
+            hook.close()
+        except Exception:  # noqa: BLE001 - never fail interpreter exit
+            pass

@@ -1,0 +1,366 @@
+"""sonde.torch.Hook on real PyTorch models against a real collector.
+
+Values are read back over the Query service with the raw stubs (not
+sonde.trials), so these tests check the hook alone.
+"""
+
+import json
+import logging
+import socket
+
+import grpc
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import sonde.torch as smd
+from sonde import modes
+from sonde.v1 import query_pb2, query_pb2_grpc, tensor_pb2
+
+NUMPY = {tensor_pb2.DTYPE_F32: np.float32, tensor_pb2.DTYPE_F64: np.float64,
+         tensor_pb2.DTYPE_I64: np.int64}
+
+
+class Net(nn.Module):
+    """The smdebug notebook's MNIST CNN, sized for 8x8 digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 8, 3, padding=1)
+        self.fc1 = nn.Linear(8 * 4 * 4, 16)
+        self.fc2 = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def batches(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g))
+            for _ in range(n)]
+
+
+class Reader:
+    def __init__(self, address, job):
+        self.channel = grpc.insecure_channel(address)
+        self.stub = query_pb2_grpc.QueryStub(self.channel)
+        self.job = job
+
+    def names(self, collection=""):
+        r = self.stub.ListTensors(query_pb2.ListTensorsRequest(job=self.job, collection=collection),
+                                  timeout=10)
+        return sorted(t.name for t in r.tensors)
+
+    def steps(self, mode=tensor_pb2.MODE_UNSPECIFIED):
+        """Steps that saved tensors (every step's end is stored, with its
+        duration, even when nothing was due)."""
+        r = self.stub.ListSteps(query_pb2.ListStepsRequest(job=self.job, mode=mode), timeout=10)
+        return [(s.step, s.mode, s.mode_step) for s in r.steps if s.tensor_count > 0]
+
+    def value(self, name, step, mode=tensor_pb2.MODE_GLOBAL):
+        chunks = list(self.stub.ReadTensor(query_pb2.ReadTensorRequest(
+            job=self.job, tensor=name, step=step, mode=mode), timeout=10))
+        assert chunks, "no chunks for %s at %d" % (name, step)
+        payload = b"".join(c.payload for c in chunks)
+        return np.frombuffer(payload, dtype=NUMPY[chunks[0].dtype]).reshape(tuple(chunks[0].shape))
+
+    def job_info(self):
+        return self.stub.GetJob(query_pb2.GetJobRequest(job=self.job), timeout=10)
+
+    def rule_results(self):
+        return self.stub.GetRuleResults(query_pb2.GetRuleResultsRequest(job=self.job),
+                                        timeout=10).results
+
+
+def train(hook, model, data, lr=0.05, loss_fn=None, on_step=None):
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    hook.set_mode(modes.TRAIN)
+    done = 0
+    for x, y in data:
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        if on_step:
+            on_step(model, loss)
+        opt.step()
+        done += 1
+        if hook.should_stop():
+            break
+    return done
+
+
+def test_names_steps_and_modes_are_smdebugs(collector):
+    torch.manual_seed(0)
+    model = Net()
+    hook = smd.Hook(collector=collector.address, job="names", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["weights", "biases", "gradients", "losses"])
+    train(hook, model, batches(3))
+    hook.set_mode(modes.EVAL)
+    with torch.no_grad():
+        for x, y in batches(2, seed=1):
+            nn.CrossEntropyLoss()(model(x), y)  # not the registered loss
+    hook.close()
+
+    r = Reader(collector.address, "names")
+    params = ["conv1.bias", "conv1.weight", "conv2.bias", "conv2.weight",
+              "fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    expected = (["CrossEntropyLoss_output_0"] + ["Net_" + p for p in params] +
+                ["gradient/Net_" + p for p in params])
+    assert r.names() == sorted(expected)
+    assert r.names("losses") == ["CrossEntropyLoss_output_0"]
+    assert r.names("gradients") == sorted("gradient/Net_" + p for p in params)
+    assert r.names("weights") == sorted("Net_" + p for p in params if p.endswith("weight"))
+    assert r.steps() == [(0, tensor_pb2.MODE_TRAIN, 0), (1, tensor_pb2.MODE_TRAIN, 1),
+                         (2, tensor_pb2.MODE_TRAIN, 2), (3, tensor_pb2.MODE_EVAL, 0),
+                         (4, tensor_pb2.MODE_EVAL, 1)]
+    info = r.job_info()
+    assert info.tensors_dropped == 0
+    # Gradients are not saved in EVAL (no backward there, and smdebug skips them).
+    with pytest.raises(grpc.RpcError) as e:
+        r.value("gradient/Net_fc1.weight", 0, tensor_pb2.MODE_EVAL)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_values_read_back_are_the_models_bit_for_bit(collector):
+    torch.manual_seed(1)
+    model = Net()
+    seen = []
+
+    def record(model, loss):
+        seen.append({
+            "loss": loss.detach().clone(),
+            "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters()},
+        })
+
+    weights = []
+    model.register_forward_pre_hook(
+        lambda m, i: weights.append({n: p.detach().clone() for n, p in m.named_parameters()}))
+    hook = smd.Hook(collector=collector.address, job="exact", strict=True,
+                    save_config=smd.SaveConfig(save_interval=2),
+                    include_collections=["weights", "biases", "gradients", "losses"])
+    train(hook, model, batches(5), on_step=record)
+    hook.close()
+
+    r = Reader(collector.address, "exact")
+    assert [s[0] for s in r.steps()] == [0, 2, 4]  # save_interval 2 from step 0
+    for step in (0, 2, 4):
+        loss = r.value("CrossEntropyLoss_output_0", step)
+        assert loss.dtype == np.float32 and loss.shape == ()
+        assert loss.tobytes() == seen[step]["loss"].numpy().tobytes()
+        for name, w in weights[step].items():
+            got = r.value("Net_" + name, step)
+            assert got.shape == tuple(w.shape)
+            assert got.tobytes() == w.numpy().tobytes(), name
+            g = r.value("gradient/Net_" + name, step)
+            assert g.tobytes() == seen[step]["grads"][name].numpy().tobytes(), name
+    # Weights change between saved steps, so equality above is not vacuous.
+    assert not torch.equal(weights[0]["fc1.weight"], weights[4]["fc1.weight"])
+
+
+def test_save_config_per_mode_and_collection(collector):
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
+    hook = smd.Hook(collector=collector.address, job="intervals", strict=True,
+                    save_config=smd.SaveConfig(
+                        save_interval=4,
+                        mode_save_configs={modes.EVAL: smd.SaveConfigMode(save_interval=1)}),
+                    include_collections=["losses"])
+    hook.get_collection("relu").add_module_tensors(model[1], outputs=True)
+    hook.get_collection("relu").save_config = smd.SaveConfig(save_interval=3)
+    loss_fn = nn.MSELoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.set_mode(modes.TRAIN)
+    for i in range(10):
+        loss_fn(model(torch.randn(2, 4)), torch.zeros(2, 1))
+    hook.set_mode(modes.EVAL)
+    for i in range(2):
+        loss_fn(model(torch.randn(2, 4)), torch.zeros(2, 1))
+    hook.close()
+
+    r = Reader(collector.address, "intervals")
+    train_steps = [s[2] for s in r.steps(tensor_pb2.MODE_TRAIN)]
+    assert train_steps == [0, 3, 4, 6, 8, 9]  # losses every 4, relu every 3
+    assert [s[2] for s in r.steps(tensor_pb2.MODE_EVAL)] == [0, 1]
+    assert r.names("relu") == ["1_output_0"]
+    assert r.names("losses") == ["MSELoss_output_0"]
+
+
+def test_save_scalar_and_save_tensor(collector):
+    model = nn.Linear(2, 1)
+    hook = smd.Hook(collector=collector.address, job="custom", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    for i in range(3):
+        model(torch.ones(1, 2))
+        hook.save_scalar("lr", 0.1 * (i + 1))
+        hook.save_tensor("mask", np.array([i, 1, 2], dtype=np.int64), "masks")
+        hook.save_tensor("w_copy", model.weight, ["weights_copy"])
+    hook.close()
+    r = Reader(collector.address, "custom")
+    assert r.names("scalars") == ["lr"]
+    assert r.names("masks") == ["mask"]
+    for i in range(3):
+        assert float(r.value("lr", i)) == 0.1 * (i + 1)
+        assert r.value("mask", i).tolist() == [i, 1, 2]
+        assert r.value("w_copy", i).tobytes() == model.weight.detach().numpy().tobytes()
+
+
+def test_create_from_json_file_reads_sagemakers_config(collector, tmp_path):
+    config = {
+        "LocalPath": "/opt/ml/output/tensors",
+        "HookParameters": {"save_interval": "2", "collector": collector.address,
+                           "job": "from-json"},
+        "CollectionConfigurations": [
+            {"CollectionName": "weights"},
+            {"CollectionName": "losses", "CollectionParameters": {"save_interval": "1"}},
+        ],
+    }
+    path = tmp_path / "debughookconfig.json"
+    path.write_text(json.dumps(config))
+    hook = smd.Hook.create_from_json_file(str(path), strict=True)
+    model = nn.Linear(3, 1)
+    loss_fn = nn.L1Loss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    for _ in range(4):
+        loss_fn(model(torch.ones(2, 3)), torch.zeros(2, 1))
+    hook.close()
+    r = Reader(collector.address, "from-json")
+    assert r.names() == ["L1Loss_output_0", "Linear_weight"]  # biases were not asked for
+    assert [s[0] for s in r.steps()] == [0, 1, 2, 3]
+    assert r.names("weights") == ["Linear_weight"]
+
+
+def test_bad_options_fail_at_construction_with_the_reason():
+    with pytest.raises(ValueError, match="job"):
+        smd.Hook(job="no spaces allowed")
+    with pytest.raises(ValueError, match="include_workers"):
+        smd.Hook(job="j", include_workers="some")
+    with pytest.raises(ValueError, match="median"):
+        smd.ReductionConfig(reductions=["median"])
+    with pytest.raises(ValueError, match="regex"):
+        smd.Hook(job="j", include_regex=["("])
+    with pytest.raises(ValueError, match="Explode"):
+        smd.Hook(job="j", rules="ExplodingTensor(actions=Explode)")
+    with pytest.raises(FileNotFoundError):
+        smd.Hook.create_from_json_file("/nonexistent/hook.json")
+
+
+def test_stop_training_action_stops_a_real_training_loop(start_collector):
+    c = start_collector(rules="ExplodingTensor(actions=StopTraining)")
+    torch.manual_seed(0)
+    model = Net()
+    hook = smd.Hook(collector=c.address, job="explode", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1))
+    assert hook.wait_until_connected(10)
+    # The seed blog's bad run: an absurd learning rate and huge inputs.
+    data = [(x * 1e11, y) for x, y in batches(400)]
+    done = train(hook, model, data, lr=100.0)
+    assert hook.should_stop()
+    assert done < 400
+    action = hook.stop_action()
+    assert action["rule"] == "ExplodingTensor"
+    hook.close()
+    results = Reader(c.address, "explode").rule_results()
+    assert any(res.rule == "ExplodingTensor" and res.status == 2 for res in results), results
+
+
+def test_raise_on_stop_raises_at_the_next_step_boundary(start_collector):
+    c = start_collector(rules="ExplodingTensor(actions=StopTraining)")
+    model = nn.Linear(2, 1)
+    hook = smd.Hook(collector=c.address, job="raise", raise_on_stop=True,
+                    save_config=smd.SaveConfig(save_interval=1))
+    assert hook.wait_until_connected(10)
+    loss_fn = nn.MSELoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    steps = 0
+    with pytest.raises(smd.StopTrainingRequested, match="ExplodingTensor"):
+        for steps in range(2000):
+            x = torch.full((1, 2), float("nan"))
+            loss_fn(model(x), torch.zeros(1, 1))
+            hook.flush(10)  # let the verdict come back before the next step
+    assert steps < 10
+    hook.close()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_an_unreachable_collector_never_stops_training(caplog):
+    model = Net()
+    hook = smd.Hook(collector="127.0.0.1:%d" % free_port(), job="nowhere",
+                    save_config=smd.SaveConfig(save_interval=1), close_timeout_seconds=0.2,
+                    include_collections=["weights", "gradients"])
+    assert train(hook, model, batches(20)) == 20
+    assert hook.counters()["tensors_saved"] > 0
+    hook.close()  # times out, logs, does not raise
+    assert not hook.disabled
+
+
+def test_a_failure_inside_sonde_disables_it_and_training_goes_on(collector, caplog):
+    model = Net()
+    hook = smd.Hook(collector=collector.address, job="broken",
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["weights"])
+
+    class Exploding:
+        def __getattr__(self, name):
+            raise RuntimeError("simulated failure inside Sonde")
+
+    losses = []
+    with caplog.at_level(logging.ERROR, logger="sonde"):
+        hook.register_module(model)
+        model(torch.zeros(1, 1, 8, 8))  # step 0 works
+        native = hook._native
+        hook._native = Exploding()      # everything after fails
+        loss_fn = nn.CrossEntropyLoss()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in batches(5):
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert len(losses) == 5 and all(np.isfinite(losses))
+    assert hook.disabled
+    errors = [r for r in caplog.records if "disabled" in r.getMessage()]
+    assert len(errors) == 1  # logged once
+    assert native.close() is None   # what was saved before the failure is stored
+    assert Reader(collector.address, "broken").names() == sorted(
+        "Net_" + n for n, _ in model.named_parameters() if n.endswith("weight"))
+
+
+def test_strict_mode_raises_instead(collector):
+    model = nn.Linear(2, 1)
+    hook = smd.Hook(collector=collector.address, job="strict", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1), include_collections=["weights"])
+    hook.register_module(model)
+    model(torch.zeros(1, 2))
+    native = hook._native
+
+    class Buggy:
+        def __getattr__(self, name):
+            if name == "save_many":
+                raise TypeError("simulated bug inside Sonde")
+            return getattr(native, name)
+
+    hook._native = Buggy()
+    with pytest.raises(smd.SondeError):
+        model(torch.zeros(1, 2))
+    hook.close()
