@@ -364,3 +364,58 @@ def test_strict_mode_raises_instead(collector):
     with pytest.raises(smd.SondeError):
         model(torch.zeros(1, 2))
     hook.close()
+
+
+def test_module_inputs_outputs_and_save_all(collector):
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    loss_fn = nn.CrossEntropyLoss()
+    hook = smd.Hook(collector=collector.address, job="io", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["inputs", "outputs"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    x = torch.randn(5, 4)
+    y = torch.tensor([0, 1, 1, 0, 1])
+    out = model(x)
+    loss_fn(out, y)
+    hook.close()
+    r = Reader(collector.address, "io")
+    assert r.names("outputs") == ["0_output_0", "1_output_0", "2_output_0",
+                                  "CrossEntropyLoss_output_0", "Sequential_output_0"]
+    assert r.names("inputs") == ["0_input_0", "1_input_0", "2_input_0",
+                                 "CrossEntropyLoss_input_0", "CrossEntropyLoss_input_1",
+                                 "Sequential_input_0"]
+    assert r.value("Sequential_input_0", 0).tobytes() == x.numpy().tobytes()
+    assert r.value("Sequential_output_0", 0).tobytes() == out.detach().numpy().tobytes()
+    assert r.value("CrossEntropyLoss_input_1", 0).tolist() == y.tolist()  # int64 labels
+    assert r.names("losses") == ["CrossEntropyLoss_output_0"]
+
+    hook = smd.Hook(collector=collector.address, job="all", strict=True, save_all=True,
+                    save_config=smd.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    hook.close()
+    names = Reader(collector.address, "all").names()
+    for expected in ("0_input_0", "2_output_0", "Sequential_0.weight", "Sequential_2.bias",
+                     "gradient/Sequential_0.weight", "gradient/Sequential_2.bias"):
+        assert expected in names, (expected, names)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here (Debian's PyTorch is built without CUDA)")
+def test_cuda_tensors_are_measured_on_the_device_like_on_the_cpu(collector):
+    torch.manual_seed(3)
+    model = Net().cuda()
+    hook = smd.Hook(collector=collector.address, job="cuda", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["weights", "gradients", "losses"])
+    weights = {}
+    model.register_forward_pre_hook(lambda m, i: weights.update(
+        {n: p.detach().cpu().clone() for n, p in m.named_parameters()}))
+    x, y = batches(1)[0]
+    train(hook, model, [(x.cuda(), y.cuda())])
+    hook.close()
+    r = Reader(collector.address, "cuda")
+    for name, w in weights.items():
+        assert r.value("Net_" + name, 0).tobytes() == w.numpy().tobytes(), name
