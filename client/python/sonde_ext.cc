@@ -188,6 +188,18 @@ class PyHook {
 
  private:
   explicit PyHook(std::unique_ptr<Hook> hook) : hook_(std::move(hook)) {}
+
+ public:
+  // Python drops the object with the GIL held; ~Hook may wait for the
+  // collector (close_timeout), which must not stall other Python threads.
+  ~PyHook() {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      hook_.reset();
+    }
+  }
+
+ private:
   std::unique_ptr<Hook> hook_;
 };
 

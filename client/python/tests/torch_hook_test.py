@@ -419,3 +419,22 @@ def test_cuda_tensors_are_measured_on_the_device_like_on_the_cpu(collector):
     r = Reader(collector.address, "cuda")
     for name, w in weights.items():
         assert r.value("Net_" + name, 0).tobytes() == w.numpy().tobytes(), name
+
+
+def test_dataloader_workers_forked_after_the_hook_do_not_hang_or_break_it(collector):
+    data = torch.utils.data.TensorDataset(torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=2)
+    model = Net()
+    hook = smd.Hook(collector=collector.address, job="forked", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1), include_collections=["weights"])
+    hook.register_module(model)
+    loss_fn = nn.CrossEntropyLoss()
+    steps = 0
+    for epoch in range(2):  # workers are forked anew each epoch, after the hook exists
+        for x, y in loader:
+            loss_fn(model(x), y).backward()
+            steps += 1
+    assert steps == 8
+    hook.close()
+    r = Reader(collector.address, "forked")
+    assert [s[0] for s in r.steps()] == list(range(8))

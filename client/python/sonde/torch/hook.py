@@ -176,6 +176,7 @@ class Hook:
         self._native = None
         self._disabled = self.worker != 0 and include_workers == "one"
         self._closed = False
+        self._pid = os.getpid()  # a forked child (DataLoader worker) must not touch the hook
         self._logged = set()
         self._due = False
         self._mode = _modes.GLOBAL
@@ -559,6 +560,8 @@ class Hook:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:
+            return  # a forked child: the C++ hook's threads live in the parent only
         for handle in self._handles:
             handle.remove()
         self._handles = []
