@@ -44,6 +44,13 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
     if (!table.ok()) return table.status();
     tokens = std::move(*table);
   }
+  tensorboard::ExportOptions tensorboard_options = options.tensorboard;
+  if (tensorboard_options.dir.empty()) {
+    tensorboard_options.dir = absl::StrCat(options.data_dir, "/tensorboard");
+  }
+  if (absl::Status s = tensorboard::ValidateExportOptions(tensorboard_options); !s.ok()) {
+    return s;
+  }
   if (options.limits.max_chunk_bytes == 0 ||
       options.limits.max_chunk_bytes > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -87,6 +94,10 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
     absl::Status s = c->store_->PutJob(job);
     if (!s.ok()) return s;
   }
+  // Reads only what the store has committed, on its own thread.
+  auto exporter = tensorboard::Exporter::Start(c->store_.get(), std::move(tensorboard_options));
+  if (!exporter.ok()) return exporter.status();
+  c->tensorboard_ = std::move(*exporter);
   c->storage_pool_ = std::make_unique<ThreadPool>(options.storage_threads, 4096);
   c->rule_pool_ = std::make_unique<ThreadPool>(options.rule_threads, 4096);
   c->webhooks_ = std::make_unique<WebhookNotifier>(options.webhooks);
@@ -167,6 +178,9 @@ void Collector::Shutdown() {
   }
   // Order matters: rules (which write results) before the store closes.
   if (registry_ != nullptr) registry_->DrainRules();
+  // Every step is stored by now: the exporter writes what it has not yet,
+  // closes its files, and lets go of the store.
+  tensorboard_.reset();
   if (views_ != nullptr) views_->Unbind();  // its gauges read the pools, webhooks, store
   storage_pool_.reset();
   registry_.reset();

@@ -17,6 +17,7 @@
 #include "server/ingest_session.h"
 #include "server/retention.h"
 #include "server/security.h"
+#include "server/tensorboard/exporter.h"
 #include "server/webhook_notifier.h"
 
 namespace grpc {
@@ -78,6 +79,11 @@ struct CollectorOptions {
   // server/auth.h). Default: plaintext, no authentication, which is only
   // allowed on a loopback `listen`.
   ServerSecurityOptions security;
+  // TensorBoard event files of jobs (server/tensorboard/exporter.h): which
+  // jobs, where, per worker, which statistics. Default: only jobs whose
+  // hello metadata asks ("sonde.tensorboard" = "on" or "per_worker"), into
+  // <data_dir>/tensorboard when `tensorboard.dir` is empty.
+  tensorboard::ExportOptions tensorboard;
 };
 
 class Collector {
@@ -116,6 +122,7 @@ class Collector {
   std::unique_ptr<TokenTable> tokens_;  // null without authentication
   std::unique_ptr<AuthorizingQueryService> authorizing_query_service_;  // likewise
   std::unique_ptr<RetentionThread> retention_;  // null when retention is off
+  std::unique_ptr<tensorboard::Exporter> tensorboard_;
   std::unique_ptr<grpc::Server> server_;
   absl::Duration shutdown_grace_;
   absl::Mutex shutdown_mu_;

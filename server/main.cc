@@ -15,6 +15,7 @@
 #include "glog/logging.h"
 #include "rules/rule_config.h"
 #include "server/collector.h"
+#include "server/tensorboard/summary.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to listen on; port 0 picks a free port. Use 0.0.0.0:PORT to accept "
@@ -61,6 +62,18 @@ ABSL_FLAG(bool, allow_insecure, false,
           "allow plaintext without --auth_tokens on an address that is not loopback");
 ABSL_FLAG(absl::Duration, retention_interval, absl::Minutes(10),
           "how often retention runs (it also runs at start) when a retention limit is set");
+ABSL_FLAG(std::string, tensorboard_dir, "",
+          "write TensorBoard event files of every job under this directory "
+          "(<dir>/<job>/<mode>/); a job's hello metadata sonde.tensorboard=off opts out. "
+          "Empty: only jobs whose metadata says sonde.tensorboard=on or per_worker, under "
+          "<data_dir>/tensorboard");
+ABSL_FLAG(bool, tensorboard_per_worker, false,
+          "also write one TensorBoard run per worker (<dir>/<job>/worker_<n>/<mode>/)");
+ABSL_FLAG(std::vector<std::string>, tensorboard_statistics,
+          std::vector<std::string>({"mean", "std", "l2"}),
+          "statistics written as '<tensor>/<statistic>' scalars for tensors of more than one "
+          "element: min, max, mean, std, variance, sum, l1, l2, abs_ forms, count, "
+          "finite_count, nan_count, pos_inf_count, neg_inf_count, zero_count, sum_squares");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Sonde's collector. Example: sonde-collector --listen=127.0.0.1:0 --data_dir=/tmp/sonde");
@@ -99,6 +112,16 @@ int main(int argc, char** argv) {
   options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.security.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   options.security.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  options.tensorboard.dir = absl::GetFlag(FLAGS_tensorboard_dir);
+  options.tensorboard.export_all = !options.tensorboard.dir.empty();
+  options.tensorboard.per_worker = absl::GetFlag(FLAGS_tensorboard_per_worker);
+  options.tensorboard.statistics = absl::GetFlag(FLAGS_tensorboard_statistics);
+  if (absl::Status s = sonde::server::tensorboard::ValidateStatisticNames(
+          options.tensorboard.statistics);
+      !s.ok()) {
+    std::cerr << "sonde-collector: --tensorboard_statistics: " << s.message() << "\n";
+    return 2;
+  }
   if (absl::Status s = sonde::server::CheckServerSecurity(options.listen, options.security);
       !s.ok()) {
     std::cerr << "sonde-collector: " << s.message() << "\n";

@@ -4,6 +4,7 @@
 #ifndef SONDE_TESTS_TESTING_IN_PROCESS_COLLECTOR_H_
 #define SONDE_TESTS_TESTING_IN_PROCESS_COLLECTOR_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,14 +18,17 @@ namespace sonde::testing {
 class InProcessCollector {
  public:
   // `rules` in the --rules flag syntax, e.g. "ExplodingTensor(actions=StopTraining)".
-  explicit InProcessCollector(const std::string& rules = "",
-                              server::IngestLimits limits = server::IngestLimits()) {
+  // `configure` may change any other option (kept across restarts).
+  explicit InProcessCollector(
+      const std::string& rules = "", server::IngestLimits limits = server::IngestLimits(),
+      const std::function<void(server::CollectorOptions&)>& configure = nullptr) {
     options_.listen = "127.0.0.1:0";
     options_.data_dir = dir_.Sub("db");
     options_.limits = limits;
     auto parsed = rules::ParseRuleFlag(rules);
     EXPECT_TRUE(parsed.ok()) << parsed.status();
     if (parsed.ok()) options_.default_rules = *parsed;
+    if (configure) configure(options_);
     Start();
   }
 
@@ -39,10 +43,12 @@ class InProcessCollector {
     Start();
   }
   // A new collector on the same data and the same address, as a restarted
-  // service would be: clients reconnect on their own.
-  void RestartInPlace() {
+  // service would be: clients reconnect on their own. `between` runs while
+  // no collector is up (e.g. to leave files as a crash would).
+  void RestartInPlace(const std::function<void()>& between = nullptr) {
     const std::string address = collector_->address();
     Stop();
+    if (between) between();
     options_.listen = address;
     Start();
     options_.listen = "127.0.0.1:0";
