@@ -33,70 +33,60 @@ def _mode_name(mode):
         return str(mode)
 
 
-class TensorUnavailable(Exception):
-    def __init__(self, tname):
-        super().__init__(tname)
-        self.tname = tname
+class _Described(Exception):
+    """Keeps its arguments as the attributes named in _fields and says
+    _message formatted with them (and mode_name)."""
+
+    _fields = ()
+    _message = ""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        for name, value in zip(self._fields, args):
+            setattr(self, name, value)
 
     def __str__(self):
-        return "tensor '{}' was not saved".format(self.tname)
+        values = {name: getattr(self, name) for name in self._fields}
+        return self._message.format(mode_name=_mode_name(values.get("mode")), **values)
 
 
-class TensorUnavailableForStep(Exception):
+class TensorUnavailable(_Described):
+    _fields = ("tname",)
+    _message = "tensor '{tname}' was not saved"
+
+
+class TensorUnavailableForStep(_Described):
+    _fields = ("tname", "step", "mode", "has_reductions")
+    _message = "tensor '{tname}' has no values at {mode_name} step {step}"
+
     def __init__(self, tname, step, mode=ModeKeys.GLOBAL, has_reductions=False):
         super().__init__(tname, step, mode, has_reductions)
-        self.tname = tname
-        self.step = step
-        self.mode = mode
-        self.has_reductions = has_reductions
 
     def __str__(self):
-        msg = "tensor '{}' has no values at {} step {}".format(
-            self.tname, _mode_name(self.mode), self.step)
         if self.has_reductions:
-            msg += " (only its statistics were saved: ask reduction_value)"
-        return msg
+            return super().__str__() + " (only its statistics were saved: ask reduction_value)"
+        return super().__str__()
 
 
-class StepUnavailable(Exception):
-    def __init__(self, step, mode):
-        super().__init__(step, mode)
-        self.step = step
-        self.mode = mode
-
-    def __str__(self):
-        return "{} step {} was not saved".format(_mode_name(self.mode), self.step)
+class StepUnavailable(_Described):
+    _fields = ("step", "mode")
+    _message = "{mode_name} step {step} was not saved"
 
 
-class StepNotYetAvailable(Exception):
-    def __init__(self, step, mode):
-        super().__init__(step, mode)
-        self.step = step
-        self.mode = mode
-
-    def __str__(self):
-        return "{} step {} is not available yet".format(_mode_name(self.mode), self.step)
+class StepNotYetAvailable(_Described):
+    _fields = ("step", "mode")
+    _message = "{mode_name} step {step} is not available yet"
 
 
-class NoMoreData(Exception):
-    def __init__(self, step, mode, last_step):
-        super().__init__(step, mode, last_step)
-        self.step = step
-        self.mode = mode
-        self.last_step = last_step
-
-    def __str__(self):
-        return "training ended before {} step {}; the last {} step saved is {}".format(
-            _mode_name(self.mode), self.step, _mode_name(self.mode), self.last_step)
+class NoMoreData(_Described):
+    _fields = ("step", "mode", "last_step")
+    _message = ("training ended before {mode_name} step {step}; "
+                "the last {mode_name} step saved is {last_step}")
 
 
-class InvalidWorker(Exception):
-    def __init__(self, worker):
-        super().__init__(worker)
-        self.worker = worker
-
-    def __str__(self):
-        return "invalid worker: {}".format(self.worker)
+class InvalidWorker(_Described):
+    _fields = ("worker",)
+    _message = "invalid worker: {worker}"
 
 
 class QueryError(Exception):

@@ -32,24 +32,16 @@ def check_name(name):
             name, ", ".join(REDUCTIONS)))
 
 
+_NUMPY = {"min": np.amin, "max": np.amax, "mean": np.mean, "std": np.std, "variance": np.var,
+          "sum": np.sum, "prod": np.prod}
+
+
 def from_values(name, array, abs=False):
     check_name(name)
     data = np.absolute(array) if abs else array
-    if name == "min":
-        return np.amin(data)
-    if name == "max":
-        return np.amax(data)
-    if name == "mean":
-        return np.mean(data)
-    if name == "std":
-        return np.std(data)
-    if name == "variance":
-        return np.var(data)
-    if name == "sum":
-        return np.sum(data)
-    if name == "prod":
-        return np.prod(data)
-    return np.linalg.norm(np.ravel(data), ord=1 if name == "l1" else 2)
+    if name in ("l1", "l2"):
+        return np.linalg.norm(np.ravel(data), ord=1 if name == "l1" else 2)
+    return _NUMPY[name](data)
 
 
 def from_statistics(name, stats, abs=False):

@@ -53,10 +53,15 @@ def loss(step):
     return np.array(1.0 / (step + 1))
 
 
-def test_wait_for_steps_blocks_until_the_step_is_committed(collector, open_trial):
-    w = Worker(collector.address, "live")
+def started(collector, open_trial, job):
+    """A worker that has committed step 0 of `job`, and a Trial on the job."""
+    w = Worker(collector.address, job)
     w.step(0, {"loss": loss(0)})
-    trial = open_trial(collector.address, "live")
+    return w, open_trial(collector.address, job)
+
+
+def test_wait_for_steps_blocks_until_the_step_is_committed(collector, open_trial):
+    w, trial = started(collector, open_trial, "live")
     assert trial.has_passed_step(3) == StepState.NOT_YET_AVAILABLE
     calls = []
     unary = trial._conn.call
@@ -80,9 +85,7 @@ def test_wait_for_steps_blocks_until_the_step_is_committed(collector, open_trial
 
 
 def test_a_trial_follows_a_job_that_keeps_streaming(collector, open_trial):
-    w = Worker(collector.address, "streaming")
-    w.step(0, {"loss": loss(0)})
-    trial = open_trial(collector.address, "streaming")
+    w, trial = started(collector, open_trial, "streaming")
     go_on = threading.Event()
 
     def train():
@@ -123,9 +126,7 @@ def test_new_tensors_and_steps_show_without_a_new_trial(collector, open_trial):
 
 
 def test_a_skipped_step_turns_unavailable_once_a_later_step_is_stored(collector, open_trial):
-    w = Worker(collector.address, "skips")
-    w.step(0, {"loss": loss(0)})
-    trial = open_trial(collector.address, "skips")
+    w, trial = started(collector, open_trial, "skips")
     assert trial.has_passed_step(0) == StepState.AVAILABLE
     assert trial.has_passed_step(1) == StepState.NOT_YET_AVAILABLE
     w.step(2, {"loss": loss(2)})
@@ -196,9 +197,7 @@ def test_wait_for_mode_steps_while_other_modes_stream(collector, open_trial):
 
 
 def test_the_end_of_the_job_wakes_a_wait_with_no_more_data(collector, open_trial):
-    w = Worker(collector.address, "ends")
-    w.step(0, {"loss": loss(0)})
-    trial = open_trial(collector.address, "ends")
+    w, trial = started(collector, open_trial, "ends")
     waiter = Background(lambda: trial.wait_for_steps([10]))
     waiter.start()
     w.step(1, {"loss": loss(1)})
@@ -211,9 +210,7 @@ def test_the_end_of_the_job_wakes_a_wait_with_no_more_data(collector, open_trial
 
 
 def test_a_wait_with_a_timeout_gives_up_with_step_not_yet_available(collector, open_trial):
-    w = Worker(collector.address, "slow")
-    w.step(0, {"loss": loss(0)})
-    trial = open_trial(collector.address, "slow")
+    w, trial = started(collector, open_trial, "slow")
     with pytest.raises(StepNotYetAvailable) as e:
         trial.wait_for_steps([0, 5], timeout=0.3)
     assert e.value.step == 5
@@ -221,10 +218,8 @@ def test_a_wait_with_a_timeout_gives_up_with_step_not_yet_available(collector, o
 
 
 def test_a_disconnected_job_is_waited_for_not_declared_over(collector, open_trial):
-    w = Worker(collector.address, "gone")
-    w.step(0, {"loss": loss(0)})
+    w, trial = started(collector, open_trial, "gone")
     w.close()  # the stream ends without a job end: the worker may come back
-    trial = open_trial(collector.address, "gone")
     assert not trial.training_ended()
     assert trial.has_passed_step(1) == StepState.NOT_YET_AVAILABLE
     with pytest.raises(StepNotYetAvailable):
