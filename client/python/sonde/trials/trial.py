@@ -191,7 +191,7 @@ class Trial:
         its steps, then one more per streamed step at or past the first
         missing one. A step the stream delivers counts as AVAILABLE even if
         a worker never committed it (the collector hands a step to its rules
-        after --step_wait without a missing worker). While the job is not
+        once it has waited --step_wait for a missing worker). While the job is not
         live on the collector (pending, or disconnected without a job end)
         the stream ends at once, and the wait looks again after 0.25 s,
         doubling up to 5 s.
