@@ -130,6 +130,7 @@ bool Sender::SpillLocked(const SpillRecord& record) {
 
 bool Sender::EnqueueTensor(QueuedTensor tensor) {
   absl::MutexLock lock(&mu_);
+  ++open_step_tensors_;
   if (closing_ || give_up_) {
     ++counters_.tensors_dropped;
     return false;
@@ -189,6 +190,11 @@ bool Sender::EnqueueTensor(QueuedTensor tensor) {
 void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, double duration) {
   absl::MutexLock lock(&mu_);
   if (closing_ || give_up_) return;
+  // A step that saved nothing (most steps, at save_interval 100) costs the
+  // collector a commit and both sides a wake-up for no data: it is not
+  // sent. Completion still works, since a worker's later step passes it.
+  if (open_step_tensors_ == 0 && steps_dropped_pending_ == 0) return;
+  open_step_tensors_ = 0;
   if (queue_.size() >= kMaxQueuedItems) {
     // Even the step end does not fit: the whole step is a gap, reported
     // with the next step end that gets through.

@@ -82,6 +82,8 @@ class Sender {
   // Never block on the network (kBlock: at most max_block). Returns false
   // when the tensor was dropped.
   bool EnqueueTensor(QueuedTensor tensor);
+  // Ends the open step; a step in which no tensor was enqueued (and none
+  // dropped) is not sent.
   void EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, double duration);
 
   // Sends the job end and waits up to `timeout` for the collector to
@@ -156,6 +158,9 @@ class Sender {
   int64_t resume_step_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t server_chunk_limit_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t open_step_dropped_ ABSL_GUARDED_BY(mu_) = 0;   // tensors of the open step
+  // Tensors of the open step that reached EnqueueTensor (sent, spilled or
+  // dropped). A step with none is not sent at all.
+  uint32_t open_step_tensors_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t steps_dropped_pending_ ABSL_GUARDED_BY(mu_) = 0;  // not yet reported
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // the sender thread has exited
