@@ -180,10 +180,15 @@ class Hook:
         self._logged = set()
         self._due = False
         self._mode = _modes.GLOBAL
-        self._handles = []
+        self._handles = []          # permanent: the models' pre-hooks, unhooked models' losses
+        self._step_handles = []     # this step's forward and gradient hooks
+        self._watched = []          # modules whose forward hooks a saving step adds
+        self._gradients = []        # (name, param) whose gradient hooks a saving step adds
         self._module_names = {}     # id(module) -> smdebug name
         self._module_collections = {}  # id(module) -> [(collection, inputs, outputs)]
         self._tops = set()          # ids of registered top-level modules
+        self._losses = []           # registered loss modules
+        self._loss_handle_ids = set()
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
         if export_tensorboard:
             meta.setdefault("sonde.tensorboard", "on")
@@ -295,7 +300,6 @@ class Hook:
         for item in items:
             if isinstance(item, torch.nn.Module):
                 c.add_module_tensors(item, outputs=True)
-                self._module_collections.setdefault(id(item), []).append((c.name, False, True))
             else:
                 c.add_tensor_name(str(item))
                 if self._native is not None:
@@ -318,16 +322,20 @@ class Hook:
             self._module_names[id(sub)] = name if name else top
         self._module_names[id(module)] = top
         self._tops.add(id(module))
+        # Only the model's pre-hook stays for the whole run. Forward and
+        # gradient hooks are added by the steps that save something and
+        # removed when the next step starts, so on the other steps PyTorch
+        # runs every submodule on its hook-free fast path.
         self._handles.append(module.register_forward_pre_hook(self._forward_pre_hook))
-        for sub in module.modules():
-            self._handles.append(sub.register_forward_hook(self._forward_hook))
+        self._watched.extend(module.modules())
         for pname, param in module.named_parameters():
             if param.requires_grad:
-                self._handles.append(param.register_hook(self._gradient_hook(
-                    "gradient/%s_%s" % (top, pname))))
-        for c in self._collections.values():
-            for (m, inputs, outputs) in c.modules:
-                self._module_collections.setdefault(id(m), []).append((c.name, inputs, outputs))
+                self._gradients.append(("gradient/%s_%s" % (top, pname), param))
+        if len(self._tops) == 1 and self._losses:
+            # Losses registered before the first model were hooked for good.
+            self._watched.extend(self._losses)
+            for handle in self._loss_handles():
+                handle.remove()
 
     register_hook = register_module  # the name in smdebug's older notebooks
 
@@ -337,7 +345,44 @@ class Hook:
         if not isinstance(loss_module, torch.nn.Module):
             raise TypeError("register_loss needs a torch.nn.Module, not %s" % type(loss_module))
         self._module_names[id(loss_module)] = loss_module._get_name()
-        self._handles.append(loss_module.register_forward_hook(self._forward_hook))
+        self._losses.append(loss_module)
+        if self._tops:
+            self._watched.append(loss_module)  # hooked by saving steps, as the model's modules
+        else:
+            # No model starts steps yet: the loss is hooked for good.
+            handle = loss_module.register_forward_hook(self._forward_hook)
+            self._loss_handle_ids.add(id(handle))
+            self._handles.append(handle)
+
+    def _loss_handles(self):
+        losses = [h for h in self._handles if id(h) in self._loss_handle_ids]
+        self._handles = [h for h in self._handles if id(h) not in self._loss_handle_ids]
+        self._loss_handle_ids = set()
+        return losses
+
+    def _hook_step(self):
+        """Adds this saving step's forward and gradient hooks."""
+        seen = set()
+        modules = list(self._watched)
+        self._module_collections = {}
+        for c in self._collections.values():
+            for (m, inputs, outputs) in c.modules:
+                modules.append(m)
+                self._module_collections.setdefault(id(m), []).append((c.name, inputs, outputs))
+        for m in modules:
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            self._module_names.setdefault(id(m), m._get_name())
+            self._step_handles.append(m.register_forward_hook(self._forward_hook))
+        if self._mode not in (_modes.EVAL, _modes.PREDICT):
+            for name, param in self._gradients:
+                self._step_handles.append(param.register_hook(self._gradient_hook(name)))
+
+    def _unhook_step(self):
+        for handle in self._step_handles:
+            handle.remove()
+        self._step_handles = []
 
     # ---- steps and modes ----------------------------------------------
 
@@ -369,8 +414,12 @@ class Hook:
         if self.raise_on_stop and h.should_stop():
             raise StopTrainingRequested(h.stop_action())
         try:
+            if self._step_handles:
+                self._unhook_step()
             h.start_step()
             self._due = h.step_may_save()
+            if self._due:
+                self._hook_step()
         except Exception as e:  # noqa: BLE001
             self._fail("start_step", e)
 
@@ -565,6 +614,7 @@ class Hook:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._unhook_step()
         self._due = False
         h = self._native
         if h is None:
