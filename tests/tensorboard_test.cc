@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -420,6 +421,17 @@ void ExpectHistogramOf(const Histo& h, const std::vector<float>& values, int ste
   EXPECT_EQ(h.limits.back(), std::numeric_limits<double>::max());
 }
 
+// For the manual check with the real TensorBoard (docs/tensorboard.md):
+// with SONDE_TENSORBOARD_KEEP=DIR, a test's files are copied to DIR/<test>.
+void KeepForManualCheck(const std::string& tb) {
+  const char* keep = std::getenv("SONDE_TENSORBOARD_KEEP");
+  if (keep == nullptr) return;
+  const std::string to =
+      absl::StrCat(keep, "/", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::create_directories(to);
+  std::filesystem::copy(tb, to, std::filesystem::copy_options::recursive);
+}
+
 TEST(TensorBoardExport, ScalarsStatisticsAndHistogramsOneRunPerMode) {
   TempDir tb;
   InProcessCollector collector("", server::IngestLimits(), [&](server::CollectorOptions& o) {
@@ -475,6 +487,7 @@ TEST(TensorBoardExport, ScalarsStatisticsAndHistogramsOneRunPerMode) {
   for (int step = 0; step < kEvalSteps; ++step) {
     EXPECT_EQ(Scalar(eval, "loss", step), static_cast<float>(EvalLoss(step)));
   }
+  KeepForManualCheck(tb.path());
 }
 
 TEST(TensorBoardExport, JobsChooseThroughMetadataAndPerWorkerRunsSplitWorkers) {
@@ -521,6 +534,7 @@ TEST(TensorBoardExport, JobsChooseThroughMetadataAndPerWorkerRunsSplitWorkers) {
   }
   collector.Stop();
 
+  KeepForManualCheck(tb);
   EXPECT_THAT(Entries(tb), UnorderedElementsAre("ddp", "asks"));
   EXPECT_THAT(Entries(tb + "/asks"), UnorderedElementsAre("train", ".sonde-tensorboard-progress"));
   EXPECT_EQ(Scalar(ReadRun(tb + "/asks/train"), "loss", 1), static_cast<float>(EvalLoss(1)));
@@ -641,6 +655,7 @@ TEST(TensorBoardExport, RestartResumesInNewFilesWithoutWritingAStepTwice) {
   const RunData eval = ReadRun(tb.path() + "/resumed/eval");
   EXPECT_EQ(eval.files.size(), 1u);
   EXPECT_EQ(Scalar(eval, "loss", 1), static_cast<float>(EvalLoss(1)));
+  KeepForManualCheck(tb.path());
 }
 
 }  // namespace

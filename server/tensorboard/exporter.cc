@@ -4,8 +4,10 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/dtype.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/tensorboard/event_file.h"
@@ -39,17 +41,9 @@ bool IsFinished(v1::JobStatus s) {
   return s == v1::JOB_STATUS_FINISHED || s == v1::JOB_STATUS_STOPPED;
 }
 
+// "train", "eval", "predict", "global" (where steps without a mode are stored).
 std::string ModeDir(v1::Mode mode) {
-  switch (mode) {
-    case v1::MODE_TRAIN:
-      return "train";
-    case v1::MODE_EVAL:
-      return "eval";
-    case v1::MODE_PREDICT:
-      return "predict";
-    default:
-      return "global";
-  }
+  return absl::AsciiStrToLower(ModeName(mode == v1::MODE_UNSPECIFIED ? v1::MODE_GLOBAL : mode));
 }
 
 // The last global step whose data is all there: every worker that joined
