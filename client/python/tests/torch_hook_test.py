@@ -438,3 +438,29 @@ def test_dataloader_workers_forked_after_the_hook_do_not_hang_or_break_it(collec
     hook.close()
     r = Reader(collector.address, "forked")
     assert [s[0] for s in r.steps()] == list(range(8))
+
+
+def test_get_hook_returns_one_hook_per_process(collector, tmp_path, monkeypatch):
+    import sonde.torch.hook as hook_module
+    monkeypatch.setattr(hook_module, "_GLOBAL_HOOK", None)
+    for env in hook_module.CONFIG_FILE_ENV:
+        monkeypatch.delenv(env, raising=False)
+    assert smd.get_hook() is None  # no config file, nothing asked for
+    monkeypatch.setenv("SONDE_COLLECTOR", collector.address)
+    monkeypatch.setenv("SONDE_JOB", "env-job")
+    hook = smd.get_hook(create_if_not_exists=True, strict=True)
+    assert smd.get_hook() is hook
+    model = nn.Linear(2, 1)
+    loss_fn = nn.MSELoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    loss_fn(model(torch.ones(1, 2)), torch.zeros(1, 1))
+    hook.close()
+    assert Reader(collector.address, "env-job").names() == ["MSELoss_output_0"]
+    config = tmp_path / "hook.json"
+    config.write_text(json.dumps({"HookParameters": {"collector": collector.address,
+                                                     "job": "file-job"}}))
+    monkeypatch.setenv("SMDEBUG_CONFIG_FILE_PATH", str(config))
+    from_file = smd.get_hook()  # the closed hook is replaced by the file's
+    assert from_file is not hook and from_file._options["config_file"] == str(config)
+    from_file.close()

@@ -7,4 +7,4 @@ from sonde.config import (  # noqa: F401
     SaveConfig,
     SaveConfigMode,
 )
-from sonde.torch.hook import Hook, SondeError, StopTrainingRequested  # noqa: F401
+from sonde.torch.hook import Hook, SondeError, StopTrainingRequested, get_hook  # noqa: F401

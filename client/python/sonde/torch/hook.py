@@ -672,3 +672,29 @@ def _close_at_exit(ref):
             hook.close()
         except Exception:  # noqa: BLE001 - never fail interpreter exit
             pass
+
+
+_GLOBAL_HOOK = None
+
+
+def get_hook(json_config_path=None, create_if_not_exists=False, **kwargs):
+    """The process's hook, as smdebug's get_hook: the one made here before,
+    else one from the hook-config JSON file when there is one (the path, or
+    $SONDE_CONFIG_FILE_PATH / $SMDEBUG_CONFIG_FILE_PATH), else a new hook
+    from kwargs and $SONDE_COLLECTOR / $SONDE_JOB when create_if_not_exists,
+    else None."""
+    global _GLOBAL_HOOK
+    if _GLOBAL_HOOK is not None and not _GLOBAL_HOOK._closed:
+        return _GLOBAL_HOOK
+    path = json_config_path
+    if path is None:
+        path = next((os.environ[e] for e in CONFIG_FILE_ENV if os.environ.get(e)), None)
+    if path is None and os.path.isfile(DEFAULT_CONFIG_FILE):
+        path = DEFAULT_CONFIG_FILE
+    if path is not None:
+        _GLOBAL_HOOK = Hook.create_from_json_file(path, **kwargs)
+    elif create_if_not_exists:
+        _GLOBAL_HOOK = Hook(**kwargs)
+    else:
+        return None
+    return _GLOBAL_HOOK
