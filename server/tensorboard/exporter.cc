@@ -115,11 +115,6 @@ Exporter::Exporter(storage::Store* store, ExportOptions options)
 
 Exporter::~Exporter() { Stop(); }
 
-void Exporter::Poke() {
-  absl::MutexLock lock(&mu_);
-  poked_ = true;
-}
-
 bool Exporter::stopping() const {
   absl::MutexLock lock(&mu_);
   return stopping_;
@@ -142,10 +137,8 @@ void Exporter::Loop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || poked_; };
-      mu_.AwaitWithTimeout(absl::Condition(&woken), options_.poll_interval);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.poll_interval);
       if (stopping_) break;
-      poked_ = false;
     }
     Pass(Budget{this, absl::InfiniteFuture(), false});
   }

@@ -20,7 +20,7 @@
 // job is tried again later; bad data costs its value, never the process.
 // Files of a deleted job stay where they are.
 //
-// Thread-safe: Poke and Stop may be called from any thread.
+// Thread-safe: Stop may be called from any thread.
 #ifndef SONDE_SERVER_TENSORBOARD_EXPORTER_H_
 #define SONDE_SERVER_TENSORBOARD_EXPORTER_H_
 
@@ -86,8 +86,6 @@ class Exporter {
   Exporter(const Exporter&) = delete;
   Exporter& operator=(const Exporter&) = delete;
 
-  // Looks at the store now rather than at the next poll.
-  void Poke();
   // Exports what is complete (for at most stop_budget), closes every file
   // and ends the thread. Idempotent.
   void Stop();
@@ -124,7 +122,6 @@ class Exporter {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool poked_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool list_error_logged_ = false;  // export thread only
   // Jobs by name; the export thread's alone.
