@@ -195,8 +195,9 @@ class Hook:
         self._options = {
             "collector": collector or os.environ.get("SONDE_COLLECTOR") or "127.0.0.1:7070",
             "job": job or os.environ.get("SONDE_JOB") or "",
-            "worker": self.worker,
-            "world_size": self.world_size,
+            # With include_workers="one" only rank 0 streams, as a job of one.
+            "worker": self.worker if include_workers == "all" else 0,
+            "world_size": self.world_size if include_workers == "all" else 1,
             "metadata": meta,
             "rules": rules if isinstance(rules, str) or rules is None else ";".join(rules),
             "token": token,
