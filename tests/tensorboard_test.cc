@@ -511,6 +511,9 @@ TEST(TensorBoardExport, JobsChooseThroughMetadataAndPerWorkerRunsSplitWorkers) {
       (*hook)->SetMode(v1::MODE_TRAIN);
       hooks.push_back(std::move(*hook));
     }
+    // Both workers join before either ends: a job ends when every worker
+    // that joined has ended.
+    for (auto& hook : hooks) SONDE_ASSERT_OK(hook->WaitUntilConnected(absl::Seconds(30)));
     for (int step = 0; step < kSteps; ++step) {
       for (int worker = 0; worker < 2; ++worker) {
         Hook& hook = *hooks[worker];
