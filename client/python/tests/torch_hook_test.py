@@ -464,3 +464,51 @@ def test_get_hook_returns_one_hook_per_process(collector, tmp_path, monkeypatch)
     from_file = smd.get_hook()  # the closed hook is replaced by the file's
     assert from_file is not hook and from_file._options["config_file"] == str(config)
     from_file.close()
+
+
+def _tfrecords(path):
+    """Records of a TFRecord file, both masked CRC-32Cs checked."""
+    import struct
+    from sonde.trials.crc32c import crc32c
+
+    def masked(data):
+        c = crc32c(data)
+        return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    data = path.read_bytes()
+    records, pos = [], 0
+    while pos < len(data):
+        header = data[pos:pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        assert struct.unpack("<I", data[pos + 8:pos + 12])[0] == masked(header)
+        body = data[pos + 12:pos + 12 + length]
+        assert struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])[0] == masked(body)
+        records.append(body)
+        pos += 16 + length
+    return records
+
+
+def test_export_tensorboard_asks_the_collector_for_event_files(collector):
+    import pathlib
+    import time
+    model = nn.Linear(3, 2)
+    loss_fn = nn.CrossEntropyLoss()
+    hook = smd.Hook(collector=collector.address, job="tb", strict=True, export_tensorboard=True,
+                    save_config=smd.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.set_mode(modes.TRAIN)
+    for _ in range(3):
+        loss_fn(model(torch.randn(4, 3)), torch.tensor([0, 1, 0, 1]))
+    hook.close()
+    run = pathlib.Path(collector.data_dir) / "tensorboard" / "tb" / "train"
+    deadline = time.time() + 20
+    records = []
+    while time.time() < deadline:
+        files = sorted(run.glob("events.out.tfevents.*")) if run.exists() else []
+        records = [r for f in files for r in _tfrecords(f)]
+        if sum(b"CrossEntropyLoss_output_0" in r for r in records) >= 3:
+            break
+        time.sleep(0.2)
+    assert b"brain.Event:2" in records[0]
+    assert sum(b"CrossEntropyLoss_output_0" in r for r in records) == 3  # one per step
