@@ -36,7 +36,7 @@ struct Worker {
 
   void Start(const std::string& collector, const std::string& job, bool stop) {
     const std::string cmd = absl::StrCat(
-        "PYTHONPATH=", Runfile(""), " /usr/bin/python3 ",
+        "PYTHONPATH=", Runfile("client/python"), " /usr/bin/python3 ",
         Runfile("examples/external_rule/loss_spike_worker.py"), " --collector=", collector,
         " --job=", job, stop ? " --stop" : "", " 2>&1");
     thread = std::thread([this, cmd] {

@@ -40,6 +40,17 @@ py::object StatusToPython(const absl::Status& s) {
                         std::string(s.message()));
 }
 
+// Runs `f` (returning absl::Status) with the GIL released.
+template <typename F>
+py::object WithoutGil(F f) {
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    s = f();
+  }
+  return StatusToPython(s);
+}
+
 TensorView ToView(uintptr_t data, int dtype, std::vector<int64_t> shape, int device,
                   int device_index, uintptr_t stream) {
   TensorView v;
@@ -85,13 +96,10 @@ class PyHook {
   py::object Save(const std::string& name, uintptr_t data, int dtype, std::vector<int64_t> shape,
                   const std::vector<std::string>& collections, int device, int device_index,
                   uintptr_t stream) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = hook_->SaveTensor(name, ToView(data, dtype, std::move(shape), device, device_index, stream),
-                            collections);
-    }
-    return StatusToPython(s);
+    return WithoutGil([&] {
+      return hook_->SaveTensor(
+          name, ToView(data, dtype, std::move(shape), device, device_index, stream), collections);
+    });
   }
 
   // items: (name, data, dtype, shape, collections, device, device_index, stream)
@@ -107,22 +115,12 @@ class PyHook {
                  std::get<6>(t), std::get<7>(t)),
           std::move(std::get<4>(t))});
     }
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = hook_->SaveTensors(tensors);
-    }
-    return StatusToPython(s);
+    return WithoutGil([&] { return hook_->SaveTensors(tensors); });
   }
 
   py::object SaveScalar(const std::string& name, double value,
                         const std::vector<std::string>& collections) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = hook_->SaveScalar(name, value, collections);
-    }
-    return StatusToPython(s);
+    return WithoutGil([&] { return hook_->SaveScalar(name, value, collections); });
   }
 
   void AddToCollection(const std::string& collection, const std::string& name) {
@@ -131,28 +129,13 @@ class PyHook {
   void IncludeCollection(const std::string& collection) { hook_->IncludeCollection(collection); }
 
   py::object WaitUntilConnected(double seconds) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = hook_->WaitUntilConnected(absl::Seconds(seconds));
-    }
-    return StatusToPython(s);
+    return WithoutGil([&] { return hook_->WaitUntilConnected(absl::Seconds(seconds)); });
   }
   py::object Flush(double seconds) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = hook_->Flush(absl::Seconds(seconds));
-    }
-    return StatusToPython(s);
+    return WithoutGil([&] { return hook_->Flush(absl::Seconds(seconds)); });
   }
   py::object Close() {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = hook_->Close();
-    }
-    return StatusToPython(s);
+    return WithoutGil([&] { return hook_->Close(); });
   }
 
   bool ShouldStop() const { return hook_->should_stop(); }
@@ -222,12 +205,7 @@ PYBIND11_MODULE(_sonde, m) {
     return sonde::StatusToPython(sonde::Hook::Validate(options));
   }, py::arg("options_json"), "None if a hook could be created with these options, else (code, why)");
   m.def("probe_device", [](int device) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = sonde::DeviceStats::Probe(device);
-    }
-    return sonde::StatusToPython(s);
+    return sonde::WithoutGil([&] { return sonde::DeviceStats::Probe(device); });
   }, py::arg("device"), "None if CUDA device `device` can be measured, else (code, why)");
   py::class_<PyHook>(m, "Hook")
       .def_static("create", &PyHook::Create, py::arg("options_json"))

@@ -9,16 +9,17 @@ LossSpike: after `--warmup` losses, a loss more than `--factor` times the
 lowest loss seen so far is an issue; with --stop it asks the collector to
 stop the job's training.
 
-Run with Debian's interpreter (python3-grpcio) and the generated stubs on the
-path: PYTHONPATH=bazel-bin /usr/bin/python3 examples/external_rule/loss_spike_worker.py \
-    --collector 127.0.0.1:7070 --job my-job
+Run with Debian's interpreter (python3-grpcio) and the sonde package's stubs
+(sonde.v1, built by `bazel build //client/python:sonde`) on the path:
+PYTHONPATH=client/python:bazel-bin/client/python /usr/bin/python3 \
+    examples/external_rule/loss_spike_worker.py --collector 127.0.0.1:7070 --job my-job
 """
 import argparse
 import sys
 
 import grpc
 
-from proto import query_pb2, query_pb2_grpc, rule_pb2
+from sonde.v1 import query_pb2, query_pb2_grpc, rule_pb2
 
 
 def post(stub, args, status, step, message, observed=0.0, threshold=0.0, tensor=""):
