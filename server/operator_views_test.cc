@@ -134,7 +134,7 @@ TEST(OperatorViews, MetricsShowTheStorePoolsWebhooksAndProcess) {
   EXPECT_EQ(reply.headers["content-type"], "text/plain; version=0.0.4");
   EXPECT_THAT(ExpositionProblems(reply.body), IsEmpty()) << reply.body;
   auto samples = ExpositionSamples(reply.body);
-  for (const char* cf : {"jobs", "stats", "series", "payloads", "rules"}) {
+  for (const char* cf : {"jobs", "stats", "series", "payloads", "rules", "profile"}) {
     const std::string c = std::string("{cf=\"") + cf + "\"}";
     EXPECT_EQ(samples.count("sonde_rocksdb_live_data_bytes" + c), 1u) << cf;
     EXPECT_EQ(samples.count("sonde_rocksdb_sst_files_bytes" + c), 1u) << cf;

@@ -125,6 +125,57 @@ std::string TensorNameKey(uint64_t job_id, absl::string_view name) {
   return k;
 }
 
+namespace {
+std::string TaggedJobWorker(char tag, uint64_t job_id, int32_t worker) {
+  std::string k(1, tag);
+  AppendU64(k, job_id);
+  AppendI32(k, worker);
+  return k;
+}
+}  // namespace
+
+std::string MetricSeriesPrefix(uint64_t job_id, int32_t worker, absl::string_view name) {
+  std::string k = TaggedJobWorker('M', job_id, worker);
+  k.append(name.data(), name.size());
+  k.push_back('\0');
+  return k;
+}
+
+std::string MetricKey(uint64_t job_id, int32_t worker, absl::string_view name, int64_t micros) {
+  std::string k = MetricSeriesPrefix(job_id, worker, name);
+  AppendI64(k, micros);
+  return k;
+}
+
+std::string MetricNameKey(uint64_t job_id, int32_t worker, absl::string_view name) {
+  std::string k = TaggedJobWorker('m', job_id, worker);
+  k.append(name.data(), name.size());
+  k.push_back('\0');
+  return k;
+}
+
+std::string MetricNamePrefix(uint64_t job_id) {
+  std::string k = "m";
+  AppendU64(k, job_id);
+  return k;
+}
+
+std::string EventKey(uint64_t job_id, int32_t worker, uint8_t kind, absl::string_view name,
+                     int64_t start_micros) {
+  std::string k = TaggedJobWorker('E', job_id, worker);
+  k.push_back(static_cast<char>(kind));
+  k.append(name.data(), name.size());
+  k.push_back('\0');
+  AppendI64(k, start_micros);
+  return k;
+}
+
+std::string EventPrefix(uint64_t job_id) {
+  std::string k = "E";
+  AppendU64(k, job_id);
+  return k;
+}
+
 std::string TensorNamePrefix(uint64_t job_id) {
   std::string k = "T";
   AppendU64(k, job_id);
@@ -235,6 +286,7 @@ JobKeyPrefixes JobKeyPrefixesOf(uint64_t job_id) {
   p.series = p.stats;
   p.payloads = p.stats;
   p.rules = {tagged('R'), tagged('C')};
+  p.profile = {tagged('M'), tagged('m'), tagged('E')};
   return p;
 }
 

@@ -26,6 +26,12 @@
 // Column family "rules":
 //   'R' <job id> <rule name>                        -> sonde.v1.RuleResult
 //   'C' <job id> <rule name>                        -> rule cursor/state bytes
+// Column family "profile" (profiler data, time-keyed):
+//   'M' <job id> <worker i32> <metric name> 0x00 <unix micros i64>
+//                                                   -> the value (IEEE double, u64 bits)
+//   'm' <job id> <worker i32> <metric name> 0x00    -> "" (the names a worker sent)
+//   'E' <job id> <worker i32> <kind u8> <event name> 0x00 <start unix micros i64>
+//                                                   -> sonde.v1.TraceEvent
 //
 // Every key of a job but its 'N' name key starts with one of the prefixes
 // JobKeyPrefixes lists; a new kind of key keyed by job must be added there,
@@ -94,6 +100,14 @@ std::string RuleResultKey(uint64_t job_id, absl::string_view rule);
 std::string RuleResultPrefix(uint64_t job_id);
 std::string RuleStateKey(uint64_t job_id, absl::string_view rule);
 
+std::string MetricKey(uint64_t job_id, int32_t worker, absl::string_view name, int64_t micros);
+std::string MetricSeriesPrefix(uint64_t job_id, int32_t worker, absl::string_view name);
+std::string MetricNameKey(uint64_t job_id, int32_t worker, absl::string_view name);
+std::string MetricNamePrefix(uint64_t job_id);
+std::string EventKey(uint64_t job_id, int32_t worker, uint8_t kind, absl::string_view name,
+                     int64_t start_micros);
+std::string EventPrefix(uint64_t job_id);
+
 std::string DeletingJobKey(uint64_t job_id);
 std::string DeletingJobPrefix();
 
@@ -107,6 +121,7 @@ struct JobKeyPrefixes {
   std::string series;                 // the id
   std::string payloads;               // the id
   std::vector<std::string> rules;     // 'R' and 'C' + id
+  std::vector<std::string> profile;   // 'M', 'm' and 'E' + id
 };
 JobKeyPrefixes JobKeyPrefixesOf(uint64_t job_id);
 

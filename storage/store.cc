@@ -1,6 +1,8 @@
 #include "storage/store.h"
 
 #include <algorithm>
+#include <cstring>
+#include <set>
 #include <map>
 #include <utility>
 
@@ -17,7 +19,7 @@
 namespace sonde::storage {
 namespace {
 
-const char* const kFamilyNames[] = {"jobs", "stats", "series", "payloads", "rules"};
+const char* const kFamilyNames[] = {"jobs", "stats", "series", "payloads", "rules", "profile"};
 constexpr char kNextJobIdKey[] = "I";
 
 // The one place rocksdb::Status becomes absl::Status; codes chosen on purpose.
@@ -403,6 +405,126 @@ absl::StatusOr<std::vector<v1::SeriesPoint>> Store::ReadSeries(
   return points;
 }
 
+absl::Status Store::WriteProfile(uint64_t job_id, int32_t worker, const v1::ProfileBatch& batch) {
+  rocksdb::WriteBatch wb;
+  rocksdb::ColumnFamilyHandle* family = handles_[kProfile];
+  std::set<std::string> names;
+  for (const v1::MetricSnapshot& snapshot : batch.snapshots()) {
+    for (const v1::MetricSample& sample : snapshot.samples()) {
+      SONDE_RETURN_IF_ERROR(ValidateKeyName("metric name", sample.name()));
+      uint64_t bits;
+      const double value = sample.value();
+      std::memcpy(&bits, &value, sizeof bits);
+      std::string encoded;
+      AppendU64(encoded, bits);
+      SONDE_RETURN_IF_ERROR(FromRocks(
+          wb.Put(family, MetricKey(job_id, worker, sample.name(), snapshot.unix_micros()),
+                 encoded),
+          "batching a metric"));
+      names.insert(sample.name());
+    }
+  }
+  for (const std::string& name : names) {
+    SONDE_RETURN_IF_ERROR(
+        FromRocks(wb.Put(family, MetricNameKey(job_id, worker, name), ""), "batching a name"));
+  }
+  for (const v1::TraceEvent& event : batch.events()) {
+    if (!event.name().empty()) SONDE_RETURN_IF_ERROR(ValidateKeyName("event name", event.name()));
+    SONDE_RETURN_IF_ERROR(FromRocks(
+        wb.Put(family,
+               EventKey(job_id, worker, static_cast<uint8_t>(event.kind()), event.name(),
+                        event.start_unix_micros()),
+               event.SerializeAsString()),
+        "batching an event"));
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  return FromRocks(db_->Write(wo, &wb), "writing profiler data");
+}
+
+absl::StatusOr<std::vector<std::pair<int32_t, std::vector<std::string>>>> Store::ListMetrics(
+    uint64_t job_id) {
+  std::map<int32_t, std::vector<std::string>> by_worker;
+  const std::string prefix = MetricNamePrefix(job_id);
+  SONDE_RETURN_IF_ERROR(ScanPrefix(kProfile, prefix, [&](absl::string_view key, absl::string_view) {
+    key.remove_prefix(prefix.size());
+    SONDE_ASSIGN_OR_RETURN(int32_t worker, ConsumeI32(key));
+    SONDE_ASSIGN_OR_RETURN(std::string name, ConsumeName(key));
+    by_worker[worker].push_back(std::move(name));  // keys come sorted by name
+    return absl::OkStatus();
+  }));
+  return std::vector<std::pair<int32_t, std::vector<std::string>>>(by_worker.begin(),
+                                                                   by_worker.end());
+}
+
+absl::StatusOr<std::vector<v1::MetricSeries>> Store::ReadMetrics(
+    uint64_t job_id, const std::vector<std::string>& names,
+    const std::function<bool(const std::string&)>& keep, int32_t worker, int64_t start,
+    int64_t end) {
+  SONDE_ASSIGN_OR_RETURN(auto listed, ListMetrics(job_id));
+  const std::set<std::string> wanted(names.begin(), names.end());
+  std::vector<v1::MetricSeries> out;
+  for (const auto& [w, worker_names] : listed) {
+    if (worker >= 0 && w != worker) continue;
+    for (const std::string& name : worker_names) {
+      const bool all = wanted.empty() && !keep;
+      if (!all && wanted.count(name) == 0 && !(keep && keep(name))) continue;
+      v1::MetricSeries series;
+      series.set_name(name);
+      series.set_worker(w);
+      rocksdb::ReadOptions ro;
+      const std::string from = MetricKey(job_id, w, name, start);
+      const std::string to = end > 0 ? MetricKey(job_id, w, name, end)
+                                     : PrefixEnd(MetricSeriesPrefix(job_id, w, name));
+      rocksdb::Slice upper(to);
+      ro.iterate_upper_bound = &upper;
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[kProfile]));
+      const size_t prefix_size = from.size() - 8;
+      for (it->Seek(from); it->Valid(); it->Next()) {
+        absl::string_view key(it->key().data(), it->key().size());
+        absl::string_view value(it->value().data(), it->value().size());
+        key.remove_prefix(prefix_size);
+        SONDE_ASSIGN_OR_RETURN(int64_t micros, ConsumeI64(key));
+        SONDE_ASSIGN_OR_RETURN(uint64_t bits, ConsumeU64(value));
+        double v;
+        std::memcpy(&v, &bits, sizeof v);
+        series.add_unix_micros(micros);
+        series.add_values(v);
+      }
+      SONDE_RETURN_IF_ERROR(FromRocks(it->status(), "scanning metrics"));
+      out.push_back(std::move(series));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::WorkerEvent>> Store::ReadEvents(uint64_t job_id,
+                                                               v1::TraceEvent::Kind kind,
+                                                               absl::string_view name,
+                                                               int32_t worker, int64_t start,
+                                                               int64_t end) {
+  std::vector<v1::WorkerEvent> out;
+  const std::string prefix = EventPrefix(job_id);
+  SONDE_RETURN_IF_ERROR(ScanPrefix(kProfile, prefix, [&](absl::string_view key,
+                                                         absl::string_view value) {
+    key.remove_prefix(prefix.size());
+    SONDE_ASSIGN_OR_RETURN(int32_t w, ConsumeI32(key));
+    if (worker >= 0 && w != worker) return absl::OkStatus();
+    if (key.empty()) return absl::DataLossError("a truncated event key");
+    const auto k = static_cast<uint8_t>(key.front());
+    if (kind != v1::TraceEvent::KIND_UNSPECIFIED && k != kind) return absl::OkStatus();
+    SONDE_ASSIGN_OR_RETURN(v1::TraceEvent event, Parse<v1::TraceEvent>(value, "event"));
+    if (!name.empty() && event.name() != name) return absl::OkStatus();
+    if (event.start_unix_micros() < start) return absl::OkStatus();
+    if (end > 0 && event.start_unix_micros() >= end) return absl::OkStatus();
+    v1::WorkerEvent& e = out.emplace_back();
+    e.set_worker(w);
+    *e.mutable_event() = std::move(event);
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
 absl::Status Store::PutRuleResult(uint64_t job_id, const v1::RuleResult& result,
                                   std::optional<std::string> state) {
   SONDE_RETURN_IF_ERROR(ValidateKeyName("rule name", result.rule()));
@@ -449,6 +571,7 @@ std::vector<Store::Range> Store::JobRanges(uint64_t job_id) {
   add(kSeries, p.series);
   add(kPayloads, p.payloads);
   for (const std::string& prefix : p.rules) add(kRules, prefix);
+  for (const std::string& prefix : p.profile) add(kProfile, prefix);
   return ranges;
 }
 

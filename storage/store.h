@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "proto/profile.pb.h"
 #include "proto/query.pb.h"
 #include "proto/rule.pb.h"
 #include "proto/tensor.pb.h"
@@ -135,6 +136,28 @@ class Store {
                                                           int64_t to, int32_t worker);
 
   // Rule results (latest per rule instance) and opaque per-rule state.
+  // Profiler data (proto/profile.proto) of one worker, written at once.
+  // Keys are (worker, metric, time) and (worker, event kind, name, start),
+  // so writing a batch again stores nothing twice. Names must be valid key
+  // names; events need end >= start.
+  absl::Status WriteProfile(uint64_t job_id, int32_t worker, const v1::ProfileBatch& batch);
+  // The metric names each worker sent, by worker.
+  absl::StatusOr<std::vector<std::pair<int32_t, std::vector<std::string>>>> ListMetrics(
+      uint64_t job_id);
+  // Series of the metrics whose name is in `names` or matches `keep` (both
+  // empty/null: every metric), of `worker` (-1: every worker), with times in
+  // [start, end) (end 0: no end).
+  absl::StatusOr<std::vector<v1::MetricSeries>> ReadMetrics(
+      uint64_t job_id, const std::vector<std::string>& names,
+      const std::function<bool(const std::string&)>& keep, int32_t worker, int64_t start,
+      int64_t end);
+  // Events of `kind` (KIND_UNSPECIFIED: every kind), `name` (empty: every
+  // name) and `worker` (-1: every one) that start in [start, end).
+  absl::StatusOr<std::vector<v1::WorkerEvent>> ReadEvents(uint64_t job_id,
+                                                          v1::TraceEvent::Kind kind,
+                                                          absl::string_view name, int32_t worker,
+                                                          int64_t start, int64_t end);
+
   absl::Status PutRuleResult(uint64_t job_id, const v1::RuleResult& result,
                              std::optional<std::string> state = std::nullopt);
   absl::StatusOr<std::vector<v1::RuleResult>> RuleResults(uint64_t job_id);
@@ -172,7 +195,7 @@ class Store {
   std::optional<uint64_t> DbIntProperty(absl::string_view property);
 
  private:
-  enum Family { kJobs = 0, kStats, kSeries, kPayloads, kRules, kNumFamilies };
+  enum Family { kJobs = 0, kStats, kSeries, kPayloads, kRules, kProfile, kNumFamilies };
 
   Store(const Options& options, std::unique_ptr<rocksdb::DB> db,
         std::vector<rocksdb::ColumnFamilyHandle*> handles);

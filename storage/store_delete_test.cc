@@ -25,7 +25,7 @@ using ::sonde::testing::KeysOfJob;
 using ::sonde::testing::StatusIs;
 using ::sonde::testing::TempDir;
 
-const char* const kFamilies[] = {"jobs", "stats", "series", "payloads", "rules"};
+const char* const kFamilies[] = {"jobs", "stats", "series", "payloads", "rules", "profile"};
 
 std::unique_ptr<Store> OpenStore(const std::string& path, uint64_t piece = 1000) {
   Store::Options o;
@@ -94,6 +94,19 @@ uint64_t WriteJob(Store& store, const std::string& name, int steps, int workers,
   result.set_rule("LossNotDecreasing");
   result.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
   EXPECT_THAT(store.PutRuleResult(id, result, std::string("cursor")), IsOk());
+  v1::ProfileBatch profile;
+  for (int i = 0; i < 3; ++i) {
+    v1::MetricSnapshot* snapshot = profile.add_snapshots();
+    snapshot->set_unix_micros(1000 * i + static_cast<int64_t>(seed));
+    v1::MetricSample* sample = snapshot->add_samples();
+    sample->set_name("cpu.util");
+    sample->set_value(10.0 * i);
+  }
+  v1::TraceEvent* event = profile.add_events();
+  event->set_kind(v1::TraceEvent::KIND_STEP);
+  event->set_start_unix_micros(5);
+  event->set_end_unix_micros(9);
+  EXPECT_THAT(store.WriteProfile(id, 0, profile), IsOk());
   return id;
 }
 

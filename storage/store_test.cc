@@ -232,9 +232,10 @@ TEST(Store, MonitoringPropertiesComeFromOurFamiliesAndCache) {
   ASSERT_THAT((*store)->CommitStep(Step(job->job_id(), 1)), ::sonde::testing::IsOk());
 
   auto memtables = (*store)->ColumnFamilyIntProperty("rocksdb.cur-size-all-mem-tables");
-  ASSERT_EQ(memtables.size(), 5u);
+  ASSERT_EQ(memtables.size(), 6u);
   EXPECT_EQ(memtables[0].first, "jobs");
   EXPECT_EQ(memtables[4].first, "rules");
+  EXPECT_EQ(memtables[5].first, "profile");
   uint64_t total = 0;
   for (const auto& [family, bytes] : memtables) total += bytes;
   EXPECT_GT(total, 0u);
@@ -242,6 +243,109 @@ TEST(Store, MonitoringPropertiesComeFromOurFamiliesAndCache) {
   EXPECT_EQ((*store)->DbIntProperty("rocksdb.block-cache-capacity"), uint64_t{3} << 20);
   EXPECT_EQ((*store)->DbIntProperty("rocksdb.no-such-property"), std::nullopt);
   EXPECT_TRUE((*store)->ColumnFamilyIntProperty("rocksdb.no-such-property").empty());
+}
+
+
+v1::ProfileBatch Profile(int64_t t0, int count, double scale) {
+  v1::ProfileBatch batch;
+  for (int i = 0; i < count; ++i) {
+    v1::MetricSnapshot* snapshot = batch.add_snapshots();
+    snapshot->set_unix_micros(t0 + 500000 * i);
+    for (const char* name : {"cpu.util", "gpu.0.util", "memory.used_bytes"}) {
+      v1::MetricSample* sample = snapshot->add_samples();
+      sample->set_name(name);
+      sample->set_value(scale * i + (name[0] == 'g' ? 0.5 : 0.0));
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    v1::TraceEvent* step = batch.add_events();
+    step->set_kind(v1::TraceEvent::KIND_STEP);
+    step->set_mode(v1::MODE_TRAIN);
+    step->set_step(i);
+    step->set_mode_step(i);
+    step->set_start_unix_micros(t0 + 500000 * i);
+    step->set_end_unix_micros(t0 + 500000 * i + 400000);
+    v1::TraceEvent* span = batch.add_events();
+    span->set_kind(v1::TraceEvent::KIND_SPAN);
+    span->set_name(i % 2 == 0 ? "augment" : "log");
+    span->set_step(i);
+    span->set_start_unix_micros(t0 + 500000 * i + 1000);
+    span->set_end_unix_micros(t0 + 500000 * i + 2000);
+  }
+  return batch;
+}
+
+TEST(StoreProfile, MetricsAndEventsReadBackByWorkerNameKindAndTime) {
+  TempDir dir;
+  auto store = OpenStore(dir.Sub("db"));
+  v1::JobInfo info;
+  info.set_job("prof");
+  auto job = store->CreateJob(info);
+  ASSERT_THAT(job, ::sonde::testing::IsOk());
+  const uint64_t id = job->job_id();
+  const int64_t t0 = 1700000000000000;
+  ASSERT_THAT(store->WriteProfile(id, 0, Profile(t0, 4, 10.0)), ::sonde::testing::IsOk());
+  ASSERT_THAT(store->WriteProfile(id, 1, Profile(t0, 2, 100.0)), ::sonde::testing::IsOk());
+  // Written again (a resend after a broken stream): stored once.
+  ASSERT_THAT(store->WriteProfile(id, 0, Profile(t0, 4, 10.0)), ::sonde::testing::IsOk());
+
+  auto names = store->ListMetrics(id);
+  ASSERT_THAT(names, ::sonde::testing::IsOk());
+  const std::vector<std::string> all = {"cpu.util", "gpu.0.util", "memory.used_bytes"};
+  ASSERT_EQ(names->size(), 2u);
+  EXPECT_EQ((*names)[0].first, 0);
+  EXPECT_EQ((*names)[0].second, all);
+  EXPECT_EQ((*names)[1].first, 1);
+
+  auto cpu = store->ReadMetrics(id, {"cpu.util"}, nullptr, 0, 0, 0);
+  ASSERT_THAT(cpu, ::sonde::testing::IsOk());
+  ASSERT_EQ(cpu->size(), 1u);
+  EXPECT_EQ((*cpu)[0].unix_micros_size(), 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ((*cpu)[0].unix_micros(i), t0 + 500000 * i);
+    EXPECT_EQ((*cpu)[0].values(i), 10.0 * i);
+  }
+  // A time range [t0 + 0.5 s, t0 + 1.5 s) of every worker, by regex.
+  auto gpu = store->ReadMetrics(id, {}, [](const std::string& n) { return n.rfind("gpu.", 0) == 0; },
+                                -1, t0 + 500000, t0 + 1500000);
+  ASSERT_THAT(gpu, ::sonde::testing::IsOk());
+  ASSERT_EQ(gpu->size(), 2u);
+  EXPECT_EQ((*gpu)[0].worker(), 0);
+  EXPECT_EQ((*gpu)[0].values_size(), 2);
+  EXPECT_EQ((*gpu)[0].values(0), 10.5);
+  EXPECT_EQ((*gpu)[1].worker(), 1);
+  EXPECT_EQ((*gpu)[1].values_size(), 1);
+  EXPECT_EQ((*gpu)[1].values(0), 100.5);
+  auto every = store->ReadMetrics(id, {}, nullptr, -1, 0, 0);
+  ASSERT_THAT(every, ::sonde::testing::IsOk());
+  EXPECT_EQ(every->size(), 6u);
+
+  auto steps = store->ReadEvents(id, v1::TraceEvent::KIND_STEP, "", 0, 0, 0);
+  ASSERT_THAT(steps, ::sonde::testing::IsOk());
+  ASSERT_EQ(steps->size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ((*steps)[i].event().step(), i);
+    EXPECT_EQ((*steps)[i].event().end_unix_micros() - (*steps)[i].event().start_unix_micros(),
+              400000);
+  }
+  auto augment = store->ReadEvents(id, v1::TraceEvent::KIND_SPAN, "augment", -1, 0, 0);
+  ASSERT_THAT(augment, ::sonde::testing::IsOk());
+  EXPECT_EQ(augment->size(), 3u);  // worker 0: steps 0 and 2; worker 1: step 0
+  auto late = store->ReadEvents(id, v1::TraceEvent::KIND_UNSPECIFIED, "", -1, t0 + 1000000, 0);
+  ASSERT_THAT(late, ::sonde::testing::IsOk());
+  EXPECT_EQ(late->size(), 4u);  // worker 0's steps 2 and 3, with a span each
+}
+
+TEST(StoreProfile, BadNamesAreRefusedAndNothingOfTheBatchIsStored) {
+  TempDir dir;
+  auto store = OpenStore(dir.Sub("db"));
+  v1::ProfileBatch batch = Profile(1, 2, 1.0);
+  batch.mutable_snapshots(1)->mutable_samples(0)->set_name(std::string("bad\0name", 8));
+  EXPECT_THAT(store->WriteProfile(7, 0, batch),
+              StatusIs(absl::StatusCode::kInvalidArgument, "metric name"));
+  auto names = store->ListMetrics(7);
+  ASSERT_THAT(names, ::sonde::testing::IsOk());
+  EXPECT_TRUE(names->empty());
 }
 
 }  // namespace

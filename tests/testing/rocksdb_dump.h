@@ -68,6 +68,9 @@ inline absl::StatusOr<uint64_t> KeyOwner(const std::string& family, absl::string
     }
   }
   if (family == "rules" && (tag == 'R' || tag == 'C')) return storage::ConsumeU64(key);
+  if (family == "profile" && (tag == 'M' || tag == 'm' || tag == 'E')) {
+    return storage::ConsumeU64(key);
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown key in column family '", family, "' with tag '",
                    std::string(1, tag), "'"));
