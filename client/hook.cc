@@ -382,6 +382,8 @@ absl::Status Hook::SaveScalar(const std::string& name, double value,
   return SaveTensor(name, TensorView{&value, v1::DTYPE_F64, {}, Device::kHost, 0}, collections);
 }
 
+bool Hook::SaveProfile(v1::ProfileBatch batch) { return sender_->EnqueueProfile(std::move(batch)); }
+
 void Hook::AddToCollection(const std::string& collection, const std::string& name) {
   absl::MutexLock lock(&mu_);
   collections_.AddToCollection(collection, name);

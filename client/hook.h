@@ -160,6 +160,12 @@ class Hook {
   // A scalar (float64, shape {}); collections default to "scalars".
   absl::Status SaveScalar(const std::string& name, double value,
                           const std::vector<std::string>& collections = {"scalars"});
+  // Profiler data (proto/profile.proto: metric snapshots, trace events),
+  // streamed in order with the tensors and stored by the collector as it
+  // arrives. Never blocks; false when the batch was dropped (the queue is
+  // full or the hook closed), which is counted.
+  bool SaveProfile(v1::ProfileBatch batch);
+
   // Puts a tensor name in a collection (smdebug's add_to_collection).
   void AddToCollection(const std::string& collection, const std::string& name);
   // Saves this collection from now on, as if in include_collections.

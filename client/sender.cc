@@ -128,6 +128,22 @@ bool Sender::SpillLocked(const SpillRecord& record) {
   return true;
 }
 
+bool Sender::EnqueueProfile(v1::ProfileBatch batch) {
+  absl::MutexLock lock(&mu_);
+  Item item{Item::kProfile, {}, {}, {}, std::move(batch)};
+  item.cost = kItemOverhead + item.profile.ByteSizeLong();
+  if (closing_ || give_up_ || !Admit(item.cost)) {
+    ++counters_.profile_batches_dropped;
+    LogOnceLocked("profile-dropped", "dropping profiler data: the send queue is full or the "
+                                     "hook is closing");
+    return false;
+  }
+  memory_bytes_ += item.cost;
+  ++counters_.profile_batches_queued;
+  queue_.push_back(std::move(item));
+  return true;
+}
+
 bool Sender::EnqueueTensor(QueuedTensor tensor) {
   absl::MutexLock lock(&mu_);
   ++open_step_tensors_;
@@ -467,6 +483,10 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
       *msg.mutable_job_end() = item.job_end;
       out->push_back(std::move(msg));
       return true;
+    case Item::kProfile:
+      *msg.mutable_profile() = std::move(item.profile);
+      out->push_back(std::move(msg));
+      return true;
   }
   return false;
 }
@@ -548,7 +568,7 @@ bool Sender::StreamOnce() {
           counters_.last_acked_seq = stream_acked_seq_;
           if (in.ack().duplicate()) {
             ++counters_.duplicates_acked;
-          } else {
+          } else if (in.ack().step() >= 0) {
             ++counters_.steps_acked;
           }
           PopAckedLocked();
@@ -594,7 +614,7 @@ bool Sender::StreamOnce() {
       // Steps the collector stored before the stream broke (their acks were
       // lost) are done; everything else is sent again.
       while (!unacked_.empty() && unacked_.front().written && !unacked_.front().job_end &&
-             unacked_.front().step <= resume_step_) {
+             !unacked_.front().profile_only && unacked_.front().step <= resume_step_) {
         memory_bytes_ -= unacked_.front().cost;
         unacked_.pop_front();
       }
@@ -645,6 +665,12 @@ bool Sender::StreamOnce() {
       if (unacked_.empty() || unacked_.back().complete) {
         unacked_.emplace_back();
         unacked_.back().step = item.kind == Item::kTensor ? item.tensor.step : -1;
+        if (item.kind == Item::kProfile) {
+          // Between steps: an entry of its own, acknowledged on its own.
+          // (Within a step it joins the step's entry and its ack.)
+          unacked_.back().profile_only = true;
+          unacked_.back().complete = true;
+        }
       }
       entry = &unacked_.back();
       from = entry->messages.size();

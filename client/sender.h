@@ -72,6 +72,8 @@ struct SenderCounters {
   uint64_t reconnects = 0;
   uint64_t memory_bytes = 0;      // queued + unacked, as counted against max_queue_bytes
   uint64_t spill_file_bytes = 0;  // current size of the spill file
+  uint64_t profile_batches_queued = 0;
+  uint64_t profile_batches_dropped = 0;  // no room in the queue, or closing
 };
 
 class Sender {
@@ -85,6 +87,11 @@ class Sender {
   // Ends the open step; a step in which no tensor was enqueued (and none
   // dropped) is not sent.
   void EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, double duration);
+  // Profiler data. Sent in order with the tensors, never spilled: when the
+  // queue is full the batch is dropped (counted). The collector stores it
+  // on arrival; it is acknowledged with the open step, or at once between
+  // steps, and resent after a broken stream like everything else.
+  bool EnqueueProfile(v1::ProfileBatch batch);
 
   // Sends the job end and waits up to `timeout` for the collector to
   // acknowledge everything. DeadlineExceeded if it did not.
@@ -104,10 +111,11 @@ class Sender {
 
  private:
   struct Item {
-    enum Kind { kTensor, kStepEnd, kJobEnd } kind;
+    enum Kind { kTensor, kStepEnd, kJobEnd, kProfile } kind;
     QueuedTensor tensor;
     v1::StepEnd step_end;
     v1::JobEnd job_end;
+    v1::ProfileBatch profile;
     uint64_t cost = 0;          // counted in memory_bytes_
   };
   // Messages written (or to be written) but not acknowledged: one entry per
@@ -116,6 +124,7 @@ class Sender {
     int64_t step = -1;
     bool complete = false;  // ends with the step end (or is the job end)
     bool job_end = false;
+    bool profile_only = false;  // a profiler batch sent between steps
     std::vector<v1::ClientMessage> messages;
     uint64_t cost = 0;
     uint64_t end_seq = 0;  // seq of its last message on this stream; 0: not (fully) written

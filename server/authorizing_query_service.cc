@@ -52,6 +52,30 @@ grpc::Status AuthorizingQueryService::ListTensors(grpc::ServerContext* context,
   return inner_->ListTensors(context, request, response);
 }
 
+grpc::Status AuthorizingQueryService::ListMetrics(grpc::ServerContext* context,
+                                                  const v1::ListMetricsRequest* request,
+                                                  v1::ListMetricsResponse* response) {
+  absl::Status allowed = Allow(*context, request->job(), Right::kRead);
+  if (!allowed.ok()) return ToGrpcStatus(allowed);
+  return inner_->ListMetrics(context, request, response);
+}
+
+grpc::Status AuthorizingQueryService::ReadMetrics(grpc::ServerContext* context,
+                                                  const v1::ReadMetricsRequest* request,
+                                                  v1::ReadMetricsResponse* response) {
+  absl::Status allowed = Allow(*context, request->job(), Right::kRead);
+  if (!allowed.ok()) return ToGrpcStatus(allowed);
+  return inner_->ReadMetrics(context, request, response);
+}
+
+grpc::Status AuthorizingQueryService::ReadEvents(grpc::ServerContext* context,
+                                                  const v1::ReadEventsRequest* request,
+                                                  v1::ReadEventsResponse* response) {
+  absl::Status allowed = Allow(*context, request->job(), Right::kRead);
+  if (!allowed.ok()) return ToGrpcStatus(allowed);
+  return inner_->ReadEvents(context, request, response);
+}
+
 grpc::Status AuthorizingQueryService::ListSteps(grpc::ServerContext* context,
                                                 const v1::ListStepsRequest* request,
                                                 v1::ListStepsResponse* response) {

@@ -68,6 +68,22 @@ class IngestReactor final
           AfterStorage();
         });
         return;
+      case IngestSession::Next::kProfile:
+        service_->storage_pool_->Schedule([this] {
+          auto ack = session_.StoreProfile();
+          if (!ack.ok()) {
+            LOG(WARNING) << "ending stream: " << ack.status();
+            AfterStorage(ToGrpcStatus(ack.status()));
+            return;
+          }
+          if (ack->has_value()) {
+            v1::ServerMessage msg;
+            *msg.mutable_ack() = **ack;
+            Send(msg);
+          }
+          AfterStorage();
+        });
+        return;
       case IngestSession::Next::kCommit:
       case IngestSession::Next::kEndJob: {
         const bool end = *next == IngestSession::Next::kEndJob;

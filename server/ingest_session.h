@@ -45,6 +45,7 @@ class IngestSession {
     kCommit,      // run Commit() off the gRPC thread, then keep reading
     kHello,       // run Join() off the gRPC thread, then keep reading
     kEndJob,      // run EndJob() off the gRPC thread, then keep reading
+    kProfile,     // run StoreProfile() off the gRPC thread, then keep reading
   };
 
   // Checks and absorbs one message. An error ends the stream with that
@@ -57,6 +58,9 @@ class IngestSession {
   // duplicate, writing nothing).
   absl::StatusOr<v1::Ack> Commit();
   absl::StatusOr<v1::Ack> EndJob();
+  // Stores the profiler batch. Between steps it is acknowledged at once;
+  // within a step the step's ack (later, cumulative) covers it.
+  absl::StatusOr<std::optional<v1::Ack>> StoreProfile();
 
   // The stream is over; leaves the job if it had joined.
   void Close(StreamHandle* stream);
@@ -71,6 +75,7 @@ class IngestSession {
   absl::Status OpenStep(int64_t step, v1::Mode mode, int64_t mode_step);
   absl::Status AddTensor(storage::TensorWrite tensor);
   absl::Status OnStepEnd(const v1::StepEnd& end);
+  absl::Status OnProfile(const v1::ProfileBatch& batch);
   std::string Where() const;
 
   JobRegistry* const registry_;
@@ -96,6 +101,8 @@ class IngestSession {
   uint64_t step_end_seq_ = 0;
   v1::JobEnd job_end_;
   uint64_t job_end_seq_ = 0;
+  v1::ProfileBatch profile_;
+  uint64_t profile_seq_ = 0;
 };
 
 }  // namespace sonde::server

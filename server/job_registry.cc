@@ -406,6 +406,24 @@ void JobRegistry::DeliverCompleteSteps(LiveJob& job) {
   }
 }
 
+absl::Status JobRegistry::StoreProfile(const std::string& job_name, int32_t worker,
+                                       const StreamHandle* stream,
+                                       const v1::ProfileBatch& batch) {
+  uint64_t job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    LiveJob* job = FindLocked(job_name);
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+    auto owner = job->streams.find(worker);
+    if (owner == job->streams.end() || owner->second != stream) {
+      return absl::AbortedError(absl::StrCat("worker ", worker, " of job '", job_name,
+                                             "' is now streamed by a newer stream"));
+    }
+    job_id = job->info.job_id();
+  }
+  return store_->WriteProfile(job_id, worker, batch);
+}
+
 absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name,
                                                      int32_t worker, const StreamHandle* stream,
                                                      storage::StepWrite write,

@@ -123,6 +123,61 @@ grpc::Status QueryService::ListTensors(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status QueryService::ListMetrics(grpc::ServerContext*,
+                                       const v1::ListMetricsRequest* request,
+                                       v1::ListMetricsResponse* response) {
+  auto job = FindJob(store_, request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  auto listed = store_->ListMetrics(job->job_id());
+  if (!listed.ok()) return ToGrpcStatus(listed.status());
+  for (auto& [worker, names] : *listed) {
+    v1::WorkerMetrics* w = response->add_workers();
+    w->set_worker(worker);
+    for (std::string& name : names) w->add_names(std::move(name));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::ReadMetrics(grpc::ServerContext*,
+                                       const v1::ReadMetricsRequest* request,
+                                       v1::ReadMetricsResponse* response) {
+  auto job = FindJob(store_, request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  std::function<bool(const std::string&)> keep;
+  std::shared_ptr<std::regex> regex;
+  if (!request->regex().empty()) {
+    try {
+      regex = std::make_shared<std::regex>(request->regex(), std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("regex '", request->regex(), "': ", e.what()));
+    }
+    keep = [regex](const std::string& name) { return std::regex_search(name, *regex); };
+  }
+  const std::vector<std::string> names(request->names().begin(), request->names().end());
+  auto series = store_->ReadMetrics(job->job_id(), names, keep, request->worker(),
+                                    request->start_unix_micros(), request->end_unix_micros());
+  if (!series.ok()) return ToGrpcStatus(series.status());
+  for (v1::MetricSeries& s : *series) *response->add_series() = std::move(s);
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::ReadEvents(grpc::ServerContext*, const v1::ReadEventsRequest* request,
+                                      v1::ReadEventsResponse* response) {
+  auto job = FindJob(store_, request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  if (!v1::TraceEvent::Kind_IsValid(request->kind())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("unknown event kind ", static_cast<int>(request->kind())));
+  }
+  auto events = store_->ReadEvents(job->job_id(), request->kind(), request->name(),
+                                   request->worker(), request->start_unix_micros(),
+                                   request->end_unix_micros());
+  if (!events.ok()) return ToGrpcStatus(events.status());
+  for (v1::WorkerEvent& e : *events) *response->add_events() = std::move(e);
+  return grpc::Status::OK;
+}
+
 grpc::Status QueryService::ListSteps(grpc::ServerContext*, const v1::ListStepsRequest* request,
                                      v1::ListStepsResponse* response) {
   auto job = FindJob(store_, request->job());

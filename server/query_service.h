@@ -27,6 +27,12 @@ class QueryService final : public v1::Query::Service {
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo*) override;
   grpc::Status ListTensors(grpc::ServerContext*, const v1::ListTensorsRequest*,
                            v1::ListTensorsResponse*) override;
+  grpc::Status ListMetrics(grpc::ServerContext*, const v1::ListMetricsRequest*,
+                           v1::ListMetricsResponse*) override;
+  grpc::Status ReadMetrics(grpc::ServerContext*, const v1::ReadMetricsRequest*,
+                           v1::ReadMetricsResponse*) override;
+  grpc::Status ReadEvents(grpc::ServerContext*, const v1::ReadEventsRequest*,
+                          v1::ReadEventsResponse*) override;
   grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
                          v1::ListStepsResponse*) override;
   grpc::Status ReadTensor(grpc::ServerContext*, const v1::ReadTensorRequest*,

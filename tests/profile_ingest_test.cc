@@ -1,0 +1,247 @@
+// Profiler data on the ingest stream: stored as it arrives, in order with
+// the tensors, between steps and within them; read back by worker, name
+// and time; stored once after lost acks and a cut connection; bad batches
+// refused with a message that says what was wrong. (Names that are not
+// UTF-8 never get this far: protobuf refuses to parse such a message.)
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "client/hook.h"
+#include "gtest/gtest.h"
+#include "proto/collector.grpc.pb.h"
+#include "proto/query.grpc.pb.h"
+#include "tests/testing/in_process_collector.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tcp_proxy.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::InProcessCollector;
+using ::sonde::testing::TcpProxy;
+
+constexpr int64_t kT0 = 1700000000000000;  // micros
+
+// Batch `b`: two snapshots 100 ms apart and one event per kind.
+v1::ProfileBatch Batch(int b, int64_t step) {
+  v1::ProfileBatch batch;
+  for (int i = 0; i < 2; ++i) {
+    v1::MetricSnapshot* s = batch.add_snapshots();
+    s->set_unix_micros(kT0 + (2 * b + i) * 100000);
+    v1::MetricSample* cpu = s->add_samples();
+    cpu->set_name("cpu.util");
+    cpu->set_value(2 * b + i);
+    v1::MetricSample* rss = s->add_samples();
+    rss->set_name("process.rss_bytes");
+    rss->set_value(1e6 * (2 * b + i));
+  }
+  v1::TraceEvent* wait = batch.add_events();
+  wait->set_kind(v1::TraceEvent::KIND_DATA_WAIT);
+  wait->set_mode(v1::MODE_TRAIN);
+  wait->set_step(step);
+  wait->set_mode_step(step);
+  wait->set_start_unix_micros(kT0 + b * 200000);
+  wait->set_end_unix_micros(kT0 + b * 200000 + 5000);
+  v1::TraceEvent* span = batch.add_events();
+  span->set_kind(v1::TraceEvent::KIND_SPAN);
+  span->set_name("augment");
+  span->set_step(step);
+  span->set_start_unix_micros(kT0 + b * 200000 + 6000);
+  span->set_end_unix_micros(kT0 + b * 200000 + 9000);
+  return batch;
+}
+
+HookOptions Options(const std::string& address, const std::string& job) {
+  HookOptions o;
+  o.collector = address;
+  o.job = job;
+  o.config.save_config = SaveConfig::Every(1);
+  o.close_timeout = absl::Seconds(60);
+  return o;
+}
+
+// Steps [0, steps), each with a loss, and batch 2*step before the step's
+// tensors (between steps) and 2*step+1 after them (within the step).
+void RunSteps(Hook& hook, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    EXPECT_TRUE(hook.SaveProfile(Batch(2 * step, step)));
+    hook.StartStep();
+    SONDE_EXPECT_OK(hook.SaveScalar("loss", step, {"losses"}));
+    EXPECT_TRUE(hook.SaveProfile(Batch(2 * step + 1, step)));
+  }
+  hook.EndStep();
+}
+
+struct Query {
+  explicit Query(const std::string& address)
+      : stub(v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+  v1::ReadMetricsResponse Metrics(const std::string& job, std::vector<std::string> names,
+                                  int64_t start = 0, int64_t end = 0) {
+    grpc::ClientContext ctx;
+    v1::ReadMetricsRequest req;
+    req.set_job(job);
+    for (auto& n : names) req.add_names(n);
+    req.set_worker(-1);
+    req.set_start_unix_micros(start);
+    req.set_end_unix_micros(end);
+    v1::ReadMetricsResponse resp;
+    grpc::Status s = stub->ReadMetrics(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  }
+  v1::ReadEventsResponse Events(const std::string& job, v1::TraceEvent::Kind kind) {
+    grpc::ClientContext ctx;
+    v1::ReadEventsRequest req;
+    req.set_job(job);
+    req.set_kind(kind);
+    req.set_worker(-1);
+    v1::ReadEventsResponse resp;
+    grpc::Status s = stub->ReadEvents(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  }
+  std::unique_ptr<v1::Query::Stub> stub;
+};
+
+// Everything RunSteps(steps) sent is stored exactly once.
+void ExpectStored(Query& q, const std::string& job, int steps) {
+  const int batches = 2 * steps;
+  v1::ReadMetricsResponse cpu = q.Metrics(job, {"cpu.util"});
+  ASSERT_EQ(cpu.series_size(), 1);
+  ASSERT_EQ(cpu.series(0).values_size(), 2 * batches);
+  for (int i = 0; i < 2 * batches; ++i) {
+    EXPECT_EQ(cpu.series(0).unix_micros(i), kT0 + i * 100000);
+    EXPECT_EQ(cpu.series(0).values(i), i);
+  }
+  v1::ReadEventsResponse spans = q.Events(job, v1::TraceEvent::KIND_SPAN);
+  ASSERT_EQ(spans.events_size(), batches);
+  for (int b = 0; b < batches; ++b) {
+    EXPECT_EQ(spans.events(b).event().name(), "augment");
+    EXPECT_EQ(spans.events(b).event().step(), b / 2);
+    EXPECT_EQ(spans.events(b).event().end_unix_micros() - spans.events(b).event().start_unix_micros(),
+              3000);
+  }
+  EXPECT_EQ(q.Events(job, v1::TraceEvent::KIND_DATA_WAIT).events_size(), batches);
+}
+
+TEST(ProfileIngest, BatchesBetweenAndWithinStepsAreStoredAndReadBackByNameAndTime) {
+  InProcessCollector collector;
+  auto hook = Hook::Create(Options(collector.address(), "prof"));
+  SONDE_ASSERT_OK(hook);
+  RunSteps(**hook, 5);
+  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(30)));
+  EXPECT_EQ((*hook)->counters().memory_bytes, 0u);  // every batch acknowledged
+  Query q(collector.address());
+  ExpectStored(q, "prof", 5);
+  // A time range and a second metric.
+  v1::ReadMetricsResponse rss =
+      q.Metrics("prof", {"process.rss_bytes"}, kT0 + 300000, kT0 + 700000);
+  ASSERT_EQ(rss.series_size(), 1);
+  ASSERT_EQ(rss.series(0).values_size(), 4);
+  EXPECT_EQ(rss.series(0).values(0), 3e6);
+  EXPECT_EQ(rss.series(0).worker(), 0);
+  grpc::ClientContext ctx;
+  v1::ListMetricsRequest req;
+  req.set_job("prof");
+  v1::ListMetricsResponse listed;
+  ASSERT_TRUE(q.stub->ListMetrics(&ctx, req, &listed).ok());
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_EQ(std::vector<std::string>(listed.workers(0).names().begin(),
+                                     listed.workers(0).names().end()),
+            (std::vector<std::string>{"cpu.util", "process.rss_bytes"}));
+  SONDE_ASSERT_OK((*hook)->Close());
+}
+
+TEST(ProfileIngest, LostAcksAndACutConnectionStillStoreEveryBatchOnce) {
+  InProcessCollector collector;
+  TcpProxy proxy(collector.address());
+  auto hook = Hook::Create(Options(proxy.address(), "prof-cut"));
+  SONDE_ASSERT_OK(hook);
+  SONDE_ASSERT_OK((*hook)->WaitUntilConnected(absl::Seconds(30)));
+  proxy.set_forward_to_client(false);  // stored, but the acks are lost
+  RunSteps(**hook, 4);
+  Query q(collector.address());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline &&
+         q.Events("prof-cut", v1::TraceEvent::KIND_SPAN).events_size() < 8) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GT((*hook)->counters().memory_bytes, 0u);  // still held: never acknowledged
+  proxy.set_forward_to_client(true);
+  proxy.CutAll();  // reconnect; unacknowledged batches are sent again
+  SONDE_ASSERT_OK((*hook)->Close());
+  EXPECT_GE((*hook)->counters().reconnects, 1u);
+  EXPECT_EQ((*hook)->counters().memory_bytes, 0u);
+  ExpectStored(q, "prof-cut", 4);
+}
+
+// A raw stream: hello, then `batch`; returns how the collector ended it.
+grpc::Status SendRaw(const std::string& address, const v1::ProfileBatch& batch) {
+  auto stub = v1::Collector::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Stream(&ctx);
+  v1::ClientMessage hello;
+  hello.set_seq(1);
+  hello.mutable_hello()->set_job("raw");
+  hello.mutable_hello()->set_world_size(1);
+  EXPECT_TRUE(stream->Write(hello));
+  v1::ServerMessage in;
+  EXPECT_TRUE(stream->Read(&in));
+  EXPECT_TRUE(in.has_hello_ack());
+  v1::ClientMessage m;
+  m.set_seq(2);
+  *m.mutable_profile() = batch;
+  stream->Write(m);
+  while (stream->Read(&in)) {
+    if (in.has_ack()) {
+      stream->WritesDone();
+    }
+  }
+  return stream->Finish();
+}
+
+TEST(ProfileIngest, BadBatchesAreRefusedWithWhatWasWrongAndNothingOfThemIsStored) {
+  InProcessCollector collector;
+  struct Case {
+    std::string why;
+    std::function<void(v1::ProfileBatch&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"end >= start",
+       [](v1::ProfileBatch& b) { b.mutable_events(0)->set_end_unix_micros(1); }},
+      {"unknown kind", [](v1::ProfileBatch& b) {
+         b.mutable_events(0)->set_kind(static_cast<v1::TraceEvent::Kind>(99));
+       }},
+      {"unknown mode",
+       [](v1::ProfileBatch& b) { b.mutable_events(0)->set_mode(static_cast<v1::Mode>(42)); }},
+      {"must be > 0", [](v1::ProfileBatch& b) { b.mutable_snapshots(1)->set_unix_micros(0); }},
+      {"metric name", [](v1::ProfileBatch& b) {
+         b.mutable_snapshots(0)->mutable_samples(0)->set_name(std::string("a\0b", 3));
+       }},
+      {"event name", [](v1::ProfileBatch& b) { b.mutable_events(1)->set_name(""); }},
+  };
+  for (const Case& c : cases) {
+    v1::ProfileBatch batch = Batch(0, 0);
+    c.spoil(batch);
+    grpc::Status s = SendRaw(collector.address(), batch);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.why;
+    EXPECT_NE(s.error_message().find(c.why), std::string::npos)
+        << c.why << " not in: " << s.error_message();
+  }
+  Query q(collector.address());
+  EXPECT_EQ(q.Metrics("raw", {}).series_size(), 0);
+  EXPECT_EQ(q.Events("raw", v1::TraceEvent::KIND_UNSPECIFIED).events_size(), 0);
+  // A good batch on the same job is stored and acknowledged at once.
+  EXPECT_TRUE(SendRaw(collector.address(), Batch(0, 0)).ok());
+  EXPECT_EQ(q.Metrics("raw", {"cpu.util"}).series(0).values_size(), 2);
+}
+
+}  // namespace
+}  // namespace sonde
