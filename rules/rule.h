@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/profile.pb.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde::rules {
@@ -34,6 +35,12 @@ struct StepData {
   const std::string* ValuesOf(size_t i) const {
     return i < values.size() ? values[i].get() : nullptr;
   }
+};
+
+// Profiler data of one worker, as it arrived (proto/profile.proto).
+struct ProfileData {
+  int32_t worker = 0;
+  v1::ProfileBatch batch;
 };
 
 // What a rule saw when it found an issue.
@@ -67,6 +74,15 @@ class Rule {
   virtual bool WantsTicks() const { return false; }
   virtual absl::StatusOr<std::optional<Finding>> OnTick(absl::Time now) {
     (void)now;
+    return std::optional<Finding>();
+  }
+
+  // Profiler rules get the job's profiler data as it arrives: each
+  // worker's batches in order, interleaved with steps and ticks in arrival
+  // order. Data from before a collector restart is not fed again.
+  virtual bool WantsProfile() const { return false; }
+  virtual absl::StatusOr<std::optional<Finding>> OnProfile(const ProfileData& data) {
+    (void)data;
     return std::optional<Finding>();
   }
 

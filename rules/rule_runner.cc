@@ -160,6 +160,27 @@ void RuleRunner::Tick(absl::Time now) {
   }
 }
 
+void RuleRunner::SubmitProfile(int32_t worker, v1::ProfileBatch batch) {
+  std::shared_ptr<ProfileData> shared;
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    Instance& inst = *instances_[i];
+    if (!inst.rule->WantsProfile() || inst.stopped_feeding.load()) continue;
+    if (shared == nullptr) {
+      shared = std::make_shared<ProfileData>();
+      shared->worker = worker;
+      shared->batch = std::move(batch);
+    }
+    inst.strand->Post([this, i, shared] { Evaluate(i, nullptr, std::nullopt, std::nullopt, shared.get()); });
+  }
+}
+
+bool RuleRunner::WantsProfile() const {
+  for (const auto& inst : instances_) {
+    if (inst->rule->WantsProfile()) return true;
+  }
+  return false;
+}
+
 void RuleRunner::Drain() {
   for (auto& inst : instances_) inst->strand->Drain();
 }
@@ -201,7 +222,8 @@ void RuleRunner::Publish(size_t index, const std::vector<v1::Action>& actions) {
 }
 
 void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick,
-                          const std::optional<v1::Action>& stopped_by) {
+                          const std::optional<v1::Action>& stopped_by,
+                          const ProfileData* profile) {
   Instance& inst = *instances_[index];
   v1::RuleResult& r = inst.result;
   if (IsFinal(r.status())) return;
@@ -212,6 +234,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
   }
   const absl::Time start = absl::Now();
   auto outcome = step != nullptr          ? inst.rule->OnStep(*step)
+                 : profile != nullptr     ? inst.rule->OnProfile(*profile)
                  : tick.has_value()       ? inst.rule->OnTick(*tick)
                                           : inst.rule->OnJobEnd();
   const absl::Duration took = absl::Now() - start;
@@ -222,9 +245,15 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     r.set_mode(step->mode);
     r.set_mode_step(step->mode_step);
   }
-  const std::string where = step != nullptr  ? absl::StrCat("step ", step->step)
-                            : tick.has_value() ? std::string("a clock tick")
-                                               : std::string("the end of training");
+  if (profile != nullptr) {
+    r.set_datapoints(r.datapoints() + profile->batch.snapshots_size() +
+                     profile->batch.events_size());
+  }
+  const std::string where = step != nullptr      ? absl::StrCat("step ", step->step)
+                            : profile != nullptr ? absl::StrCat("profiler data of worker ",
+                                                                profile->worker)
+                            : tick.has_value()   ? std::string("a clock tick")
+                                                 : std::string("the end of training");
   if (!outcome.ok()) {
     r.set_status(v1::RULE_STATUS_ERROR);
     r.set_message(absl::StrCat("rule failed at ", where, ": ", outcome.status().ToString()));
@@ -286,7 +315,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     Publish(index, actions);
     return;
   }
-  if (tick.has_value()) return;  // time passed, nothing found
+  if (tick.has_value() || profile != nullptr) return;  // time passed, nothing found
   if (step == nullptr && stopped_by.has_value()) {
     r.set_status(v1::RULE_STATUS_STOPPED);
     r.set_message(absl::StrCat("training was stopped by rule ", stopped_by->rule(), " at step ",
@@ -295,7 +324,9 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     Publish(index, {});
   } else if (step == nullptr) {
     r.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
-    r.set_message(absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));
+    r.set_message(r.datapoints() > 0 && r.steps_evaluated() == 0
+                      ? absl::StrCat("no issues found in ", r.datapoints(), " profiler data points")
+                      : absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));
     Publish(index, {});
   } else if (r.steps_evaluated() == 1 || r.steps_evaluated() % kProgressEvery == 0) {
     r.set_message(absl::StrCat("evaluated ", r.steps_evaluated(), " steps, no issues so far"));

@@ -71,6 +71,10 @@ class RuleRunner {
   void SubmitJobEnd(std::optional<v1::Action> stopped_by = std::nullopt);
   // Passes the time to rules that want ticks. Returns at once.
   void Tick(absl::Time now);
+  // Passes a worker's profiler data to rules that want it. Returns at once.
+  void SubmitProfile(int32_t worker, v1::ProfileBatch batch);
+  // Does any rule of the job want profiler data?
+  bool WantsProfile() const;
   // Waits until everything submitted has been evaluated.
   void Drain();
 
@@ -97,7 +101,8 @@ class RuleRunner {
       : job_(std::move(job)), sink_(sink), budget_(budget) {}
   // step == nullptr: the end of training, or a tick when `tick` is set.
   void Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick = std::nullopt,
-                const std::optional<v1::Action>& stopped_by = std::nullopt);
+                const std::optional<v1::Action>& stopped_by = std::nullopt,
+                const ProfileData* profile = nullptr);
   void Publish(size_t index, const std::vector<v1::Action>& actions);
 
   const std::string job_;

@@ -277,6 +277,74 @@ TEST(RuleRunner, ARuleTooFarBehindIsStoppedWithError) {
   EXPECT_LE(r.steps_evaluated(), 3);
 }
 
+// Fires when some worker's "cpu.util" goes over 90; counts what it saw.
+class HotCpuRule : public Rule {
+ public:
+  bool WantsProfile() const override { return true; }
+  absl::StatusOr<std::optional<Finding>> OnStep(const StepData&) override {
+    return std::optional<Finding>();
+  }
+  absl::StatusOr<std::optional<Finding>> OnProfile(const ProfileData& data) override {
+    for (const v1::MetricSnapshot& s : data.batch.snapshots()) {
+      for (const v1::MetricSample& m : s.samples()) {
+        if (m.name() == "cpu.util" && m.value() > 90) {
+          Finding f;
+          f.message = "cpu hot";
+          f.worker = data.worker;
+          f.observed = m.value();
+          f.threshold = 90;
+          return std::optional<Finding>(f);
+        }
+      }
+    }
+    return std::optional<Finding>();
+  }
+};
+
+v1::ProfileBatch CpuBatch(double util) {
+  v1::ProfileBatch b;
+  v1::MetricSnapshot* s = b.add_snapshots();
+  s->set_unix_micros(1);
+  v1::MetricSample* m = s->add_samples();
+  m->set_name("cpu.util");
+  m->set_value(util);
+  return b;
+}
+
+TEST(RuleRunner, ProfilerDataReachesOnlyRulesThatWantItAndTheirVerdictsActAsAnyRules) {
+  RuleFactory factory;
+  RegisterBuiltinRules(factory);
+  SONDE_ASSERT_OK(factory.Register({"HotCpu", "cpu over 90", {}, {}, "", "test"},
+                                   [](RuleParams&) -> absl::StatusOr<std::unique_ptr<Rule>> {
+                                     return std::make_unique<HotCpuRule>();
+                                   }));
+  ThreadPool pool(2, 16);
+  RecordingSink sink;
+  v1::RuleSpec hot = Spec("HotCpu");
+  hot.add_actions("StopTraining");
+  auto runner = RuleRunner::Create("job", {hot, Spec("ExplodingTensor")}, {}, factory, &pool,
+                                   &sink);
+  SONDE_ASSERT_OK(runner);
+  EXPECT_TRUE((*runner)->WantsProfile());
+  (*runner)->SubmitStep(Step(0, 1, 1));
+  (*runner)->SubmitProfile(0, CpuBatch(50));
+  (*runner)->SubmitProfile(1, CpuBatch(50));
+  (*runner)->SubmitProfile(1, CpuBatch(97));
+  (*runner)->SubmitProfile(0, CpuBatch(99));  // after the verdict: not judged again
+  (*runner)->Drain();
+  auto results = (*runner)->Results();
+  EXPECT_EQ(results[0].status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(results[0].worker(), 1);
+  EXPECT_EQ(results[0].observed(), 97);
+  EXPECT_EQ(results[0].datapoints(), 3);
+  EXPECT_EQ(results[1].status(), v1::RULE_STATUS_IN_PROGRESS);
+  EXPECT_EQ(results[1].datapoints(), 0);  // never given profiler data
+  absl::MutexLock lock(&sink.mu_);
+  ASSERT_EQ(sink.actions.size(), 1u);
+  EXPECT_EQ(sink.actions[0].type(), v1::ACTION_STOP_TRAINING);
+  EXPECT_EQ(sink.actions[0].rule(), "HotCpu");
+}
+
 TEST(RuleFactory, RejectsDuplicateAndEmptyTypes) {
   auto factory = RuleFactory::WithBuiltins();
   EXPECT_THAT(factory->Register({"ExplodingTensor", "", {}, {}, "", "test"}, nullptr),

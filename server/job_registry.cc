@@ -421,7 +421,14 @@ absl::Status JobRegistry::StoreProfile(const std::string& job_name, int32_t work
     }
     job_id = job->info.job_id();
   }
-  return store_->WriteProfile(job_id, worker, batch);
+  SONDE_RETURN_IF_ERROR(store_->WriteProfile(job_id, worker, batch));
+  // In order with the job's steps: under the lock that delivers them.
+  absl::MutexLock lock(&mu_);
+  LiveJob* job = FindLocked(job_name);
+  if (job != nullptr && job->runner != nullptr && job->runner->WantsProfile()) {
+    job->runner->SubmitProfile(worker, batch);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name,
