@@ -36,6 +36,12 @@ absl::Status Hook::Validate(const HookOptions& options) {
   if (options.max_chunk_bytes == 0) {
     return absl::InvalidArgumentError("max_chunk_bytes must be positive");
   }
+  if (options.profiler.enabled && (options.profiler.interval < absl::Milliseconds(100) ||
+                                   options.profiler.interval > absl::Seconds(60))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profiler interval ", absl::FormatDuration(options.profiler.interval),
+                     " is outside 100ms..60s"));
+  }
   return CollectionSet::Create(options.config).status();
 }
 
@@ -76,6 +82,16 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
     return raw->AwaitDevice(p);
   };
   hook->sender_ = std::make_unique<Sender>(std::move(so));
+  hook->process_start_ = ProcessStartTime(absl::Now());
+  if (hook->options_.profiler.enabled) {
+    auto profiler = HookProfiler::Start(
+        hook->options_.profiler, [raw](v1::ProfileBatch batch) { raw->SaveProfile(std::move(batch)); });
+    if (profiler.ok()) {
+      hook->profiler_ = std::move(*profiler);
+    } else {
+      LOG(WARNING) << "sonde: the profiler did not start: " << profiler.status();
+    }
+  }
   return hook;
 }
 
@@ -143,14 +159,37 @@ void Hook::StartStepLocked() {
   if (!fresh) ++it->second;
   step_open_ = true;
   step_started_ = absl::Now();
+  if (!first_step_seen_) {
+    first_step_seen_ = true;
+    if (profiler_ != nullptr) {
+      v1::TraceEvent init;
+      init.set_kind(v1::TraceEvent::KIND_INIT);
+      init.set_mode(mode_);
+      init.set_step(-1);
+      init.set_start_unix_micros(absl::ToUnixMicros(std::min(process_start_, step_started_)));
+      init.set_end_unix_micros(absl::ToUnixMicros(step_started_));
+      profiler_->Record(std::move(init));
+    }
+  }
 }
 
 void Hook::EndStepLocked() {
   if (!step_open_) return;
   step_open_ = false;
   ++steps_;
+  const absl::Time now = absl::Now();
   sender_->EnqueueStepEnd(step_, mode_, mode_steps_[mode_],
-                          absl::ToDoubleSeconds(absl::Now() - step_started_));
+                          absl::ToDoubleSeconds(now - step_started_));
+  if (profiler_ != nullptr) {
+    v1::TraceEvent e;
+    e.set_kind(v1::TraceEvent::KIND_STEP);
+    e.set_mode(mode_);
+    e.set_step(step_);
+    e.set_mode_step(mode_steps_[mode_]);
+    e.set_start_unix_micros(absl::ToUnixMicros(step_started_));
+    e.set_end_unix_micros(absl::ToUnixMicros(now));
+    profiler_->Record(std::move(e));
+  }
 }
 
 void Hook::StartStep() {
@@ -428,9 +467,43 @@ absl::Status Hook::Close() {
       reason = absl::StrCat("stopped by rule ", stop_action_->rule());
     }
   }
+  if (profiler_ != nullptr) profiler_->Stop();  // its last batch goes before the job end
   absl::Status s = sender_->Close(reason, options_.close_timeout);
   if (!s.ok()) LOG(WARNING) << "sonde: close: " << s;
   return s;
+}
+
+void Hook::RecordEvent(v1::TraceEvent event) {
+  if (profiler_ == nullptr) return;
+  if (event.step() < 0 || event.mode() == v1::MODE_UNSPECIFIED) {
+    absl::MutexLock lock(&mu_);
+    if (event.mode() == v1::MODE_UNSPECIFIED) event.set_mode(mode_);
+    if (event.step() < 0 && step_open_) {
+      event.set_step(step_);
+      event.set_mode_step(mode_steps_[mode_]);
+    }
+  }
+  profiler_->Record(std::move(event));
+}
+
+Hook::ScopedEvent::ScopedEvent(Hook* hook, v1::TraceEvent::Kind kind, std::string name)
+    : hook_(hook->profiler_ != nullptr ? hook : nullptr) {
+  if (hook_ == nullptr) return;
+  event_.set_kind(kind);
+  event_.set_name(std::move(name));
+  event_.set_step(-1);
+  event_.set_start_unix_micros(absl::ToUnixMicros(absl::Now()));
+}
+
+Hook::ScopedEvent::ScopedEvent(ScopedEvent&& other) noexcept
+    : hook_(other.hook_), event_(std::move(other.event_)) {
+  other.hook_ = nullptr;
+}
+
+Hook::ScopedEvent::~ScopedEvent() {
+  if (hook_ == nullptr) return;
+  event_.set_end_unix_micros(absl::ToUnixMicros(absl::Now()));
+  hook_->RecordEvent(std::move(event_));
 }
 
 Hook::Counters Hook::counters() const {

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "client/backpressure.h"
 #include "client/collections.h"
+#include "client/hook_profiler.h"
 #include "cuda/device_stats.h"
 #include "cuda/histogram_math.h"
 #include "client/save_config.h"
@@ -91,6 +92,9 @@ struct HookOptions {
   // is ignored); one hook captures one device.
   DeviceStatsOptions device;
   v1::DType device_transfer_dtype = v1::DTYPE_UNSPECIFIED;
+  // The profiler: system metrics and framework timings streamed beside the
+  // tensors (client/hook_profiler.h). Off by default.
+  ProfilerOptions profiler;
 };
 
 // One tensor of a batch for Hook::SaveTensors.
@@ -166,6 +170,28 @@ class Hook {
   // full or the hook closed), which is counted.
   bool SaveProfile(v1::ProfileBatch batch);
 
+  // Framework timings for the profiler (no-ops while it is off): an event
+  // of any kind with its times; the hook fills in the current mode and step
+  // when they are unset (step < 0).
+  void RecordEvent(v1::TraceEvent event);
+  // A named span from now until the returned object is destroyed:
+  //   { auto span = hook->Span("augment"); ... }
+  class ScopedEvent {
+   public:
+    ScopedEvent(Hook* hook, v1::TraceEvent::Kind kind, std::string name);
+    ~ScopedEvent();
+    ScopedEvent(ScopedEvent&& other) noexcept;
+    ScopedEvent(const ScopedEvent&) = delete;
+    ScopedEvent& operator=(const ScopedEvent&) = delete;
+
+   private:
+    Hook* hook_;
+    v1::TraceEvent event_;
+  };
+  ScopedEvent Span(std::string name) { return ScopedEvent(this, v1::TraceEvent::KIND_SPAN, std::move(name)); }
+  // Time spent waiting for the next batch, until the object is destroyed.
+  ScopedEvent DataWait() { return ScopedEvent(this, v1::TraceEvent::KIND_DATA_WAIT, ""); }
+
   // Puts a tensor name in a collection (smdebug's add_to_collection).
   void AddToCollection(const std::string& collection, const std::string& name);
   // Saves this collection from now on, as if in include_collections.
@@ -240,6 +266,11 @@ class Hook {
   absl::Status capture_status_ ABSL_GUARDED_BY(mu_);
   bool capture_tried_ ABSL_GUARDED_BY(mu_) = false;
   int capture_device_ ABSL_GUARDED_BY(mu_) = 0;  // the device of the first device tensor
+  // The profiler (null while off), and when the process started (the
+  // initialisation event ends at the first step).
+  std::unique_ptr<HookProfiler> profiler_;
+  absl::Time process_start_;
+  bool first_step_seen_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace sonde
