@@ -158,6 +158,8 @@ TEST(SystemSampler, FakeNvmlsTwoGpusArriveInSamples) {
     const fake_nvml::FakeGpu& want = fake_nvml::kReadings[i];
     const std::string gpu = "gpu." + std::to_string(i) + ".";
     EXPECT_THAT(sample.Find(gpu + "util_percent"), Optional(DoubleEq(want.util_percent)));
+    EXPECT_THAT(sample.Find(gpu + "memory_util_percent"),
+                Optional(DoubleEq(want.memory_util_percent)));
     EXPECT_THAT(sample.Find(gpu + "memory_used_bytes"),
                 Optional(DoubleEq(static_cast<double>(want.memory_used_bytes))));
     EXPECT_THAT(sample.Find(gpu + "memory_total_bytes"),
@@ -165,6 +167,7 @@ TEST(SystemSampler, FakeNvmlsTwoGpusArriveInSamples) {
     EXPECT_THAT(sample.Find(gpu + "temperature_c"), Optional(DoubleEq(want.temperature_c)));
     EXPECT_THAT(sample.Find(gpu + "power_w"), Optional(DoubleEq(want.power_mw / 1000.0)));
   }
+  EXPECT_EQ(sample.Find("gpu.2.util_percent"), std::nullopt);
 }
 
 }  // namespace
