@@ -22,7 +22,8 @@ absl::StatusOr<std::unique_ptr<HookProfiler>> HookProfiler::Start(const Profiler
   so.interval = options.interval;
   if (!options.system) {
     // The sampler still keeps the cadence batches are sent on.
-    so.collection.groups = profiler::SystemMetricGroups{false, false, false, false, false, false};
+    profiler::SystemMetricGroups& g = so.collection.groups;
+    g.cpu = g.memory = g.network = g.process = g.gpu = g.own_cost = false;
   }
   HookProfiler* raw = p.get();
   auto sampler = profiler::SystemSampler::Start(so, [raw](const profiler::SystemSample& s) {

@@ -172,7 +172,7 @@ absl::StatusOr<PythonHookOptions> ParsePythonHookOptions(absl::string_view text)
       {"collector", "job", "worker", "world_size", "metadata", "rules", "token", "ca_file",
        "cert_file", "key_file", "server_name_override", "max_queue_bytes", "max_chunk_bytes",
        "backpressure", "spill_dir", "max_spill_bytes", "max_block_seconds",
-       "close_timeout_seconds", "config_file", "config"},
+       "close_timeout_seconds", "config_file", "config", "profiler"},
       "hook options"));
   PythonHookOptions out;
   HookOptions& h = out.options;
@@ -220,6 +220,15 @@ absl::StatusOr<PythonHookOptions> ParsePythonHookOptions(absl::string_view text)
   SONDE_RETURN_IF_ERROR(GetSeconds(o, "max_block_seconds", &h.backpressure.max_block));
   SONDE_RETURN_IF_ERROR(GetSeconds(o, "close_timeout_seconds", &h.close_timeout));
   SONDE_RETURN_IF_ERROR(GetString(o, "config_file", &out.config_file));
+  if (o.contains("profiler") && !o["profiler"].is_null()) {
+    const json& p = o["profiler"];
+    SONDE_RETURN_IF_ERROR(
+        CheckKeys(p, {"enabled", "interval_seconds", "system", "framework"}, "profiler"));
+    SONDE_RETURN_IF_ERROR(GetBool(p, "enabled", &h.profiler.enabled));
+    SONDE_RETURN_IF_ERROR(GetSeconds(p, "interval_seconds", &h.profiler.interval));
+    SONDE_RETURN_IF_ERROR(GetBool(p, "system", &h.profiler.system));
+    SONDE_RETURN_IF_ERROR(GetBool(p, "framework", &h.profiler.framework));
+  }
   if (o.contains("config") && !o["config"].is_null()) {
     SONDE_RETURN_IF_ERROR(ParseHookConfig(o["config"], &h.config));
   }

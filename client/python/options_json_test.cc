@@ -71,6 +71,18 @@ TEST(PythonHookOptions, DefaultsAreTheCHooksDefaults) {
   EXPECT_TRUE(parsed->config_file.empty());
 }
 
+TEST(PythonHookOptions, ProfilerOptions) {
+  auto parsed = ParsePythonHookOptions(
+      R"({"profiler": {"enabled": true, "interval_seconds": 0.1, "system": false}})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->options.profiler.enabled);
+  EXPECT_EQ(parsed->options.profiler.interval, absl::Milliseconds(100));
+  EXPECT_FALSE(parsed->options.profiler.system);
+  EXPECT_TRUE(parsed->options.profiler.framework);
+  EXPECT_THAT(ParsePythonHookOptions(R"({"profiler": {"interval": 1}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown option 'interval'"));
+}
+
 TEST(PythonHookOptions, MistakesAreRefusedWithWhatWasWrong) {
   EXPECT_THAT(ParsePythonHookOptions("{"), StatusIs(absl::StatusCode::kInvalidArgument, "JSON"));
   EXPECT_THAT(ParsePythonHookOptions(R"({"jobb": "x"})"),

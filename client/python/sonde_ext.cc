@@ -138,6 +138,18 @@ class PyHook {
     return WithoutGil([&] { return hook_->Close(); });
   }
 
+  // A framework event for the profiler (kind: proto TraceEvent.Kind);
+  // step -1: the hook's current step.
+  void RecordEvent(int kind, const std::string& name, int64_t start_us, int64_t end_us) {
+    v1::TraceEvent e;
+    e.set_kind(static_cast<v1::TraceEvent::Kind>(kind));
+    e.set_name(name);
+    e.set_step(-1);
+    e.set_start_unix_micros(start_us);
+    e.set_end_unix_micros(end_us);
+    hook_->RecordEvent(std::move(e));
+  }
+
   bool ShouldStop() const { return hook_->should_stop(); }
 
   py::object StopAction() const {
@@ -225,6 +237,7 @@ PYBIND11_MODULE(_sonde, m) {
       .def("wait_until_connected", &PyHook::WaitUntilConnected)
       .def("flush", &PyHook::Flush)
       .def("close", &PyHook::Close)
+      .def("record_event", &PyHook::RecordEvent, py::call_guard<py::gil_scoped_release>())
       .def("should_stop", &PyHook::ShouldStop)
       .def("stop_action", &PyHook::StopAction)
       .def("counters", &PyHook::Counters);

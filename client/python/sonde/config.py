@@ -153,3 +153,22 @@ class Collection:
 
     def __repr__(self):
         return "Collection(%r, include_regex=%r)" % (self.name, self.include_regex)
+
+
+class ProfilerConfig:
+    """The profiler (SageMaker's ProfilerConfig): system metrics every
+    `system_monitor_interval_millis` (100..60000, default 500) and framework
+    timings (steps, data-loader waits, forward/backward, spans)."""
+
+    def __init__(self, system_monitor_interval_millis=500, system=True, framework=True):
+        millis = int(system_monitor_interval_millis)
+        if not 100 <= millis <= 60000:
+            raise ValueError("system_monitor_interval_millis must be in 100..60000, not %r"
+                             % (system_monitor_interval_millis,))
+        self.system_monitor_interval_millis = millis
+        self.system = bool(system)
+        self.framework = bool(framework)
+
+    def _json(self):
+        return {"enabled": True, "interval_seconds": self.system_monitor_interval_millis / 1000.0,
+                "system": self.system, "framework": self.framework}

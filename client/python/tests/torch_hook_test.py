@@ -512,3 +512,59 @@ def test_export_tensorboard_asks_the_collector_for_event_files(collector):
         time.sleep(0.2)
     assert b"brain.Event:2" in records[0]
     assert sum(b"CrossEntropyLoss_output_0" in r for r in records) == 3  # one per step
+
+
+def test_profiler_records_system_metrics_steps_forward_backward_and_dataloader_waits(collector):
+    import time as _time
+
+    class SlowDataset(torch.utils.data.Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            _time.sleep(0.01)  # 10 ms per sample: a slow data pipeline
+            return torch.randn(1, 8, 8), i % 10
+
+    loader = torch.utils.data.DataLoader(SlowDataset(), batch_size=2)
+    model = Net()
+    hook = smd.Hook(collector=collector.address, job="profiled", strict=True,
+                    profiler=smd.ProfilerConfig(system_monitor_interval_millis=100))
+    hook.register_module(model)
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook.set_mode(modes.TRAIN)
+    for epoch in range(2):
+        for x, y in loader:
+            with hook.span("step-body"):
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+    hook.close()
+
+    r = Reader(collector.address, "profiled")
+
+    def events(kind):
+        resp = r.stub.ReadEvents(query_pb2.ReadEventsRequest(job="profiled", kind=kind, worker=-1),
+                                 timeout=10)
+        return [e.event for e in resp.events]
+
+    from sonde.v1 import profile_pb2
+    steps = events(profile_pb2.TraceEvent.KIND_STEP)
+    assert [e.step for e in steps] == list(range(6))
+    waits = events(profile_pb2.TraceEvent.KIND_DATA_WAIT)
+    # 3 batches per epoch plus the StopIteration that ends it.
+    assert len(waits) == 8
+    assert sum(w.end_unix_micros - w.start_unix_micros >= 20000 for w in waits) == 6
+    forwards = events(profile_pb2.TraceEvent.KIND_FORWARD)
+    backwards = events(profile_pb2.TraceEvent.KIND_BACKWARD)
+    assert [e.step for e in forwards] == list(range(6))
+    assert len(backwards) == 6
+    for f, b in zip(forwards, backwards):
+        assert b.start_unix_micros >= f.end_unix_micros  # backward after forward
+        assert b.step == f.step
+    spans = events(profile_pb2.TraceEvent.KIND_SPAN)
+    assert len(spans) == 6 and all(s.name == "step-body" for s in spans)
+    metrics = r.stub.ListMetrics(query_pb2.ListMetricsRequest(job="profiled"), timeout=10)
+    names = set(metrics.workers[0].names)
+    assert {"cpu.util_percent", "memory.used_bytes", "process.rss_bytes"} <= names

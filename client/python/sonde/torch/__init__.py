@@ -3,6 +3,7 @@
 from sonde import modes  # noqa: F401
 from sonde.config import (  # noqa: F401
     Collection,
+    ProfilerConfig,
     ReductionConfig,
     SaveConfig,
     SaveConfigMode,

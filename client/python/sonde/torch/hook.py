@@ -33,9 +33,11 @@ disables itself (strict=True raises instead). Saves the collector refuses
 """
 
 import atexit
+import contextlib
 import json
 import logging
 import os
+import time
 import weakref
 
 import numpy as np
@@ -43,7 +45,7 @@ import torch
 
 from sonde import _sonde
 from sonde import modes as _modes
-from sonde.config import Collection, ReductionConfig, SaveConfig
+from sonde.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig
 
 log = logging.getLogger("sonde")
 
@@ -150,7 +152,7 @@ class Hook:
                  token=None, ca_file=None, cert_file=None, key_file=None,
                  server_name_override=None, worker=None, world_size=None, strict=False,
                  raise_on_stop=False, max_queue_bytes=None, backpressure=None, spill_dir=None,
-                 close_timeout_seconds=None, _config_file=None):
+                 close_timeout_seconds=None, profiler=None, _config_file=None):
         if include_workers not in ("one", "all"):
             raise ValueError("include_workers must be 'one' or 'all', not %r" % (include_workers,))
         if save_config is not None and not isinstance(save_config, SaveConfig):
@@ -189,6 +191,15 @@ class Hook:
         self._tops = set()          # ids of registered top-level modules
         self._losses = []           # registered loss modules
         self._loss_handle_ids = set()
+        if profiler is True:
+            profiler = ProfilerConfig()
+        if profiler is not None and profiler is not False and \
+                not isinstance(profiler, ProfilerConfig):
+            raise TypeError("profiler must be True, False or a sonde ProfilerConfig")
+        self.profiler = profiler or None
+        self._forward_start = 0      # micros: the model's forward began
+        self._backward_start = 0     # micros: the loss's gradient was computed
+        self._last_gradient = 0      # micros: the latest parameter gradient
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
         if export_tensorboard:
             meta.setdefault("sonde.tensorboard", "on")
@@ -210,6 +221,7 @@ class Hook:
             "spill_dir": spill_dir,
             "close_timeout_seconds": close_timeout_seconds,
             "config_file": _config_file,
+            "profiler": self.profiler._json() if self.profiler is not None else None,
         }
         # Mistakes in the options are the user's, and surface here, before
         # training starts (ValueError), even in non-strict mode.
@@ -328,6 +340,12 @@ class Hook:
         # removed when the next step starts, so on the other steps PyTorch
         # runs every submodule on its hook-free fast path.
         self._handles.append(module.register_forward_pre_hook(self._forward_pre_hook))
+        if self._profiling():
+            self._handles.append(module.register_forward_hook(self._profile_forward_end))
+            for _, param in module.named_parameters():
+                if param.requires_grad:
+                    self._handles.append(param.register_hook(self._profile_gradient))
+            _watch_dataloaders(self)
         self._watched.extend(module.modules())
         for pname, param in module.named_parameters():
             if param.requires_grad:
@@ -347,6 +365,8 @@ class Hook:
             raise TypeError("register_loss needs a torch.nn.Module, not %s" % type(loss_module))
         self._module_names[id(loss_module)] = loss_module._get_name()
         self._losses.append(loss_module)
+        if self._profiling():
+            self._handles.append(loss_module.register_forward_hook(self._profile_loss))
         if self._tops:
             self._watched.append(loss_module)  # hooked by saving steps, as the model's modules
         else:
@@ -412,6 +432,8 @@ class Hook:
         h = self._hook()
         if h is None:
             return
+        if self._profiling():
+            self._profile_step_start(h)
         if self.raise_on_stop and h.should_stop():
             raise StopTrainingRequested(h.stop_action())
         try:
@@ -468,6 +490,63 @@ class Hook:
                 self._fail("saving gradients", e)
             return None
         return hook
+
+    # ---- profiler -----------------------------------------------------
+
+    def _profiling(self):
+        return self.profiler is not None and self.profiler.framework and not self._disabled
+
+    @contextlib.contextmanager
+    def span(self, name):
+        """Times the block as a named span of the current step:
+            with hook.span("augment"): ..."""
+        start = _now_micros()
+        try:
+            yield
+        finally:
+            self._record(5, name, start, _now_micros())  # TraceEvent.KIND_SPAN
+
+    def _record(self, kind, name, start, end):
+        h = self._native
+        if h is None or not self._profiling():
+            return
+        try:
+            h.record_event(kind, name, start, max(start, end))
+        except Exception as e:  # noqa: BLE001
+            self._fail("recording a profiler event", e)
+
+    def _profile_step_start(self, h):
+        """At a step's start: the previous step's backward, then this
+        step's forward begins."""
+        if self._backward_start and self._last_gradient > self._backward_start:
+            self._record(4, "", self._backward_start, self._last_gradient)  # KIND_BACKWARD
+        self._backward_start = self._last_gradient = 0
+        self._forward_start = _now_micros()
+
+    def _profile_forward_end(self, module, inputs, outputs):
+        if self._forward_start and self._profiling():
+            self._record(3, "", self._forward_start, _now_micros())  # KIND_FORWARD
+            self._forward_start = 0
+
+    def _profile_loss(self, module, inputs, outputs):
+        """The loss's gradient is the first computed in backward."""
+        if not self._profiling():
+            return
+        for t in _flatten(outputs):
+            if t.requires_grad:
+                t.register_hook(self._profile_backward_begins)
+                break
+
+    def _profile_backward_begins(self, grad):
+        self._backward_start = _now_micros()
+        return None
+
+    def _profile_gradient(self, grad):
+        self._last_gradient = _now_micros()
+        return None
+
+    def _data_wait(self, start, end):
+        self._record(2, "", start, end)  # KIND_DATA_WAIT
 
     # ---- saving -------------------------------------------------------
 
@@ -617,6 +696,10 @@ class Hook:
         self._handles = []
         self._unhook_step()
         self._due = False
+        if self.profiler is not None and self._backward_start and \
+                self._last_gradient > self._backward_start and self._native is not None:
+            self._record(4, "", self._backward_start, self._last_gradient)
+        _PROFILED_HOOKS.discard(self)
         h = self._native
         if h is None:
             return
@@ -664,6 +747,40 @@ class Hook:
                       "training continues", where, type(error).__name__, error, exc_info=True)
         self._disabled = True
         self._due = False
+
+
+def _now_micros():
+    return time.time_ns() // 1000
+
+
+# Hooks whose profiler times the DataLoader. torch's DataLoader iterators are
+# patched once, on the first such hook: each __next__ is a data wait.
+_PROFILED_HOOKS = weakref.WeakSet()
+_DATALOADER_PATCHED = False
+
+
+def _watch_dataloaders(hook):
+    global _DATALOADER_PATCHED
+    _PROFILED_HOOKS.add(hook)
+    if _DATALOADER_PATCHED:
+        return
+    _DATALOADER_PATCHED = True
+    base = torch.utils.data.dataloader._BaseDataLoaderIter
+    original = base.__next__
+
+    def timed_next(self):
+        if not _PROFILED_HOOKS:
+            return original(self)
+        start = _now_micros()
+        try:
+            return original(self)
+        finally:
+            end = _now_micros()
+            for h in list(_PROFILED_HOOKS):
+                h._data_wait(start, end)
+
+    timed_next.__wrapped__ = original
+    base.__next__ = timed_next
 
 
 def _close_at_exit(ref):
