@@ -9,6 +9,7 @@
 #include "common/dtype.h"
 #include "common/status_macros.h"
 #include "rules/params.h"
+#include "rules/profiler/profiler_rules.h"
 #include "rules/stats_rules.h"
 #include "rules/threshold_rule.h"
 #include "rules/value_rules.h"
@@ -219,6 +220,10 @@ void RegisterBuiltinRules(RuleFactory& factory) {
   RegisterStatisticsRules(factory);
   RegisterValueRules(factory);
   RegisterThresholdRule(factory);
+  for (auto& [info, maker] : profiler::ProfilerRuleTypes()) {
+    absl::Status s = factory.Register(std::move(info), std::move(maker));
+    (void)s;  // profiler rule names are distinct from the others
+  }
 }
 
 }  // namespace sonde::rules
