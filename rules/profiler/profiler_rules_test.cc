@@ -5,6 +5,7 @@
 // stalled or healthy job), and says so.
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -129,6 +130,207 @@ TEST(StepOutlier, JudgesNothingBeforeMoreThan100StepsAndOnlyItsMode) {
             v1::RULE_STATUS_ISSUES_FOUND);
   EXPECT_EQ(Judge("StepOutlier(n_outliers=0,mode=EVAL)", StepRecording(200, 20, slow))
                 .result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
+using Metrics = std::vector<std::pair<std::string, double>>;
+
+// `n` metric snapshots one second apart, `metrics(i)` the samples of the
+// i-th, sent in batches of 50 (the hook's default flush) by `worker`.
+std::vector<std::pair<int32_t, v1::ProfileBatch>> SystemRecording(
+    int n, const std::function<Metrics(int)>& metrics, int32_t worker = 0) {
+  std::vector<std::pair<int32_t, v1::ProfileBatch>> out;
+  for (int i = 0; i < n; ++i) {
+    if (i % 50 == 0) out.emplace_back(worker, v1::ProfileBatch());
+    v1::MetricSnapshot* s = out.back().second.add_snapshots();
+    s->set_unix_micros(kStart + int64_t{i} * 1000000);
+    for (const auto& [name, value] : metrics(i)) {
+      v1::MetricSample* m = s->add_samples();
+      m->set_name(name);
+      m->set_value(value);
+    }
+  }
+  return out;
+}
+
+// Four cores and two GPUs; `busy_core` is core 2's utilisation.
+Metrics Machine(double gpu0, double gpu1, double busy_core, double iowait = 1) {
+  return {{"cpu.util_percent", (3 * 30 + busy_core) / 4},
+          {"cpu.0.util_percent", 30},
+          {"cpu.1.util_percent", 30},
+          {"cpu.2.util_percent", busy_core},
+          {"cpu.3.util_percent", 30},
+          {"cpu.iowait_percent", iowait},
+          {"gpu.0.util_percent", gpu0},
+          {"gpu.1.util_percent", gpu1}};
+}
+
+// Synthetic GPU recording: in 7 of every 10 snapshots GPU 0 idles at 3%
+// while core 2 is pegged at 97% (a single-threaded input pipeline).
+TEST(CPUBottleneck, FiresWhenMostSnapshotsHaveAnIdleGpuAndABusyCore) {
+  Judged j = Judge("CPUBottleneck", SystemRecording(1200, [](int i) {
+                     return i % 10 < 7 ? Machine(3, 80, 97) : Machine(85, 80, 40);
+                   }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  // Judged first on the batch that passed patience=1000: snapshots 0..1049.
+  EXPECT_THAT(j.result.message(),
+              HasSubstr("worker 0: 735 of 1050 system snapshots (70%) had a GPU below "
+                        "gpu_threshold=10% while a CPU core was above cpu_threshold=90%"));
+  EXPECT_THAT(j.result.message(), HasSubstr("last: GPU 0 at 3% while CPU core 2 at 97%"));
+  EXPECT_DOUBLE_EQ(j.result.observed(), 70);
+  EXPECT_EQ(j.result.threshold(), 50);
+  EXPECT_EQ(j.result.datapoints(), 1050);
+}
+
+TEST(CPUBottleneck, BusyCpuWithBusyGpusOrNoGpusAtAllIsHealthy) {
+  // Synthetic GPU recording: both GPUs at 80-90% while a core is pegged.
+  EXPECT_EQ(Judge("CPUBottleneck", SystemRecording(1500, [](int i) {
+                    return Machine(85 + 5 * Jitter(i), 80, 97);
+                  })).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+  // A CPU-only machine (like this one) sends no GPU metrics.
+  EXPECT_EQ(Judge("CPUBottleneck", SystemRecording(1500, [](int) {
+                    return Metrics{{"cpu.0.util_percent", 99}};
+                  })).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+  // Bottlenecks, but not more than patience snapshots yet.
+  EXPECT_EQ(Judge("CPUBottleneck", SystemRecording(1000, [](int) { return Machine(3, 3, 97); }))
+                .result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
+// Synthetic GPU recording: 6 in 10 snapshots wait on I/O at 65% with both
+// GPUs idle.
+TEST(IOBottleneck, FiresWhenGpusIdleWhileTheCpuWaitsForIo) {
+  Judged j = Judge("IOBottleneck(patience=500)", SystemRecording(800, [](int i) {
+                     return i % 10 < 6 ? Machine(2, 4, 20, 65) : Machine(90, 90, 40, 5);
+                   }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  EXPECT_THAT(j.result.message(),
+              HasSubstr("worker 0: 330 of 550 system snapshots (60%) had a GPU below "
+                        "gpu_threshold=10% while I/O wait was above io_threshold=50%"));
+  EXPECT_THAT(j.result.message(), HasSubstr("last: GPU 0 at 2% while I/O wait at 65%"));
+}
+
+TEST(IOBottleneck, HighIoWaitWithBusyGpusIsHealthy) {
+  EXPECT_EQ(Judge("IOBottleneck", SystemRecording(1500, [](int i) {
+                    return Machine(90, 88 + Jitter(i), 30, 70);
+                  })).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
+// Synthetic GPU recording: GPU 1 idles around 30% (a small batch), GPU 0
+// is busy.
+TEST(LowGPUUtilization, FiresOnAnUnderUsedGpuOnceItHasSentMoreThanPatienceValues) {
+  Judged j = Judge("LowGPUUtilization(actions=StopTraining)", SystemRecording(1200, [](int i) {
+                     return Machine(90, 30 + 10 * Jitter(i), 40);
+                   }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  EXPECT_THAT(j.result.message(), HasSubstr("worker 0 GPU 1: p95 utilisation 39."));
+  EXPECT_THAT(j.result.message(),
+              HasSubstr("< threshold_p95=70% (under-utilised) over the last 500 of 1050 values"));
+  EXPECT_GT(j.result.observed(), 38);
+  EXPECT_LT(j.result.observed(), 40);
+  EXPECT_EQ(j.actions.size(), 1u);
+}
+
+// Synthetic GPU recording: busy at 95% but every tenth sample drops to 0
+// (waiting on a synchronisation).
+TEST(LowGPUUtilization, FiresOnAFluctuatingGpu) {
+  Judged j = Judge("LowGPUUtilization(patience=100,window=100)", SystemRecording(300, [](int i) {
+                     return Machine(i % 10 == 0 ? 0 : 95, 90, 40);
+                   }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  EXPECT_THAT(j.result.message(),
+              HasSubstr("worker 0 GPU 0: p95 utilisation 95% > threshold_p95=70% but p5 0% < "
+                        "threshold_p5=10% (fluctuating) over the last 100 of 150 values"));
+}
+
+TEST(LowGPUUtilization, BusyGpusAndTheFirstPatienceValuesAreQuiet) {
+  EXPECT_EQ(Judge("LowGPUUtilization", SystemRecording(2000, [](int i) {
+                    return Machine(85 + 10 * Jitter(i), 80 + 5 * Jitter(i + 7), 40);
+                  })).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+  // Idle while initialising: the first 1000 values are not judged.
+  EXPECT_EQ(Judge("LowGPUUtilization", SystemRecording(1000, [](int) { return Machine(0, 0, 10); }))
+                .result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
+Metrics GpuMemory(double percent) {
+  return {{"gpu.0.memory_used_bytes", percent / 100 * 16e9}, {"gpu.0.memory_total_bytes", 16e9}};
+}
+
+// Synthetic GPU recording: memory steady at 30%, then at snapshot 1100 a
+// jump to 95% (a cache of activations kept across steps).
+TEST(GPUMemoryIncrease, FiresWhenTheMovingAverageJumps) {
+  Judged j = Judge("GPUMemoryIncrease", SystemRecording(1300, [](int i) {
+                     return GpuMemory(i < 1100 ? 30 + 0.5 * Jitter(i) : 95);
+                   }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  EXPECT_THAT(j.result.message(), HasSubstr("worker 0 GPU 0: memory in use 95%"));
+  EXPECT_THAT(j.result.message(), HasSubstr("more than increase=5"));
+  EXPECT_NEAR(j.result.observed(), 6.5, 0.1);  // (95 - ~30) / window
+  EXPECT_EQ(j.result.datapoints(), 1150);       // the batch of snapshot 1100
+}
+
+TEST(GPUMemoryIncrease, SteadyOrSlowlyGrowingMemoryIsQuiet) {
+  EXPECT_EQ(Judge("GPUMemoryIncrease", SystemRecording(2000, [](int i) {
+                    return GpuMemory(30 + 0.03 * i + Jitter(i));
+                  })).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+  // NVML's memory utilisation when used/total are not sent.
+  EXPECT_EQ(Judge("GPUMemoryIncrease(patience=0)", SystemRecording(200, [](int) {
+                    return Metrics{{"gpu.0.memory_util_percent", 40}};
+                  })).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
+v1::ProfileBatch InitBatch(double minutes) {
+  v1::ProfileBatch b;
+  v1::TraceEvent* e = b.add_events();
+  e->set_kind(v1::TraceEvent::KIND_INIT);
+  e->set_step(-1);
+  e->set_start_unix_micros(kStart);
+  e->set_end_unix_micros(kStart + static_cast<int64_t>(minutes * 60e6));
+  *b.add_events() = StepEvent(0, e->end_unix_micros(), 100000);
+  return b;
+}
+
+TEST(MaxInitializationTime, FiresOnALongInitEvent) {
+  Judged j = Judge("MaxInitializationTime", {{1, InitBatch(25)}});
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  EXPECT_EQ(j.result.message(),
+            "worker 1: initialisation (process start to first step) took 25 minutes, more than "
+            "threshold=20 minutes");
+  EXPECT_EQ(j.result.worker(), 1);
+  EXPECT_DOUBLE_EQ(j.result.observed(), 25);
+}
+
+TEST(MaxInitializationTime, FiresWhileStillWaitingForTheFirstStep) {
+  // System metrics, no step yet: 127 snapshots 1 s apart span 126 s...
+  auto batches = SystemRecording(127, [](int) { return Metrics{{"cpu.util_percent", 100}}; });
+  Judged j = Judge("MaxInitializationTime", batches);
+  // ...10 s apart, 21 minutes.
+  for (auto& [w, b] : batches) {
+    for (auto& s : *b.mutable_snapshots()) {
+      s.set_unix_micros(kStart + (s.unix_micros() - kStart) * 10);
+    }
+  }
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_NO_ISSUES_FOUND);  // 126 s
+  j = Judge("MaxInitializationTime", batches);
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(j.result.message(),
+            "no training step yet 21 minutes after the first profiler data, more than "
+            "threshold=20 minutes");
+}
+
+TEST(MaxInitializationTime, AQuickStartIsHealthyHoweverLongTheJob) {
+  std::vector<std::pair<int32_t, v1::ProfileBatch>> batches = {{0, InitBatch(2)}};
+  for (auto& b : SystemRecording(2000, [](int) { return Metrics{{"cpu.util_percent", 50}}; })) {
+    batches.push_back(b);
+  }
+  EXPECT_EQ(Judge("MaxInitializationTime", batches).result.status(),
             v1::RULE_STATUS_NO_ISSUES_FOUND);
 }
 
