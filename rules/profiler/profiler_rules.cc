@@ -528,6 +528,222 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeMaxInitializationTime(RuleParams& p) {
   return std::unique_ptr<Rule>(new MaxInitializationTime(minutes));
 }
 
+// --- BatchSize --------------------------------------------------------------
+
+// Per worker, once more than `window` and more than `patience` CPU values
+// were seen: fires when the p95 of total CPU utilisation, and for some GPU
+// (with more than `window` values) the p95 of its utilisation and of its
+// memory in use, over the last `window` values are all below their
+// thresholds: the whole instance is under-used.
+class BatchSize : public ProfilerRule {
+ public:
+  struct Config {
+    double cpu_threshold_p95 = 70;
+    double gpu_threshold_p95 = 70;
+    double gpu_memory_threshold_p95 = 70;
+    int64_t patience = 1000;
+    int64_t window = 500;
+  };
+  explicit BatchSize(Config c) : c_(c) {}
+
+  Result OnProfile(const ProfileData& data) override {
+    if (data.batch.snapshots_size() == 0) return Quiet();
+    Worker& w = workers_.try_emplace(data.worker, c_.window).first->second;
+    for (const v1::MetricSnapshot& snapshot : data.batch.snapshots()) {
+      const SystemSample s = ReadSample(snapshot);
+      if (auto cpu = s.CpuTotal()) w.cpu.Add(*cpu);
+      for (const auto& [gpu, v] : s.gpu_util) Window(w.gpu, gpu).Add(v);
+      for (const auto& [gpu, v] : s.gpu_memory_percent) Window(w.memory, gpu).Add(v);
+    }
+    if (w.cpu.seen() <= c_.window || w.cpu.seen() <= c_.patience) return Quiet();
+    const double cpu_p95 = *w.cpu.Quantile(0.95);
+    if (cpu_p95 >= c_.cpu_threshold_p95) return Quiet();
+    for (const auto& [gpu, util] : w.gpu) {
+      auto memory = w.memory.find(gpu);
+      if (util.seen() <= c_.window || memory == w.memory.end() || memory->second.size() == 0) {
+        continue;
+      }
+      const double gpu_p95 = *util.Quantile(0.95);
+      const double memory_p95 = *memory->second.Quantile(0.95);
+      if (gpu_p95 >= c_.gpu_threshold_p95 || memory_p95 >= c_.gpu_memory_threshold_p95) continue;
+      Finding f;
+      f.worker = data.worker;
+      f.observed = gpu_p95;
+      f.threshold = c_.gpu_threshold_p95;
+      f.message = absl::StrFormat(
+          "worker %d GPU %d over the last %d values: p95 utilisation %.3g%% < "
+          "gpu_threshold_p95=%g%%, p95 memory in use %.3g%% < gpu_memory_threshold_p95=%g%%, "
+          "and p95 CPU utilisation %.3g%% < cpu_threshold_p95=%g%%",
+          data.worker, gpu, c_.window, gpu_p95, c_.gpu_threshold_p95, memory_p95,
+          c_.gpu_memory_threshold_p95, cpu_p95, c_.cpu_threshold_p95);
+      return Fire(std::move(f));
+    }
+    return Quiet();
+  }
+
+ private:
+  struct Worker {
+    explicit Worker(int64_t window) : cpu(static_cast<size_t>(window)) {}
+    SlidingWindow cpu;
+    std::map<int, SlidingWindow> gpu;
+    std::map<int, SlidingWindow> memory;
+  };
+  SlidingWindow& Window(std::map<int, SlidingWindow>& windows, int gpu) {
+    return windows.try_emplace(gpu, static_cast<size_t>(c_.window)).first->second;
+  }
+  Config c_;
+  std::map<int32_t, Worker> workers_;
+};
+
+absl::StatusOr<std::unique_ptr<Rule>> MakeBatchSize(RuleParams& p) {
+  BatchSize::Config c;
+  const char* rule = "BatchSize";
+  SONDE_ASSIGN_OR_RETURN(c.cpu_threshold_p95, FiniteDouble(p, rule, "cpu_threshold_p95", 70, 0));
+  SONDE_ASSIGN_OR_RETURN(c.gpu_threshold_p95, FiniteDouble(p, rule, "gpu_threshold_p95", 70, 0));
+  SONDE_ASSIGN_OR_RETURN(c.gpu_memory_threshold_p95,
+                         FiniteDouble(p, rule, "gpu_memory_threshold_p95", 70, 0));
+  SONDE_ASSIGN_OR_RETURN(c.patience, p.Int("patience", 1000, 0));
+  SONDE_ASSIGN_OR_RETURN(c.window, p.Int("window", 500, 1));
+  SONDE_RETURN_IF_ERROR(ReadScanInterval(p));
+  return std::unique_ptr<Rule>(new BatchSize(c));
+}
+
+// --- LoadBalancing ----------------------------------------------------------
+
+// Per worker and GPU, a histogram of every utilisation value (50 bins of 2
+// percentage points). Once two GPUs of a worker have each sent more than
+// `patience` values, fires when the Jensen-Shannon distance between their
+// histograms is above `threshold`.
+class LoadBalancing : public ProfilerRule {
+ public:
+  static constexpr size_t kBins = 50;
+  LoadBalancing(double threshold, int64_t patience)
+      : threshold_(threshold), patience_(patience) {}
+
+  Result OnProfile(const ProfileData& data) override {
+    if (data.batch.snapshots_size() == 0) return Quiet();
+    std::map<int, Gpu>& gpus = workers_[data.worker];
+    for (const v1::MetricSnapshot& snapshot : data.batch.snapshots()) {
+      for (const auto& [gpu, v] : ReadSample(snapshot).gpu_util) {
+        Gpu& g = gpus[gpu];
+        if (g.histogram.empty()) g.histogram.assign(kBins, 0);
+        const std::vector<double> one = PercentHistogram({v}, kBins);
+        for (size_t b = 0; b < kBins; ++b) g.histogram[b] += one[b];
+        g.sum += v;
+        ++g.count;
+      }
+    }
+    for (auto a = gpus.begin(); a != gpus.end(); ++a) {
+      if (a->second.count <= patience_) continue;
+      for (auto b = std::next(a); b != gpus.end(); ++b) {
+        if (b->second.count <= patience_) continue;
+        const double d = JensenShannonDistance(a->second.histogram, b->second.histogram);
+        if (d <= threshold_) continue;
+        Finding f;
+        f.worker = data.worker;
+        f.observed = d;
+        f.threshold = threshold_;
+        f.message = absl::StrFormat(
+            "worker %d: utilisation of GPU %d (mean %.3g%% over %d values) and GPU %d (mean "
+            "%.3g%% over %d values) differ by a Jensen-Shannon distance of %.3g, more than "
+            "threshold=%g",
+            data.worker, a->first, a->second.sum / static_cast<double>(a->second.count),
+            a->second.count, b->first, b->second.sum / static_cast<double>(b->second.count),
+            b->second.count, d, threshold_);
+        return Fire(std::move(f));
+      }
+    }
+    return Quiet();
+  }
+
+ private:
+  struct Gpu {
+    std::vector<double> histogram;
+    double sum = 0;
+    int64_t count = 0;
+  };
+  double threshold_;
+  int64_t patience_;
+  std::map<int32_t, std::map<int, Gpu>> workers_;
+};
+
+absl::StatusOr<std::unique_ptr<Rule>> MakeLoadBalancing(RuleParams& p) {
+  SONDE_ASSIGN_OR_RETURN(double threshold, FiniteDouble(p, "LoadBalancing", "threshold", 0.5, 0));
+  SONDE_ASSIGN_OR_RETURN(int64_t patience, p.Int("patience", 1000, 0));
+  SONDE_RETURN_IF_ERROR(ReadScanInterval(p));
+  return std::unique_ptr<Rule>(new LoadBalancing(threshold, patience));
+}
+
+// --- Dataloader -------------------------------------------------------------
+
+// Per worker: the number of data-loader processes (the metric
+// framework.dataloader_workers, sent by the framework hook) against the
+// number of CPU cores (the cpu.<i>.util_percent metrics of a snapshot).
+// Once more than `patience` counts arrived, fires when their median (of
+// the last 1000) is below min_threshold percent or above max_threshold
+// percent of the cores.
+class Dataloader : public ProfilerRule {
+ public:
+  static constexpr size_t kHistory = 1000;
+  struct Config {
+    double min_threshold = 70;
+    double max_threshold = 200;
+    int64_t patience = 10;
+  };
+  explicit Dataloader(Config c) : c_(c) {}
+
+  Result OnProfile(const ProfileData& data) override {
+    if (data.batch.snapshots_size() == 0) return Quiet();
+    Worker& w = workers_.try_emplace(data.worker).first->second;
+    for (const v1::MetricSnapshot& snapshot : data.batch.snapshots()) {
+      const SystemSample s = ReadSample(snapshot);
+      w.cores = std::max(w.cores, s.cpu_core_util.size());
+      if (s.dataloader_workers.has_value()) w.loaders.Add(*s.dataloader_workers);
+    }
+    if (w.loaders.seen() <= c_.patience || w.cores == 0) return Quiet();
+    const double median = std::floor(*w.loaders.Quantile(0.5));
+    const double cores = static_cast<double>(w.cores);
+    const bool too_few = median < cores * c_.min_threshold / 100;
+    const bool too_many = median > cores * c_.max_threshold / 100;
+    if (!too_few && !too_many) return Quiet();
+    Finding f;
+    f.worker = data.worker;
+    f.observed = median;
+    f.threshold = cores * (too_few ? c_.min_threshold : c_.max_threshold) / 100;
+    f.message = absl::StrFormat(
+        "worker %d: a median of %g data-loader processes for %d CPU cores, %s %s=%g%% of the "
+        "cores (%g)",
+        data.worker, median, w.cores, too_few ? "fewer than" : "more than",
+        too_few ? "min_threshold" : "max_threshold",
+        too_few ? c_.min_threshold : c_.max_threshold, f.threshold);
+    if (too_many) {
+      f.suggestion = "Use fewer data-loader processes: they compete with the training for the CPU.";
+    }
+    return Fire(std::move(f));
+  }
+
+ private:
+  struct Worker {
+    size_t cores = 0;
+    SlidingWindow loaders{kHistory};
+  };
+  Config c_;
+  std::map<int32_t, Worker> workers_;
+};
+
+absl::StatusOr<std::unique_ptr<Rule>> MakeDataloader(RuleParams& p) {
+  Dataloader::Config c;
+  SONDE_ASSIGN_OR_RETURN(c.min_threshold, FiniteDouble(p, "Dataloader", "min_threshold", 70, 0));
+  SONDE_ASSIGN_OR_RETURN(c.max_threshold, FiniteDouble(p, "Dataloader", "max_threshold", 200, 0));
+  if (c.max_threshold < c.min_threshold) {
+    return BadParam("Dataloader", absl::StrCat("max_threshold=", c.max_threshold,
+                                               " is below min_threshold=", c.min_threshold));
+  }
+  SONDE_ASSIGN_OR_RETURN(c.patience, p.Int("patience", 10, 0));
+  SONDE_RETURN_IF_ERROR(ReadScanInterval(p));
+  return std::unique_ptr<Rule>(new Dataloader(c));
+}
+
 }  // namespace
 
 std::vector<std::pair<RuleInfo, RuleMaker>> ProfilerRuleTypes() {
@@ -601,6 +817,43 @@ std::vector<std::pair<RuleInfo, RuleMaker>> ProfilerRuleTypes() {
         "Check the data download and the model set-up before the training loop; stream "
         "data (e.g. Pipe or FastFile mode) instead of copying it first."},
        &MakeMaxInitializationTime},
+      {{"BatchSize",
+        "Finds an under-used instance (the batch may be too small): p95 of CPU utilisation, "
+        "and of a GPU's utilisation and memory in use, all below their thresholds over the "
+        "last window values.",
+        {{"cpu_threshold_p95", "70", "p95 CPU utilisation (percent) below which the CPU is idle"},
+         {"gpu_threshold_p95", "70", "p95 GPU utilisation (percent) below which a GPU is idle"},
+         {"gpu_memory_threshold_p95", "70",
+          "p95 GPU memory in use (percent) below which memory is spare"},
+         {"patience", "1000", "values per worker before the rule judges"},
+         {"window", "500", "values the percentiles are computed over"},
+         scan_interval},
+        {},
+        "The batch size is too small, and GPUs are under-used. Consider running on a smaller "
+        "instance type or increasing the batch size."},
+       &MakeBatchSize},
+      {{"LoadBalancing",
+        "Finds unbalanced work between the GPUs of a worker: the Jensen-Shannon distance "
+        "between two GPUs' utilisation histograms above threshold.",
+        {{"threshold", "0.5", "largest tolerated Jensen-Shannon distance (0 to 0.83)"},
+         {"patience", "1000", "values per GPU before the rule judges"},
+         scan_interval},
+        {},
+        "Choose a different distributed training strategy or a different distributed data "
+        "parallel library (Horovod, PyTorch DDP) so that every GPU gets the same work."},
+       &MakeLoadBalancing},
+      {{"Dataloader",
+        "Finds too few or too many data-loader processes for the CPU cores: their median "
+        "below min_threshold or above max_threshold percent of the cores (needs the metric "
+        "framework.dataloader_workers).",
+        {{"min_threshold", "70", "fewest data-loader processes, percent of the cores"},
+         {"max_threshold", "200", "most data-loader processes, percent of the cores"},
+         {"patience", "10", "counts per worker before the rule judges (smdebug's code)"},
+         scan_interval},
+        {},
+        "Change the number of data-loader processes (e.g. num_workers of PyTorch's "
+        "DataLoader)."},
+       &MakeDataloader},
   };
 }
 

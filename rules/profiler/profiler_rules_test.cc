@@ -334,6 +334,77 @@ TEST(MaxInitializationTime, AQuickStartIsHealthyHoweverLongTheJob) {
             v1::RULE_STATUS_NO_ISSUES_FOUND);
 }
 
+Metrics With(Metrics a, const Metrics& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Synthetic GPU recording: a small batch leaves CPU (~37%), GPU 0 (~35%)
+// and its memory (20%) all idle.
+TEST(BatchSize, FiresWhenCpuGpuAndGpuMemoryAreAllUnderUsed) {
+  Judged j = Judge("BatchSize", SystemRecording(1200, [](int i) {
+                     return With(Machine(35 + 10 * Jitter(i), 35, 60), GpuMemory(20));
+                   }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  EXPECT_THAT(j.result.message(),
+              HasSubstr("worker 0 GPU 0 over the last 500 values: p95 utilisation 44."));
+  EXPECT_THAT(j.result.message(),
+              HasSubstr("p95 memory in use 20% < gpu_memory_threshold_p95=70%, and p95 CPU "
+                        "utilisation 37.5% < cpu_threshold_p95=70%"));
+  EXPECT_EQ(j.result.datapoints(), 1050);
+}
+
+TEST(BatchSize, ABusyGpuIsHealthy) {
+  EXPECT_EQ(Judge("BatchSize", SystemRecording(2000, [](int i) {
+                    return With(Machine(90 + 5 * Jitter(i), 85, 60), GpuMemory(20));
+                  })).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
+// Synthetic GPU recording: GPU 0 does all the work, GPU 1 waits.
+TEST(LoadBalancing, FiresWhenTwoGpusOfAWorkerAreLoadedDifferently) {
+  Judged j = Judge("LoadBalancing", SystemRecording(1200, [](int i) {
+                     return Machine(90 + 5 * Jitter(i), 20 + 5 * Jitter(i + 3), 40);
+                   }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  EXPECT_THAT(j.result.message(), HasSubstr("worker 0: utilisation of GPU 0 (mean 90"));
+  EXPECT_THAT(j.result.message(),
+              HasSubstr("over 1050 values) differ by a Jensen-Shannon distance of 0.833, more "
+                        "than threshold=0.5"));
+}
+
+TEST(LoadBalancing, EquallyLoadedGpusAreHealthy) {
+  EXPECT_EQ(Judge("LoadBalancing", SystemRecording(2000, [](int i) {
+                    return Machine(85 + 10 * Jitter(i), 85 + 10 * Jitter(i + 5), 40);
+                  })).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
+Metrics Loaders(double n) { return With(Machine(90, 90, 40), {{"framework.dataloader_workers", n}}); }
+
+TEST(Dataloader, FiresOnTooFewOrTooManyLoadersForTheCores) {
+  Judged j = Judge("Dataloader", SystemRecording(100, [](int) { return Loaders(1); }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(j.result.message(),
+            "worker 0: a median of 1 data-loader processes for 4 CPU cores, fewer than "
+            "min_threshold=70% of the cores (2.8)");
+  j = Judge("Dataloader", SystemRecording(100, [](int) { return Loaders(12); }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(j.result.message(),
+            "worker 0: a median of 12 data-loader processes for 4 CPU cores, more than "
+            "max_threshold=200% of the cores (8)");
+  EXPECT_THAT(j.result.suggestion(), HasSubstr("fewer data-loader processes"));
+}
+
+TEST(Dataloader, EnoughLoadersOrNoCountIsHealthy) {
+  EXPECT_EQ(Judge("Dataloader", SystemRecording(100, [](int) { return Loaders(4); }))
+                .result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+  EXPECT_EQ(Judge("Dataloader", SystemRecording(100, [](int) { return Machine(90, 90, 40); }))
+                .result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
 TEST(ProfilerRules, BadParametersNameTheRuleAndTheParameter) {
   auto factory = RuleFactory::WithBuiltins();
   auto specs = ParseRuleFlag("StepOutlier(mode=SIDEWAYS)");
@@ -343,6 +414,9 @@ TEST(ProfilerRules, BadParametersNameTheRuleAndTheParameter) {
   specs = ParseRuleFlag("StepOutlier(stddev=-1)");
   EXPECT_THAT(factory->Create((*specs)[0]),
               StatusIs(absl::StatusCode::kInvalidArgument, "stddev"));
+  specs = ParseRuleFlag("Dataloader(min_threshold=300)");
+  EXPECT_THAT(factory->Create((*specs)[0]),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_threshold=200 is below"));
   specs = ParseRuleFlag("StepOutlier(scan_interval_us=0)");
   EXPECT_THAT(factory->Create((*specs)[0]),
               StatusIs(absl::StatusCode::kInvalidArgument, "scan_interval_us"));
