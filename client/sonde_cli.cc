@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -29,7 +30,11 @@
 #include "absl/time/time.h"
 #include "client/format.h"
 #include "client/query_client.h"
+#include "common/channel.h"
 #include "common/dtype.h"
+#include "common/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/query.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "rules/rule_config.h"
 
@@ -54,6 +59,7 @@ ABSL_FLAG(int64_t, end, 0, "end of a series, exclusive (0: no end)");
 ABSL_FLAG(int32_t, worker, -1, "worker (default: 0 for show, every worker for series)");
 ABSL_FLAG(int32_t, max_values, 64, "values printed by show (0: all)");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
+ABSL_FLAG(std::string, out, "", "report: the HTML file to write (default: stdout)");
 ABSL_FLAG(absl::Duration, timeout, absl::Hours(24), "how long watch follows a job");
 ABSL_FLAG(std::string, rules, "",
           "enable-rules: 'Type(key=value,...);...' as the collector's --rules flag");
@@ -69,7 +75,7 @@ int Fail(const absl::Status& s) {
 int Usage(const std::string& msg) {
   std::cerr << "sonde: " << msg << "\n"
             << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|"
-               "delete} "
+               "delete|report} "
                "[flags]; "
                "sonde --help for flags\n";
   return 2;
@@ -373,6 +379,35 @@ int Delete(QueryClient& q, const std::string& job, bool json) {
   return 0;
 }
 
+// The job's HTML report (Query.GetReport) into --out, or stdout. Its own
+// stub: QueryClient has no GetReport yet.
+int Report(const std::string& address, const ChannelSecurity& security, const std::string& job) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = MakeChannel(address, security, args);
+  if (!channel.ok()) return Fail(absl::InvalidArgumentError(channel.status().message()));
+  auto stub = v1::Query::NewStub(*channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
+  v1::GetReportRequest request;
+  request.set_job(job);
+  v1::GetReportResponse response;
+  absl::Status s = FromGrpcStatus(stub->GetReport(&ctx, request, &response));
+  if (!s.ok()) return Fail(s);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty() || out == "-") {
+    std::cout << response.html();
+    return 0;
+  }
+  std::ofstream file(out, std::ios::binary | std::ios::trunc);
+  file << response.html();
+  file.close();
+  if (!file) return Fail(absl::UnavailableError(absl::StrCat("cannot write '", out, "'")));
+  std::cerr << "wrote the report of job '" << job << "' to " << out << " ("
+            << response.html().size() << " bytes)\n";
+  return 0;
+}
+
 int Main(const std::vector<char*>& args) {
   if (args.size() < 2) return Usage("no command");
   const std::string cmd = args[1];
@@ -398,7 +433,7 @@ int Main(const std::vector<char*>& args) {
   const std::string job = absl::GetFlag(FLAGS_job);
   const bool known = cmd == "job" || cmd == "tensors" || cmd == "steps" || cmd == "show" ||
                      cmd == "series" || cmd == "rules" || cmd == "watch" ||
-                     cmd == "enable-rules" || cmd == "delete";
+                     cmd == "enable-rules" || cmd == "delete" || cmd == "report";
   if (!known) return Usage(absl::StrCat("unknown command '", cmd, "'"));
   if (job.empty()) return Usage(absl::StrCat(cmd, " needs --job"));
   if (cmd == "job") return Job(*q, job, json);
@@ -409,6 +444,7 @@ int Main(const std::vector<char*>& args) {
   if (cmd == "rules") return Rules(*q, job, json);
   if (cmd == "enable-rules") return EnableRules(*q, job, json);
   if (cmd == "delete") return Delete(*q, job, json);
+  if (cmd == "report") return Report(absl::GetFlag(FLAGS_collector), security, job);
   return Watch(*q, job, json);
 }
 
@@ -417,7 +453,7 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|delete} "
+      "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|delete|report} "
       "[--collector=host:port] [--tls_ca=ca.pem [--tls_cert=c.pem --tls_key=k.pem]] "
       "[--token=T, or SONDE_TOKEN in the environment] "
       "[--job=J] [--json] ...");

@@ -76,6 +76,14 @@ grpc::Status AuthorizingQueryService::ReadEvents(grpc::ServerContext* context,
   return inner_->ReadEvents(context, request, response);
 }
 
+grpc::Status AuthorizingQueryService::GetReport(grpc::ServerContext* context,
+                                                 const v1::GetReportRequest* request,
+                                                 v1::GetReportResponse* response) {
+  absl::Status allowed = Allow(*context, request->job(), Right::kRead);
+  if (!allowed.ok()) return ToGrpcStatus(allowed);
+  return inner_->GetReport(context, request, response);
+}
+
 grpc::Status AuthorizingQueryService::ListSteps(grpc::ServerContext* context,
                                                 const v1::ListStepsRequest* request,
                                                 v1::ListStepsResponse* response) {

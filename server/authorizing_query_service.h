@@ -30,6 +30,8 @@ class AuthorizingQueryService final : public v1::Query::Service {
                            v1::ReadMetricsResponse*) override;
   grpc::Status ReadEvents(grpc::ServerContext*, const v1::ReadEventsRequest*,
                           v1::ReadEventsResponse*) override;
+  grpc::Status GetReport(grpc::ServerContext*, const v1::GetReportRequest*,
+                         v1::GetReportResponse*) override;
   grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
                          v1::ListStepsResponse*) override;
   grpc::Status ReadTensor(grpc::ServerContext*, const v1::ReadTensorRequest*,

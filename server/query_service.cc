@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/report/report.h"
 #include "server/retention.h"
 
 namespace sonde::server {
@@ -175,6 +176,20 @@ grpc::Status QueryService::ReadEvents(grpc::ServerContext*, const v1::ReadEvents
                                    request->end_unix_micros());
   if (!events.ok()) return ToGrpcStatus(events.status());
   for (v1::WorkerEvent& e : *events) *response->add_events() = std::move(e);
+  return grpc::Status::OK;
+}
+
+grpc::Status QueryService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request,
+                                     v1::GetReportResponse* response) {
+  std::vector<v1::RuleCatalogEntry> catalogue;
+  if (rule_factory_ != nullptr) {
+    for (const rules::RuleInfo& info : rule_factory_->Catalog()) {
+      catalogue.push_back(rules::ToProto(info));
+    }
+  }
+  auto html = report::RenderJobReport(*store_, request->job(), catalogue);
+  if (!html.ok()) return ToGrpcStatus(html.status());
+  response->set_html(std::move(*html));
   return grpc::Status::OK;
 }
 

@@ -53,6 +53,8 @@ class QueryService final : public v1::Query::Service {
                            v1::EnableRulesResponse*) override;
   grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest*,
                          v1::DeleteJobResponse*) override;
+  grpc::Status GetReport(grpc::ServerContext*, const v1::GetReportRequest*,
+                         v1::GetReportResponse*) override;
 
  private:
   storage::Store* const store_;
