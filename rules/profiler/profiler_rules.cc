@@ -744,6 +744,176 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeDataloader(RuleParams& p) {
   return std::unique_ptr<Rule>(new Dataloader(c));
 }
 
+// --- OverallSystemUsage -----------------------------------------------------
+
+// Summarises, per worker, p50 / p95 / max of total CPU utilisation, of each
+// GPU's utilisation and of host memory in use, over the last kHistory
+// snapshots. Never finds an issue.
+class OverallSystemUsage : public ProfilerRule {
+ public:
+  static constexpr size_t kHistory = 10000;
+
+  Result OnProfile(const ProfileData& data) override {
+    Worker& w = workers_[data.worker];
+    for (const v1::MetricSnapshot& snapshot : data.batch.snapshots()) {
+      const SystemSample s = ReadSample(snapshot);
+      if (auto cpu = s.CpuTotal()) Series(w, "CPU").Add(*cpu);
+      for (const auto& [gpu, v] : s.gpu_util) Series(w, absl::StrCat("GPU ", gpu)).Add(v);
+      double used = -1;
+      double total = -1;
+      for (const v1::MetricSample& m : snapshot.samples()) {
+        if (m.name() == "memory.used_bytes") used = m.value();
+        if (m.name() == "memory.total_bytes") total = m.value();
+      }
+      if (used >= 0 && total > 0) Series(w, "memory").Add(100.0 * used / total);
+    }
+    return Quiet();
+  }
+
+  // "worker 0: CPU p50 37% p95 45% max 50%, GPU 0 p50 ...; worker 1: ...",
+  // or "" before any metric arrived.
+  std::string Summary() const {
+    std::vector<std::string> workers;
+    for (const auto& [worker, w] : workers_) {
+      std::vector<std::string> parts;
+      for (const auto& [name, series] : w) {
+        if (series.size() == 0) continue;
+        parts.push_back(absl::StrFormat("%s p50 %.3g%% p95 %.3g%% max %.3g%%", name,
+                                        *series.Quantile(0.5), *series.Quantile(0.95),
+                                        *series.Max()));
+      }
+      if (!parts.empty()) {
+        workers.push_back(absl::StrCat("worker ", worker, ": ", absl::StrJoin(parts, ", ")));
+      }
+    }
+    return absl::StrJoin(workers, "; ");
+  }
+
+ private:
+  using Worker = std::map<std::string, SlidingWindow>;
+  static SlidingWindow& Series(Worker& w, const std::string& name) {
+    return w.try_emplace(name, kHistory).first->second;
+  }
+  std::map<int32_t, Worker> workers_;
+};
+
+absl::StatusOr<std::unique_ptr<Rule>> MakeOverallSystemUsage(RuleParams& p) {
+  SONDE_RETURN_IF_ERROR(ReadScanInterval(p));
+  return std::unique_ptr<Rule>(new OverallSystemUsage());
+}
+
+// --- ProfilerReport ---------------------------------------------------------
+
+using Maker = absl::StatusOr<std::unique_ptr<Rule>> (*)(RuleParams&);
+
+// The rules ProfilerReport runs, in the order its message lists them.
+const std::vector<std::pair<std::string, Maker>>& ReportedRules() {
+  static const auto* rules = new std::vector<std::pair<std::string, Maker>>{
+      {"BatchSize", &MakeBatchSize},
+      {"CPUBottleneck", &MakeCPUBottleneck},
+      {"Dataloader", &MakeDataloader},
+      {"GPUMemoryIncrease", &MakeGPUMemoryIncrease},
+      {"IOBottleneck", &MakeIOBottleneck},
+      {"LoadBalancing", &MakeLoadBalancing},
+      {"LowGPUUtilization", &MakeLowGPUUtilization},
+      {"MaxInitializationTime", &MakeMaxInitializationTime},
+      {"StepOutlier", &MakeStepOutlier},
+  };
+  return *rules;
+}
+
+// Runs every other profiler rule on the same data (each with its defaults,
+// or `<Rule>_<parameter>` overrides as SageMaker's ProfilerReport takes
+// them) and keeps going after one triggers. At the end of training it finds
+// an issue if any of them triggered, naming each with its message, and adds
+// OverallSystemUsage's summary; otherwise NoIssuesFound. The individual
+// rules give the live verdicts; this is the report.
+class ProfilerReport : public ProfilerRule {
+ public:
+  struct Member {
+    std::string name;
+    std::unique_ptr<Rule> rule;
+    std::optional<Finding> finding;
+  };
+  explicit ProfilerReport(std::vector<Member> members) : members_(std::move(members)) {}
+
+  Result OnStep(const StepData& step) override {
+    for (Member& m : members_) {
+      if (m.finding.has_value()) continue;
+      SONDE_ASSIGN_OR_RETURN(m.finding, m.rule->OnStep(step));
+    }
+    return Quiet();
+  }
+
+  Result OnProfile(const ProfileData& data) override {
+    usage_.OnProfile(data).IgnoreError();
+    for (Member& m : members_) {
+      if (m.finding.has_value()) continue;
+      auto finding = m.rule->OnProfile(data);
+      if (!finding.ok()) {
+        return absl::Status(finding.status().code(),
+                            absl::StrCat(m.name, ": ", finding.status().message()));
+      }
+      m.finding = std::move(*finding);
+    }
+    return Quiet();
+  }
+
+  Result OnJobEnd() override {
+    std::vector<std::string> triggered;
+    int32_t worker = 0;
+    for (Member& m : members_) {
+      if (!m.finding.has_value()) {
+        SONDE_ASSIGN_OR_RETURN(m.finding, m.rule->OnJobEnd());
+      }
+      if (!m.finding.has_value()) continue;
+      if (triggered.empty()) worker = m.finding->worker;
+      triggered.push_back(absl::StrCat(m.name, " (", m.finding->message, ")"));
+    }
+    if (triggered.empty()) return Quiet();
+    Finding f;
+    f.worker = worker;
+    f.observed = static_cast<double>(triggered.size());
+    f.threshold = 0;
+    f.message = absl::StrCat(triggered.size(), " of ", members_.size(),
+                             " profiler rules triggered: ", absl::StrJoin(triggered, "; "));
+    const std::string usage = usage_.Summary();
+    if (!usage.empty()) absl::StrAppend(&f.message, ". System usage: ", usage);
+    return Fire(std::move(f));
+  }
+
+ private:
+  std::vector<Member> members_;
+  OverallSystemUsage usage_;
+};
+
+absl::StatusOr<std::unique_ptr<Rule>> MakeProfilerReport(RuleParams& p) {
+  std::map<std::string, std::map<std::string, std::string>> overrides;
+  for (const auto& [key, value] : p.TakeAll()) {
+    if (key == "scan_interval_us") continue;  // SageMaker's; unused
+    const size_t underscore = key.find('_');
+    const std::string rule = key.substr(0, underscore);
+    bool known = false;
+    for (const auto& r : ReportedRules()) known = known || r.first == rule;
+    if (underscore == std::string::npos || !known) {
+      return BadParam("ProfilerReport",
+                      absl::StrCat("unknown parameter '", key,
+                                   "': expected <Rule>_<parameter>, e.g. CPUBottleneck_threshold"));
+    }
+    overrides[rule][key.substr(underscore + 1)] = value;
+  }
+  std::vector<ProfilerReport::Member> members;
+  for (const auto& [name, maker] : ReportedRules()) {
+    RuleParams params(name, overrides[name]);
+    auto rule = maker(params);
+    if (!rule.ok()) return BadParam("ProfilerReport", rule.status().message());
+    absl::Status unused = params.CheckAllUsed();
+    if (!unused.ok()) return BadParam("ProfilerReport", unused.message());
+    members.push_back({name, std::move(*rule), std::nullopt});
+  }
+  return std::unique_ptr<Rule>(new ProfilerReport(std::move(members)));
+}
+
 }  // namespace
 
 std::vector<std::pair<RuleInfo, RuleMaker>> ProfilerRuleTypes() {
@@ -854,6 +1024,23 @@ std::vector<std::pair<RuleInfo, RuleMaker>> ProfilerRuleTypes() {
         "Change the number of data-loader processes (e.g. num_workers of PyTorch's "
         "DataLoader)."},
        &MakeDataloader},
+      {{"OverallSystemUsage",
+        "Summarises system usage (p50, p95 and max of CPU, GPU and host memory per worker); "
+        "never finds an issue. Its summary appears in ProfilerReport's verdict.",
+        {scan_interval},
+        {},
+        "Nothing to do: a summary, not a check."},
+       &MakeOverallSystemUsage},
+      {{"ProfilerReport",
+        "Runs every other profiler rule (BatchSize, CPUBottleneck, Dataloader, "
+        "GPUMemoryIncrease, IOBottleneck, LoadBalancing, LowGPUUtilization, "
+        "MaxInitializationTime, StepOutlier) and, at the end of training, reports which "
+        "triggered with their messages and the system usage summary. Takes any parameter "
+        "of those rules as <Rule>_<parameter>, e.g. CPUBottleneck_threshold=30.",
+        {scan_interval},
+        {},
+        "Follow the advice of each rule that triggered."},
+       &MakeProfilerReport},
   };
 }
 

@@ -405,6 +405,72 @@ TEST(Dataloader, EnoughLoadersOrNoCountIsHealthy) {
             v1::RULE_STATUS_NO_ISSUES_FOUND);
 }
 
+TEST(OverallSystemUsage, NeverFindsAnIssue) {
+  Judged j = Judge("OverallSystemUsage", SystemRecording(300, [](int) {
+                     return Machine(0, 100, 100, 100);
+                   }));
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_NO_ISSUES_FOUND);
+  EXPECT_EQ(j.result.datapoints(), 300);
+}
+
+// Synthetic GPU recording (GPU 1 idles) with step events whose steps
+// 105, 115, ... take 10x longer, both from worker 0.
+std::vector<std::pair<int32_t, v1::ProfileBatch>> TroubledJob() {
+  auto batches = SystemRecording(1200, [](int i) {
+    return With(Machine(90, 30 + 10 * Jitter(i), 40),
+                {{"memory.used_bytes", 8e9}, {"memory.total_bytes", 32e9}});
+  });
+  std::set<int> slow;
+  for (int s = 105; s < 300; s += 10) slow.insert(s);
+  for (auto& b : StepRecording(300, 20, slow)) batches.push_back(b);
+  return batches;
+}
+
+TEST(ProfilerReport, ReportsEveryRuleThatTriggeredAtTheEndWithTheSystemUsage) {
+  Judged j = Judge("ProfilerReport", TroubledJob());
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND) << j.result.message();
+  EXPECT_EQ(j.result.observed(), 3);
+  EXPECT_THAT(j.result.message(), HasSubstr("3 of 9 profiler rules triggered: LoadBalancing ("));
+  EXPECT_THAT(j.result.message(), HasSubstr("LowGPUUtilization (worker 0 GPU 1: p95"));
+  EXPECT_THAT(j.result.message(), HasSubstr("StepOutlier (worker 0, TRAIN steps: 12 of the last 220"));
+  EXPECT_THAT(j.result.message(),
+              HasSubstr("System usage: worker 0: CPU p50 32.5% p95 32.5% max 32.5%, GPU 0 p50 "
+                        "90% p95 90% max 90%, GPU 1 p50"));
+  EXPECT_THAT(j.result.message(), HasSubstr("memory p50 25% p95 25% max 25%"));
+  EXPECT_EQ(j.result.datapoints(), 1500);  // every snapshot and event, none skipped
+}
+
+TEST(ProfilerReport, TakesOverridesAsRuleUnderscoreParameter) {
+  // Raising LowGPUUtilization's threshold away and StepOutlier's tolerance
+  // leaves LoadBalancing alone.
+  Judged j = Judge(
+      "ProfilerReport(LowGPUUtilization_threshold_p95=20,StepOutlier_n_outliers=50,"
+      "LowGPUUtilization_threshold_p5=0)",
+      TroubledJob());
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_THAT(j.result.message(), HasSubstr("1 of 9 profiler rules triggered: LoadBalancing"));
+  auto factory = RuleFactory::WithBuiltins();
+  auto specs = ParseRuleFlag("ProfilerReport(Nope_threshold=1)");
+  ASSERT_TRUE(specs.ok());
+  EXPECT_THAT(factory->Create((*specs)[0]),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown parameter 'Nope_threshold'"));
+  specs = ParseRuleFlag("ProfilerReport(StepOutlier_nope=1)");
+  EXPECT_THAT(factory->Create((*specs)[0]),
+              StatusIs(absl::StatusCode::kInvalidArgument, "StepOutlier: unknown parameter 'nope'"));
+}
+
+TEST(ProfilerReport, AHealthyJobHasNoIssues) {
+  // Steps first: 25 minutes of snapshots without a step would be a slow start.
+  auto batches = StepRecording(300, 20, {});
+  for (auto& b : SystemRecording(1500, [](int i) {
+         return With(Machine(85 + 10 * Jitter(i), 85 + 10 * Jitter(i + 5), 40), GpuMemory(60));
+       })) {
+    batches.push_back(b);
+  }
+  Judged j = Judge("ProfilerReport", batches);
+  EXPECT_EQ(j.result.status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << j.result.message();
+}
+
 TEST(ProfilerRules, BadParametersNameTheRuleAndTheParameter) {
   auto factory = RuleFactory::WithBuiltins();
   auto specs = ParseRuleFlag("StepOutlier(mode=SIDEWAYS)");
