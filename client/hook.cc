@@ -473,6 +473,10 @@ absl::Status Hook::Close() {
   return s;
 }
 
+void Hook::SetProfilerGauge(const std::string& name, double value) {
+  if (profiler_ != nullptr && profiler_->framework()) profiler_->SetGauge(name, value);
+}
+
 void Hook::RecordEvent(v1::TraceEvent event) {
   if (profiler_ == nullptr) return;
   if (event.step() < 0 || event.mode() == v1::MODE_UNSPECIFIED) {

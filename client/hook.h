@@ -174,6 +174,9 @@ class Hook {
   // of any kind with its times; the hook fills in the current mode and step
   // when they are unset (step < 0).
   void RecordEvent(v1::TraceEvent event);
+  // A framework gauge for the profiler, sent with every system sample from
+  // now on (e.g. "framework.dataloader_workers"). No-op while it is off.
+  void SetProfilerGauge(const std::string& name, double value);
   // A named span from now until the returned object is destroyed:
   //   { auto span = hook->Span("augment"); ... }
   class ScopedEvent {

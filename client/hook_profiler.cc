@@ -53,14 +53,33 @@ void HookProfiler::Record(v1::TraceEvent event) {
   events_.push_back(std::move(event));
 }
 
+void HookProfiler::SetGauge(const std::string& name, double value) {
+  absl::MutexLock lock(&mu_);
+  gauges_[name] = value;
+}
+
 void HookProfiler::Flush(const v1::MetricSnapshot* snapshot) {
   v1::ProfileBatch batch;
+  std::map<std::string, double> gauges;
   {
     absl::MutexLock lock(&mu_);
     for (v1::TraceEvent& e : events_) *batch.add_events() = std::move(e);
     events_.clear();
+    gauges = gauges_;
   }
-  if (snapshot != nullptr) *batch.add_snapshots() = *snapshot;
+  if (snapshot != nullptr || !gauges.empty()) {
+    v1::MetricSnapshot* s = batch.add_snapshots();
+    if (snapshot != nullptr) {
+      *s = *snapshot;
+    } else {
+      s->set_unix_micros(absl::ToUnixMicros(absl::Now()));
+    }
+    for (const auto& [name, value] : gauges) {
+      v1::MetricSample* sample = s->add_samples();
+      sample->set_name(name);
+      sample->set_value(value);
+    }
+  }
   if (batch.events_size() == 0 && batch.snapshots_size() == 0) return;
   sink_(std::move(batch));
 }

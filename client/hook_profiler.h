@@ -10,7 +10,9 @@
 #define SONDE_CLIENT_HOOK_PROFILER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -50,6 +52,9 @@ class HookProfiler {
   // Queues an event for the next batch (dropped when framework events are
   // off or after Stop()).
   void Record(v1::TraceEvent event);
+  // A framework gauge (e.g. framework.dataloader_workers): its latest value
+  // goes with every system sample from now on.
+  void SetGauge(const std::string& name, double value);
   bool framework() const { return options_.framework; }
 
   // Stops the sampler and sends what is left, once. Idempotent.
@@ -68,6 +73,7 @@ class HookProfiler {
   std::unique_ptr<profiler::SystemSampler> sampler_;
   absl::Mutex mu_;
   std::vector<v1::TraceEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, double> gauges_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -150,6 +150,10 @@ class PyHook {
     hook_->RecordEvent(std::move(e));
   }
 
+  void SetProfilerGauge(const std::string& name, double value) {
+    hook_->SetProfilerGauge(name, value);
+  }
+
   bool ShouldStop() const { return hook_->should_stop(); }
 
   py::object StopAction() const {
@@ -238,6 +242,7 @@ PYBIND11_MODULE(_sonde, m) {
       .def("flush", &PyHook::Flush)
       .def("close", &PyHook::Close)
       .def("record_event", &PyHook::RecordEvent, py::call_guard<py::gil_scoped_release>())
+      .def("set_profiler_gauge", &PyHook::SetProfilerGauge)
       .def("should_stop", &PyHook::ShouldStop)
       .def("stop_action", &PyHook::StopAction)
       .def("counters", &PyHook::Counters);

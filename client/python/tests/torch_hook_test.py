@@ -567,4 +567,8 @@ def test_profiler_records_system_metrics_steps_forward_backward_and_dataloader_w
     assert len(spans) == 6 and all(s.name == "step-body" for s in spans)
     metrics = r.stub.ListMetrics(query_pb2.ListMetricsRequest(job="profiled"), timeout=10)
     names = set(metrics.workers[0].names)
-    assert {"cpu.util_percent", "memory.used_bytes", "process.rss_bytes"} <= names
+    assert {"cpu.util_percent", "memory.used_bytes", "process.rss_bytes",
+            "framework.dataloader_workers"} <= names
+    workers = r.stub.ReadMetrics(query_pb2.ReadMetricsRequest(
+        job="profiled", names=["framework.dataloader_workers"], worker=-1), timeout=10)
+    assert set(workers.series[0].values) == {0.0}  # the loader had num_workers=0

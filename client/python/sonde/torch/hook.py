@@ -200,6 +200,7 @@ class Hook:
         self._forward_start = 0      # micros: the model's forward began
         self._backward_start = 0     # micros: the loss's gradient was computed
         self._last_gradient = 0      # micros: the latest parameter gradient
+        self._dataloader_workers = None  # last framework.dataloader_workers sent
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
         if export_tensorboard:
             meta.setdefault("sonde.tensorboard", "on")
@@ -545,8 +546,13 @@ class Hook:
         self._last_gradient = _now_micros()
         return None
 
-    def _data_wait(self, start, end):
+    def _data_wait(self, start, end, workers):
         self._record(2, "", start, end)  # KIND_DATA_WAIT
+        h = self._native
+        if h is not None and workers != self._dataloader_workers:
+            self._dataloader_workers = workers
+            self._guard("profiler gauge", h.set_profiler_gauge, "framework.dataloader_workers",
+                        float(workers))
 
     # ---- saving -------------------------------------------------------
 
@@ -776,8 +782,10 @@ def _watch_dataloaders(hook):
             return original(self)
         finally:
             end = _now_micros()
+            # Worker processes loading batches (0: the training process itself).
+            workers = getattr(self, "_num_workers", 0)
             for h in list(_PROFILED_HOOKS):
-                h._data_wait(start, end)
+                h._data_wait(start, end, workers)
 
     timed_next.__wrapped__ = original
     base.__next__ = timed_next
