@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -469,6 +470,57 @@ TEST(ProfilerReport, AHealthyJobHasNoIssues) {
   }
   Judged j = Judge("ProfilerReport", batches);
   EXPECT_EQ(j.result.status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << j.result.message();
+}
+
+TEST(ProfilerRules, CatalogueHasSageMakersParametersAndEveryDefaultIsAccepted) {
+  using Params = std::vector<std::pair<std::string, std::string>>;
+  const std::string scan = "60000000";
+  const std::map<std::string, Params> expected = {
+      {"StepOutlier",
+       {{"stddev", "3"}, {"mode", "None"}, {"n_outliers", "10"}, {"scan_interval_us", scan}}},
+      {"CPUBottleneck",
+       {{"threshold", "50"}, {"gpu_threshold", "10"}, {"cpu_threshold", "90"},
+        {"patience", "1000"}, {"scan_interval_us", scan}}},
+      {"IOBottleneck",
+       {{"threshold", "50"}, {"gpu_threshold", "10"}, {"io_threshold", "50"},
+        {"patience", "1000"}, {"scan_interval_us", scan}}},
+      {"LowGPUUtilization",
+       {{"threshold_p95", "70"}, {"threshold_p5", "10"}, {"window", "500"},
+        {"patience", "1000"}, {"scan_interval_us", scan}}},
+      {"GPUMemoryIncrease",
+       {{"increase", "5"}, {"patience", "1000"}, {"window", "10"}, {"scan_interval_us", scan}}},
+      {"MaxInitializationTime", {{"threshold", "20"}, {"scan_interval_us", scan}}},
+      {"BatchSize",
+       {{"cpu_threshold_p95", "70"}, {"gpu_threshold_p95", "70"},
+        {"gpu_memory_threshold_p95", "70"}, {"patience", "1000"}, {"window", "500"},
+        {"scan_interval_us", scan}}},
+      {"LoadBalancing", {{"threshold", "0.5"}, {"patience", "1000"}, {"scan_interval_us", scan}}},
+      {"Dataloader",
+       {{"min_threshold", "70"}, {"max_threshold", "200"}, {"patience", "10"},
+        {"scan_interval_us", scan}}},
+      {"OverallSystemUsage", {{"scan_interval_us", scan}}},
+      {"ProfilerReport", {{"scan_interval_us", scan}}},
+  };
+  auto factory = RuleFactory::WithBuiltins();
+  for (const auto& [type, params] : expected) {
+    SCOPED_TRACE(type);
+    const RuleInfo* info = factory->Find(type);
+    ASSERT_NE(info, nullptr);
+    Params actual;
+    for (const RuleParameterInfo& p : info->parameters) {
+      actual.emplace_back(p.name, p.default_value);
+      EXPECT_FALSE(p.description.empty()) << p.name;
+    }
+    EXPECT_EQ(actual, params);
+    EXPECT_FALSE(info->description.empty());
+    EXPECT_FALSE(info->suggestion.empty());
+    v1::RuleSpec spec;
+    spec.set_rule_type(type);
+    for (const auto& [name, value] : params) (*spec.mutable_parameters())[name] = value;
+    auto rule = factory->Create(spec);
+    ASSERT_TRUE(rule.ok()) << rule.status();
+    EXPECT_TRUE((*rule)->WantsProfile());
+  }
 }
 
 TEST(ProfilerRules, BadParametersNameTheRuleAndTheParameter) {
