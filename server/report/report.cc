@@ -109,8 +109,10 @@ void JobSummary(const v1::JobInfo& job, const std::vector<StepSample>& steps,
     absl::StrAppend(&out, "<dt>", k, "</dt><dd>", escaped_v, "</dd>");
   };
   row("Job", EscapeHtml(job.job()));
-  row("Status", EscapeHtml(StatusName(job.status())) +
-                    (job.end_reason().empty() ? "" : " — " + EscapeHtml(job.end_reason())));
+  const std::string status = StatusName(job.status());
+  row("Status", EscapeHtml(status) + (job.end_reason().empty() || job.end_reason() == status
+                                          ? ""
+                                          : " — " + EscapeHtml(job.end_reason())));
   std::vector<std::string> workers;
   for (int32_t w : job.workers()) workers.push_back(absl::StrCat(w));
   row("Workers", absl::StrCat(job.workers_size(), " of world size ", job.world_size(),
@@ -397,6 +399,7 @@ void SystemUsage(const std::vector<v1::MetricSeries>& metrics, int64_t origin,
     o.x_label = "seconds since the job started";
     o.y_label = c.y_label;
     o.max_points = options.max_points_per_chart;
+    if (c.y_label == "percent") o.y_max = 100;
     absl::StrAppend(&out, LineChart(series, o));
   }
   // Every metric in numbers, so nothing is only in a picture.

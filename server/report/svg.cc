@@ -17,6 +17,7 @@ constexpr size_t kPaletteSize = sizeof(kPalette) / sizeof(kPalette[0]);
 
 // Plot area margins, in pixels.
 constexpr int kLeft = 64, kRight = 16, kTop = 28, kBottom = 40;
+constexpr int kLegendColumns = 4, kLegendRow = 14;
 
 std::string Num(double v) {
   if (v == 0) return "0";
@@ -44,7 +45,7 @@ void Widen(double& lo, double& hi) {
 }
 
 // Frame, grid, ticks and titles of a chart; returns the opening of the <svg>.
-std::string Frame(const ChartOptions& o, const Scale& x, const Scale& y,
+std::string Frame(const ChartOptions& o, int top, const Scale& x, const Scale& y,
                   const std::vector<double>& xticks, const std::vector<double>& yticks) {
   std::string s = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" width=\"%d\" height=\"%d\" "
@@ -52,7 +53,7 @@ std::string Frame(const ChartOptions& o, const Scale& x, const Scale& y,
       o.width, o.height, o.width, o.height, EscapeHtml(o.title));
   absl::StrAppend(&s, "<text x=\"", kLeft, "\" y=\"16\" class=\"ct\">", EscapeHtml(o.title),
                   "</text>");
-  const double x0 = kLeft, x1 = o.width - kRight, y0 = o.height - kBottom, y1 = kTop;
+  const double x0 = kLeft, x1 = o.width - kRight, y0 = o.height - kBottom, y1 = top;
   for (double t : yticks) {
     const double py = y(t);
     absl::StrAppend(&s, "<line class=\"grid\" x1=\"", Px(x0), "\" x2=\"", Px(x1), "\" y1=\"",
@@ -72,6 +73,13 @@ std::string Frame(const ChartOptions& o, const Scale& x, const Scale& y,
   absl::StrAppend(&s, "<text class=\"al\" transform=\"translate(14,", Px((y0 + y1) / 2),
                   ") rotate(-90)\" text-anchor=\"middle\">", EscapeHtml(o.y_label), "</text>");
   return s;
+}
+
+// hi, or the first tick at or above it, so the top grid line frames the data.
+double RoundUpToTick(double lo, double hi, int target_count) {
+  const std::vector<double> ticks = NiceTicks(lo, hi, target_count);
+  if (ticks.size() < 2 || ticks.back() >= hi) return hi;
+  return ticks.back() + (ticks[1] - ticks[0]);
 }
 
 }  // namespace
@@ -150,13 +158,16 @@ std::string LineChart(const std::vector<ChartSeries>& series, const ChartOptions
   }
   if (total == 0) xlo = xhi = ylo = yhi = 0;
   ylo = std::min(ylo, 0.0);  // utilisation and memory read best from zero
+  if (o.y_max > 0) yhi = std::max(yhi, o.y_max);
   Widen(xlo, xhi);
   Widen(ylo, yhi);
-  const std::vector<double> yticks = NiceTicks(ylo, yhi, 5);
-  if (!yticks.empty()) yhi = std::max(yhi, yticks.back());
+  yhi = RoundUpToTick(ylo, yhi, 5);
+  // The legend sits above the plot, kLegendColumns entries a row.
+  const int rows = static_cast<int>((series.size() + kLegendColumns - 1) / kLegendColumns);
+  const int top = kTop + rows * kLegendRow;
   const Scale x{xlo, xhi, double(kLeft), double(o.width - kRight)};
-  const Scale y{ylo, yhi, double(o.height - kBottom), double(kTop)};
-  std::string s = Frame(o, x, y, NiceTicks(xlo, xhi, 8), NiceTicks(ylo, yhi, 5));
+  const Scale y{ylo, yhi, double(o.height - kBottom), double(top)};
+  std::string s = Frame(o, top, x, y, NiceTicks(xlo, xhi, 8), NiceTicks(ylo, yhi, 5));
   // Each series gets its share of the point budget.
   const size_t budget = std::max<size_t>(2, o.max_points / std::max<size_t>(1, series.size()));
   for (size_t k = 0; k < series.size(); ++k) {
@@ -173,8 +184,8 @@ std::string LineChart(const std::vector<ChartSeries>& series, const ChartOptions
       absl::StrAppend(&s, "<path class=\"line\" stroke=\"", color, "\" d=\"", d, "\"><title>",
                       EscapeHtml(c.label), "</title></path>");
     }
-    // Legend: right-aligned rows along the top.
-    const double lx = kLeft + 8 + (k % 4) * 200.0, ly = kTop + 14 + (k / 4) * 14.0;
+    const double lx = kLeft + (k % kLegendColumns) * 200.0;
+    const double ly = kTop + (k / kLegendColumns) * double(kLegendRow) + 6;
     absl::StrAppend(&s, "<rect x=\"", Px(lx), "\" y=\"", Px(ly - 8), "\" width=\"10\" height=\"3\" "
                     "fill=\"", color, "\"/><text class=\"lg\" x=\"", Px(lx + 14), "\" y=\"",
                     Px(ly - 4), "\">", EscapeHtml(c.label), "</text>");
@@ -198,12 +209,10 @@ std::string Histogram(const std::vector<double>& values, int bins, const ChartOp
     ++counts[b];
   }
   const int64_t top = values.empty() ? 1 : *std::max_element(counts.begin(), counts.end());
-  double yhi = static_cast<double>(top);
-  const std::vector<double> yticks = NiceTicks(0, yhi, 4);
-  if (!yticks.empty()) yhi = std::max(yhi, yticks.back());
+  const double yhi = RoundUpToTick(0, static_cast<double>(top), 4);
   const Scale x{lo, hi, double(kLeft), double(o.width - kRight)};
   const Scale y{0, yhi, double(o.height - kBottom), double(kTop)};
-  std::string s = Frame(o, x, y, NiceTicks(lo, hi, 8), NiceTicks(0, yhi, 4));
+  std::string s = Frame(o, kTop, x, y, NiceTicks(lo, hi, 8), NiceTicks(0, yhi, 4));
   for (int b = 0; b < bins; ++b) {
     if (counts[b] == 0) continue;
     const double left = x(lo + b * width), right = x(lo + (b + 1) * width);

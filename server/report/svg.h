@@ -33,6 +33,9 @@ struct ChartOptions {
   // Points drawn over all series together; longer series are downsampled
   // (see Downsample). Default 2000.
   size_t max_points = 2000;
+  // Line charts: the y axis reaches at least this (e.g. 100 for percent);
+  // 0: as far as the data.
+  double y_max = 0;
 };
 
 // Indices of the points to keep so that at most `max_points` (>= 2) remain:
