@@ -1,6 +1,7 @@
 // The job report end to end: a real hook streams real system metrics, step
 // and data-wait events of a loop (plus a synthetic GPU series: this machine
-// has no GPU), a real rule judges its loss, and the report comes back
+// has no GPU), real rules judge its loss and its step times, and the report
+// comes back
 // through Query.GetReport, the `sonde report` CLI, and a real browser
 // (Debian's chromium, headless) that must render its tables and charts.
 
@@ -37,10 +38,14 @@ using ::sonde::testing::InProcessCollector;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr int kSteps = 12;
+// StepOutlier judges a mode only after 100 steps (smdebug's minimum).
+constexpr int kSteps = 110;
 constexpr int kSlowStep = 7;
+// The collector's rules: one tensor rule, and StepOutlier told to fire on
+// a single outlier (the slow step).
+constexpr char kRules[] = "LossNotDecreasing;StepOutlier(n_outliers=0)";
 
-// Streams a profiled training loop: 12 train steps of ~20 ms after a 5 ms
+// Streams a profiled training loop: 110 train steps of ~5 ms after a 2 ms
 // data wait each, step 7 taking ~200 ms; a decreasing loss every step; and
 // GPU readings every 100 ms over the run (synthetic: no GPU here).
 void StreamProfiledJob(const std::string& address, const std::string& job) {
@@ -57,10 +62,10 @@ void StreamProfiledJob(const std::string& address, const std::string& job) {
   for (int step = 0; step < kSteps; ++step) {
     {
       auto wait = (*hook)->DataWait();
-      absl::SleepFor(absl::Milliseconds(5));
+      absl::SleepFor(absl::Milliseconds(2));
     }
     (*hook)->StartStep();
-    absl::SleepFor(absl::Milliseconds(step == kSlowStep ? 200 : 20));
+    absl::SleepFor(absl::Milliseconds(step == kSlowStep ? 200 : 5));
     SONDE_ASSERT_OK((*hook)->SaveScalar("loss", 2.0 / (step + 1), {"losses"}));
   }
   const int64_t end = absl::ToUnixMicros(absl::Now());
@@ -125,7 +130,7 @@ std::string OutputDir() {
 }
 
 TEST(JobReport, RealProfiledJobThroughTheRpcAndTheCli) {
-  InProcessCollector collector("LossNotDecreasing");
+  InProcessCollector collector(kRules);
   StreamProfiledJob(collector.address(), "report-e2e");
   auto html = GetReport(collector.address(), "report-e2e");
   SONDE_ASSERT_OK(html);
@@ -154,6 +159,17 @@ TEST(JobReport, RealProfiledJobThroughTheRpcAndTheCli) {
   ASSERT_NE(tensor, std::string::npos);
   EXPECT_NE(h.find("<td>LossNotDecreasing</td>", tensor), std::string::npos);
   EXPECT_THAT(h, Not(HasSubstr("not in the catalogue")));
+  // StepOutlier saw the slow step: first in the profiler table, triggered
+  // once, with the data points it judged and its parameters.
+  const size_t profiler = h.find("id=\"profiler-rules-table\"");
+  ASSERT_NE(profiler, std::string::npos);
+  const size_t row = h.find("<tr class=\"hit\"><td>StepOutlier</td>", profiler);
+  ASSERT_LT(row, tensor) << h.substr(profiler, tensor - profiler);
+  const std::string cells = h.substr(row, h.find("</tr>", row) - row);
+  EXPECT_THAT(cells, HasSubstr("<td class=\"n\">1</td>"));
+  EXPECT_THAT(cells, HasSubstr("<b>n_outliers=0</b>"));
+  EXPECT_THAT(cells, HasSubstr("stddev=3"));
+  EXPECT_THAT(cells, HasSubstr("issues found"));
 
   // The CLI writes the same report to a file.
   const std::string out = absl::StrCat(OutputDir(), "/report-e2e.html");
@@ -207,7 +223,7 @@ TEST(JobReportInBrowser, ChromiumRendersTheTablesAndCharts) {
   if (chromium.empty()) {
     GTEST_SKIP() << "SKIPPED: chromium is not installed (deploy/install-deps.sh installs it)";
   }
-  InProcessCollector collector("LossNotDecreasing");
+  InProcessCollector collector(kRules);
   StreamProfiledJob(collector.address(), "report-browser");
   auto html = GetReport(collector.address(), "report-browser");
   SONDE_ASSERT_OK(html);
@@ -228,6 +244,7 @@ TEST(JobReportInBrowser, ChromiumRendersTheTablesAndCharts) {
   // charts into SVG elements with their paths.
   EXPECT_THAT(dom, HasSubstr("<span id=\"job-name\">report-browser</span>"));
   EXPECT_THAT(dom, HasSubstr("<td>LossNotDecreasing</td>"));
+  EXPECT_THAT(dom, HasSubstr("<tr class=\"hit\"><td>StepOutlier</td>"));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("<td>train</td><td class=\"n\">", kSteps, "</td>")));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("<tbody><tr><td class=\"n\">", kSlowStep,
                                           "</td><td>train</td>")));
