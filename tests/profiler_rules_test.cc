@@ -2,15 +2,22 @@
 // its step timings (measured with the real clock) to an in-process
 // collector; StepOutlier judges them as they arrive, its verdict is read
 // back through the Query service, and its StopTraining reaches the hook
-// while training still runs.
+// while training still runs. MaxInitializationTime judges the process's
+// real start time, read from /proc.
+
+#include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/hook.h"
@@ -116,6 +123,84 @@ TEST(ProfilerRules, StepOutlierStaysQuietOnAnEvenLoop) {
   // outlier; ten of them in 150 steps would be a broken machine.
   EXPECT_EQ(r->status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << r->message();
   EXPECT_EQ(r->datapoints(), 150);
+}
+
+// When this process started, from /proc: its start time in clock ticks
+// after boot (field 22 of /proc/self/stat) plus the boot time (btime).
+absl::Time ProcessStart() {
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  std::getline(stat, line);
+  // Fields after the command name, which may hold spaces, in parentheses.
+  std::vector<std::string> fields = absl::StrSplit(line.substr(line.rfind(')') + 2), ' ');
+  int64_t ticks = 0;
+  EXPECT_TRUE(fields.size() > 19 && absl::SimpleAtoi(fields[19], &ticks)) << line;
+  std::ifstream proc_stat("/proc/stat");
+  int64_t btime = 0;
+  for (std::string l; std::getline(proc_stat, l);) {
+    if (l.rfind("btime ", 0) == 0) {
+      EXPECT_TRUE(absl::SimpleAtoi(l.substr(6), &btime)) << l;
+    }
+  }
+  EXPECT_GT(btime, 0);
+  return absl::FromUnixSeconds(btime) +
+         absl::Seconds(static_cast<double>(ticks) / sysconf(_SC_CLK_TCK));
+}
+
+// Sends the KIND_INIT event of this process (from its real start until now)
+// and trains until stopped or `max_steps`.
+int InitThenTrain(Hook& hook, int max_steps) {
+  v1::ProfileBatch init;
+  v1::TraceEvent* e = init.add_events();
+  e->set_kind(v1::TraceEvent::KIND_INIT);
+  e->set_step(-1);
+  e->set_start_unix_micros(absl::ToUnixMicros(ProcessStart()));
+  e->set_end_unix_micros(absl::ToUnixMicros(absl::Now()));
+  EXPECT_GT(e->end_unix_micros(), e->start_unix_micros());
+  EXPECT_TRUE(hook.SaveProfile(std::move(init)));
+  return Train(hook, max_steps, 5, [](int) { return false; });
+}
+
+TEST(ProfilerRules, MaxInitializationTimeJudgesTheRealProcessStartAndStopsTraining) {
+  // This process started more than 0.06 s (0.001 minutes) before its first step.
+  InProcessCollector collector("MaxInitializationTime(threshold=0.001,actions=StopTraining)");
+  HookOptions options = Options(collector.address(), "slow-start");
+  absl::Notification stopped;
+  options.on_stop = [&stopped](const v1::Action&) {
+    if (!stopped.HasBeenNotified()) stopped.Notify();
+  };
+  auto hook = Hook::Create(options);
+  SONDE_ASSERT_OK(hook);
+  const int steps = InitThenTrain(**hook, 100000);
+  EXPECT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_LT(steps, 100000);
+  SONDE_ASSERT_OK((*hook)->Close());
+
+  auto results = QueryClient::Connect(collector.address())
+                     ->WaitForRuleVerdicts("slow-start", absl::Seconds(60));
+  SONDE_ASSERT_OK(results);
+  const v1::RuleResult* r = Find(*results, "MaxInitializationTime");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND) << r->message();
+  EXPECT_THAT(r->message(), HasSubstr("worker 0: initialisation (process start to first step) "
+                                      "took "));
+  EXPECT_THAT(r->message(), HasSubstr("more than threshold=0.001 minutes"));
+  EXPECT_GT(r->observed(), 0.001);
+  EXPECT_LT(r->observed(), 60);  // a test process, not an hour old
+}
+
+TEST(ProfilerRules, MaxInitializationTimeIsQuietForAQuickStart) {
+  InProcessCollector collector("MaxInitializationTime(actions=StopTraining)");
+  auto hook = Hook::Create(Options(collector.address(), "quick-start"));
+  SONDE_ASSERT_OK(hook);
+  EXPECT_EQ(InitThenTrain(**hook, 20), 20);
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto results = QueryClient::Connect(collector.address())
+                     ->WaitForRuleVerdicts("quick-start", absl::Seconds(60));
+  SONDE_ASSERT_OK(results);
+  const v1::RuleResult* r = Find(*results, "MaxInitializationTime");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << r->message();
 }
 
 }  // namespace
