@@ -52,6 +52,9 @@ struct Finding {
   double threshold = 0;
   std::string suggestion;  // empty: the catalogue's advice for the rule
   bool stop_training = false;  // also stop training, whatever the spec's actions
+  // The global step the issue is about, when it is not the step being
+  // judged (profiler rules judge time, not steps). Default: the runner's.
+  std::optional<int64_t> step;
 };
 
 class Rule {
@@ -85,6 +88,10 @@ class Rule {
     (void)data;
     return std::optional<Finding>();
   }
+
+  // A line that summarises what the rule saw, for a verdict without issues
+  // (e.g. OverallSystemUsage's percentiles). Empty: the runner's wording.
+  virtual std::string Summary() const { return ""; }
 
   // End-of-training evaluation, after the last step.
   virtual absl::StatusOr<std::optional<Finding>> OnJobEnd() {

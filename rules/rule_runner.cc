@@ -281,6 +281,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     }
     r.set_suggestion(f.suggestion.empty() ? inst.suggestion : f.suggestion);
     r.set_worker(f.worker);
+    if (f.step.has_value()) r.set_step(*f.step);
     r.set_observed(f.observed);
     r.set_threshold(f.threshold);
     r.clear_tensors();
@@ -327,6 +328,8 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     r.set_message(r.datapoints() > 0 && r.steps_evaluated() == 0
                       ? absl::StrCat("no issues found in ", r.datapoints(), " profiler data points")
                       : absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));
+    const std::string summary = inst.rule->Summary();
+    if (!summary.empty()) r.set_message(absl::StrCat(r.message(), "; ", summary));
     Publish(index, {});
   } else if (r.steps_evaluated() == 1 || r.steps_evaluated() % kProgressEvery == 0) {
     r.set_message(absl::StrCat("evaluated ", r.steps_evaluated(), " steps, no issues so far"));

@@ -195,6 +195,7 @@ class StepOutlier : public ProfilerRule {
           data.worker, ModeName(mode), o.indices.size(), ms.size(), o.stats.mean, c_.stddev,
           o.stats.stddev, o.threshold, c_.n_outliers, Steps(steps), ms[longest],
           s.steps[longest]);
+      f.step = s.steps[longest];
       return Fire(std::move(f));
     }
     return Quiet();
@@ -772,7 +773,7 @@ class OverallSystemUsage : public ProfilerRule {
 
   // "worker 0: CPU p50 37% p95 45% max 50%, GPU 0 p50 ...; worker 1: ...",
   // or "" before any metric arrived.
-  std::string Summary() const {
+  std::string Summary() const override {
     std::vector<std::string> workers;
     for (const auto& [worker, w] : workers_) {
       std::vector<std::string> parts;

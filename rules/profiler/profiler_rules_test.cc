@@ -106,6 +106,7 @@ TEST(StepOutlier, FiresWhenMoreThanNOutliersStepsTakeTenTimesLonger) {
   EXPECT_THAT(j.result.message(), HasSubstr("worker 0, TRAIN steps: 11 of the last 160"));
   EXPECT_THAT(j.result.message(), HasSubstr("outlier steps 105, 110, 115"));
   EXPECT_EQ(j.result.datapoints(), 160);  // judged on the batch that held the 11th
+  EXPECT_EQ(slow.count(static_cast<int>(j.result.step())), 1u) << j.result.step();  // the longest
   ASSERT_EQ(j.actions.size(), 1u);
   EXPECT_EQ(j.actions[0].type(), v1::ACTION_STOP_TRAINING);
 }
@@ -412,6 +413,8 @@ TEST(OverallSystemUsage, NeverFindsAnIssue) {
                    }));
   EXPECT_EQ(j.result.status(), v1::RULE_STATUS_NO_ISSUES_FOUND);
   EXPECT_EQ(j.result.datapoints(), 300);
+  // Its verdict carries the summary.
+  EXPECT_THAT(j.result.message(), HasSubstr("worker 0: CPU p50"));
 }
 
 // Synthetic GPU recording (GPU 1 idles) with step events whose steps
