@@ -4,7 +4,6 @@
 #include <cmath>
 #include <functional>
 #include <map>
-#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
