@@ -295,7 +295,8 @@ def judge(summary, rules, save_interval):
                          if s != "NoIssuesFound"]
             accuracy = summary["accuracy"]
             if accuracy is None or accuracy < HEALTHY_ACCURACY:
-                problems.append("test accuracy %s < %s" % (accuracy, HEALTHY_ACCURACY))
+                problems.append("test accuracy %s < %s" % (
+                    "n/a" if accuracy is None else "%.3f" % accuracy, HEALTHY_ACCURACY))
         else:
             problems.append("no StopTraining rule asked for catches %s" % summary["config"])
     else:
@@ -347,7 +348,7 @@ def print_summary(s, out=sys.stdout):
     print("rules:", file=out)
     for r in s["rules"]:
         where = " at step %d" % r["step"] if r["status"] == "IssuesFound" else ""
-        print("  %-18s %-13s%s %s" % (r["rule"], r["status"], where, r["message"]), file=out)
+        print("  %-24s %-13s%s %s" % (r["rule"], r["status"], where, r["message"]), file=out)
     if s["problems"]:
         print("UNEXPECTED: " + "; ".join(s["problems"]), file=out)
     else:
