@@ -28,8 +28,8 @@ earliest saved step, and the exit code is 0 when that is what happened.
 
 import argparse
 import collections
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
