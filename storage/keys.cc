@@ -148,7 +148,7 @@ std::string MetricKey(uint64_t job_id, int32_t worker, absl::string_view name, i
 }
 
 std::string MetricNameKey(uint64_t job_id, int32_t worker, absl::string_view name) {
-  std::string k = TaggedJobWorker('m', job_id, worker);
+  std::string k = MetricNamePrefix(job_id, worker);
   k.append(name.data(), name.size());
   k.push_back('\0');
   return k;
@@ -160,14 +160,40 @@ std::string MetricNamePrefix(uint64_t job_id) {
   return k;
 }
 
+std::string MetricNamePrefix(uint64_t job_id, int32_t worker) {
+  return TaggedJobWorker('m', job_id, worker);
+}
+
 std::string EventKey(uint64_t job_id, int32_t worker, uint8_t kind, absl::string_view name,
-                     int64_t start_micros) {
+                     int64_t start_micros, int64_t end_micros) {
   std::string k = TaggedJobWorker('E', job_id, worker);
   k.push_back(static_cast<char>(kind));
   k.append(name.data(), name.size());
   k.push_back('\0');
   AppendI64(k, start_micros);
+  AppendI64(k, end_micros);
   return k;
+}
+
+absl::StatusOr<EventKeyParts> DecodeEventKey(absl::string_view key) {
+  EventKeyParts e;
+  auto worker = ConsumeI32(key);
+  if (!worker.ok()) return worker.status();
+  e.worker = *worker;
+  if (key.empty()) return absl::DataLossError("event key truncated: no kind");
+  e.kind = static_cast<uint8_t>(key[0]);
+  key.remove_prefix(1);
+  auto name = ConsumeName(key);
+  if (!name.ok()) return name.status();
+  e.name = *std::move(name);
+  auto start = ConsumeI64(key);
+  if (!start.ok()) return start.status();
+  e.start_micros = *start;
+  auto end = ConsumeI64(key);
+  if (!end.ok()) return end.status();
+  e.end_micros = *end;
+  if (!key.empty()) return absl::DataLossError("event key has trailing bytes");
+  return e;
 }
 
 std::string EventPrefix(uint64_t job_id) {

@@ -31,7 +31,10 @@
 //                                                   -> the value (IEEE double, u64 bits)
 //   'm' <job id> <worker i32> <metric name> 0x00    -> "" (the names a worker sent)
 //   'E' <job id> <worker i32> <kind u8> <event name> 0x00 <start unix micros i64>
-//                                                   -> sonde.v1.TraceEvent
+//       <end unix micros i64>                       -> sonde.v1.TraceEvent
+//       (the end too, so two events of one name that start in the same
+//       microsecond both stay, while a resent one still lands on its own key;
+//       a reader filters by time from the key, before parsing the value)
 //
 // Every key of a job but its 'N' name key starts with one of the prefixes
 // JobKeyPrefixes lists; a new kind of key keyed by job must be added there,
@@ -104,9 +107,20 @@ std::string MetricKey(uint64_t job_id, int32_t worker, absl::string_view name, i
 std::string MetricSeriesPrefix(uint64_t job_id, int32_t worker, absl::string_view name);
 std::string MetricNameKey(uint64_t job_id, int32_t worker, absl::string_view name);
 std::string MetricNamePrefix(uint64_t job_id);
+std::string MetricNamePrefix(uint64_t job_id, int32_t worker);  // one worker's names
 std::string EventKey(uint64_t job_id, int32_t worker, uint8_t kind, absl::string_view name,
-                     int64_t start_micros);
+                     int64_t start_micros, int64_t end_micros);
 std::string EventPrefix(uint64_t job_id);
+
+// An event key after its EventPrefix, decoded.
+struct EventKeyParts {
+  int32_t worker = 0;
+  uint8_t kind = 0;
+  std::string name;
+  int64_t start_micros = 0;
+  int64_t end_micros = 0;
+};
+absl::StatusOr<EventKeyParts> DecodeEventKey(absl::string_view key_after_prefix);
 
 std::string DeletingJobKey(uint64_t job_id);
 std::string DeletingJobPrefix();

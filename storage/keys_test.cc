@@ -117,6 +117,23 @@ TEST(Keys, ValidateKeyName) {
 
 // Every key builder's output for job `id` lies in exactly one of the job's
 // prefix ranges of its family, and in none of a neighbouring job's.
+TEST(Keys, EventKeyRoundTripsAndTheEndTellsSameStartEventsApart) {
+  const std::string key = EventKey(42, 3, 5, "augment", -7, 1700000000000000);
+  absl::string_view after(key);
+  after.remove_prefix(EventPrefix(42).size());
+  auto back = DecodeEventKey(after);
+  SONDE_ASSERT_OK(back);
+  EXPECT_EQ(back->worker, 3);
+  EXPECT_EQ(back->kind, 5);
+  EXPECT_EQ(back->name, "augment");
+  EXPECT_EQ(back->start_micros, -7);
+  EXPECT_EQ(back->end_micros, 1700000000000000);
+  EXPECT_NE(EventKey(42, 3, 5, "augment", 10, 20), EventKey(42, 3, 5, "augment", 10, 30));
+  EXPECT_LT(EventKey(42, 3, 5, "augment", 10, 90), EventKey(42, 3, 5, "augment", 11, 12));
+  EXPECT_THAT(DecodeEventKey(after.substr(0, after.size() - 1)),
+              StatusIs(absl::StatusCode::kDataLoss, "truncated"));
+}
+
 TEST(Keys, JobKeyPrefixesCoverEveryKeyOfTheJobAndNoOther) {
   for (uint64_t id : {uint64_t{1}, uint64_t{255}, uint64_t{256}, uint64_t{0x00ffffffffffffff}}) {
     const TensorKey t{id, 1, -3, "fc1.weight", 7};

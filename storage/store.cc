@@ -6,6 +6,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "rocksdb/db.h"
@@ -433,7 +434,7 @@ absl::Status Store::WriteProfile(uint64_t job_id, int32_t worker, const v1::Prof
     SONDE_RETURN_IF_ERROR(FromRocks(
         wb.Put(family,
                EventKey(job_id, worker, static_cast<uint8_t>(event.kind()), event.name(),
-                        event.start_unix_micros()),
+                        event.start_unix_micros(), event.end_unix_micros()),
                event.SerializeAsString()),
         "batching an event"));
   }
@@ -503,25 +504,55 @@ absl::StatusOr<std::vector<v1::WorkerEvent>> Store::ReadEvents(uint64_t job_id,
                                                                absl::string_view name,
                                                                int32_t worker, int64_t start,
                                                                int64_t end) {
+  const bool any_kind = kind == v1::TraceEvent::KIND_UNSPECIFIED;
+  // The key is 'E' job worker kind name 0x00 start end: the prefix narrows
+  // as far as the request fixes its parts in that order; the rest (and the
+  // times) are filtered from the key, so only matching values are parsed.
+  const std::string job_prefix = EventPrefix(job_id);
+  std::string prefix = job_prefix;
+  bool full = false;  // worker, kind and name all fixed: keys run in start order
+  if (worker >= 0) {
+    AppendI32(prefix, worker);
+    if (!any_kind) {
+      prefix.push_back(static_cast<char>(kind));
+      if (!name.empty()) {
+        prefix.append(name.data(), name.size());
+        prefix.push_back('\0');
+        full = true;
+      }
+    }
+  }
+  std::string from = prefix;
+  std::string to = PrefixEnd(prefix);
+  if (full) {
+    AppendI64(from, start);
+    if (end > 0) {
+      to = prefix;
+      AppendI64(to, end);
+    }
+  }
+  rocksdb::ReadOptions ro;
+  rocksdb::Slice upper(to);
+  if (!to.empty()) ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[kProfile]));
   std::vector<v1::WorkerEvent> out;
-  const std::string prefix = EventPrefix(job_id);
-  SONDE_RETURN_IF_ERROR(ScanPrefix(kProfile, prefix, [&](absl::string_view key,
-                                                         absl::string_view value) {
-    key.remove_prefix(prefix.size());
-    SONDE_ASSIGN_OR_RETURN(int32_t w, ConsumeI32(key));
-    if (worker >= 0 && w != worker) return absl::OkStatus();
-    if (key.empty()) return absl::DataLossError("a truncated event key");
-    const auto k = static_cast<uint8_t>(key.front());
-    if (kind != v1::TraceEvent::KIND_UNSPECIFIED && k != kind) return absl::OkStatus();
-    SONDE_ASSIGN_OR_RETURN(v1::TraceEvent event, Parse<v1::TraceEvent>(value, "event"));
-    if (!name.empty() && event.name() != name) return absl::OkStatus();
-    if (event.start_unix_micros() < start) return absl::OkStatus();
-    if (end > 0 && event.start_unix_micros() >= end) return absl::OkStatus();
+  for (it->Seek(from); it->Valid(); it->Next()) {
+    absl::string_view key(it->key().data(), it->key().size());
+    if (!absl::StartsWith(key, prefix)) break;
+    key.remove_prefix(job_prefix.size());
+    SONDE_ASSIGN_OR_RETURN(EventKeyParts k, DecodeEventKey(key));
+    if (!any_kind && k.kind != kind) continue;
+    if (!name.empty() && k.name != name) continue;
+    if (k.start_micros < start || (end > 0 && k.start_micros >= end)) continue;
+    SONDE_ASSIGN_OR_RETURN(
+        v1::TraceEvent event,
+        Parse<v1::TraceEvent>(absl::string_view(it->value().data(), it->value().size()),
+                              "event"));
     v1::WorkerEvent& e = out.emplace_back();
-    e.set_worker(w);
+    e.set_worker(k.worker);
     *e.mutable_event() = std::move(event);
-    return absl::OkStatus();
-  }));
+  }
+  SONDE_RETURN_IF_ERROR(FromRocks(it->status(), "scanning events"));
   return out;
 }
 

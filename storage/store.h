@@ -137,8 +137,8 @@ class Store {
 
   // Rule results (latest per rule instance) and opaque per-rule state.
   // Profiler data (proto/profile.proto) of one worker, written at once.
-  // Keys are (worker, metric, time) and (worker, event kind, name, start),
-  // so writing a batch again stores nothing twice. Names must be valid key
+  // Keys are (worker, metric, time) and (worker, event kind, name, start,
+  // end), so writing a batch again stores nothing twice. Names must be valid key
   // names; events need end >= start.
   absl::Status WriteProfile(uint64_t job_id, int32_t worker, const v1::ProfileBatch& batch);
   // The metric names each worker sent, by worker.
@@ -152,7 +152,9 @@ class Store {
       const std::function<bool(const std::string&)>& keep, int32_t worker, int64_t start,
       int64_t end);
   // Events of `kind` (KIND_UNSPECIFIED: every kind), `name` (empty: every
-  // name) and `worker` (-1: every one) that start in [start, end).
+  // name) and `worker` (-1: every one) that start in [start, end). One scan
+  // narrowed to the fixed parts of the key (worker, then kind, then name);
+  // kind, name and times are checked on the key before a value is parsed.
   absl::StatusOr<std::vector<v1::WorkerEvent>> ReadEvents(uint64_t job_id,
                                                           v1::TraceEvent::Kind kind,
                                                           absl::string_view name, int32_t worker,

@@ -336,6 +336,65 @@ TEST(StoreProfile, MetricsAndEventsReadBackByWorkerNameKindAndTime) {
   EXPECT_EQ(late->size(), 4u);  // worker 0's steps 2 and 3, with a span each
 }
 
+TEST(StoreProfile, EventsOfOneNameAndStartButDifferentEndsAreBothKept) {
+  TempDir dir;
+  auto store = OpenStore(dir.Sub("db"));
+  v1::ProfileBatch batch;
+  for (int64_t end : {150, 170}) {
+    v1::TraceEvent* e = batch.add_events();
+    e->set_kind(v1::TraceEvent::KIND_SPAN);
+    e->set_name("load");
+    e->set_start_unix_micros(100);
+    e->set_end_unix_micros(end);
+  }
+  ASSERT_THAT(store->WriteProfile(7, 0, batch), ::sonde::testing::IsOk());
+  // A resend lands on the same keys.
+  ASSERT_THAT(store->WriteProfile(7, 0, batch), ::sonde::testing::IsOk());
+  auto events = store->ReadEvents(7, v1::TraceEvent::KIND_SPAN, "load", 0, 0, 0);
+  ASSERT_THAT(events, ::sonde::testing::IsOk());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].event().end_unix_micros(), 150);
+  EXPECT_EQ((*events)[1].event().end_unix_micros(), 170);
+}
+
+TEST(StoreProfile, NarrowEventReadsMatchTheFilteredFullScan) {
+  TempDir dir;
+  auto store = OpenStore(dir.Sub("db"));
+  const int64_t t0 = 1700000000000000;
+  ASSERT_THAT(store->WriteProfile(3, 0, Profile(t0, 6, 1.0)), ::sonde::testing::IsOk());
+  ASSERT_THAT(store->WriteProfile(3, 1, Profile(t0, 6, 1.0)), ::sonde::testing::IsOk());
+  auto all = store->ReadEvents(3, v1::TraceEvent::KIND_UNSPECIFIED, "", -1, 0, 0);
+  ASSERT_THAT(all, ::sonde::testing::IsOk());
+  ASSERT_EQ(all->size(), 24u);
+  const std::vector<v1::TraceEvent::Kind> kinds = {v1::TraceEvent::KIND_UNSPECIFIED,
+                                                   v1::TraceEvent::KIND_STEP,
+                                                   v1::TraceEvent::KIND_SPAN};
+  for (int32_t worker : {-1, 0, 1}) {
+    for (v1::TraceEvent::Kind kind : kinds) {
+      for (const std::string name : {"", "augment", "log"}) {
+        for (const auto& [start, end] : std::vector<std::pair<int64_t, int64_t>>{
+                 {0, 0}, {t0 + 500000, 0}, {t0 + 500000, t0 + 2000000}, {t0 + 1000, t0 + 1001}}) {
+          std::vector<std::string> expected;
+          for (const v1::WorkerEvent& e : *all) {
+            if (worker >= 0 && e.worker() != worker) continue;
+            if (kind != v1::TraceEvent::KIND_UNSPECIFIED && e.event().kind() != kind) continue;
+            if (!name.empty() && e.event().name() != name) continue;
+            if (e.event().start_unix_micros() < start) continue;
+            if (end > 0 && e.event().start_unix_micros() >= end) continue;
+            expected.push_back(e.SerializeAsString());
+          }
+          auto got = store->ReadEvents(3, kind, name, worker, start, end);
+          ASSERT_THAT(got, ::sonde::testing::IsOk());
+          std::vector<std::string> actual;
+          for (const v1::WorkerEvent& e : *got) actual.push_back(e.SerializeAsString());
+          EXPECT_EQ(actual, expected) << "worker " << worker << " kind " << kind << " name '"
+                                      << name << "' [" << start << ", " << end << ")";
+        }
+      }
+    }
+  }
+}
+
 TEST(StoreProfile, BadNamesAreRefusedAndNothingOfTheBatchIsStored) {
   TempDir dir;
   auto store = OpenStore(dir.Sub("db"));
