@@ -572,3 +572,59 @@ def test_profiler_records_system_metrics_steps_forward_backward_and_dataloader_w
     workers = r.stub.ReadMetrics(query_pb2.ReadMetricsRequest(
         job="profiled", names=["framework.dataloader_workers"], worker=-1), timeout=10)
     assert set(workers.series[0].values) == {0.0}  # the loader had num_workers=0
+
+
+def _in_forked_child(hook_module, address, model, results):
+    """Runs in a forked child: every call on the parent's hook is a no-op."""
+    try:
+        hook = hook_module.get_hook(create_if_not_exists=True, collector=address,
+                                    job="child-job")
+        loss_fn = nn.CrossEntropyLoss()
+        for x, y in batches(2):
+            loss_fn(model(x), y).backward()
+        hook.save_scalar("child_scalar", 1.0)
+        hook.save_tensor("child_tensor", np.ones(3))
+        results.put((hook is hook_module._GLOBAL_HOOK, hook.disabled, hook.flush(1.0),
+                     hook.should_stop(), hook.step))
+        hook.close()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        results.put(repr(e))
+
+
+def test_a_forked_child_leaves_the_parents_hook_alone(collector, monkeypatch):
+    import multiprocessing
+    import time
+    import sonde.torch.hook as hook_module
+    monkeypatch.setattr(hook_module, "_GLOBAL_HOOK", None)
+    hook = smd.get_hook(create_if_not_exists=True, collector=collector.address, job="parent",
+                        strict=True, save_config=smd.SaveConfig(save_interval=1),
+                        include_collections=["weights", "losses"])
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    x, y = batches(1)[0]
+    loss_fn(model(x), y).backward()  # step 0: the C++ hook and its threads exist
+    assert hook.wait_until_connected(10)
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=_in_forked_child,
+                        args=(hook_module, collector.address, model, results))
+    started = time.monotonic()
+    child.start()
+    got = results.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    assert time.monotonic() - started < 30  # the child exits promptly
+    # get_hook gave the parent's hook, disabled: nothing raised, nothing sent.
+    assert got == (True, True, False, False, -1), got
+
+    loss_fn(model(x), y).backward()  # the parent goes on: step 1
+    hook.close()
+    r = Reader(collector.address, "parent")
+    jobs = r.stub.ListJobs(query_pb2.ListJobsRequest(), timeout=10).jobs
+    assert [j.job for j in jobs] == ["parent"]
+    assert list(jobs[0].workers) == [0] and len(jobs[0].worker_client_id) == 1
+    assert [s[0] for s in r.steps()] == [0, 1]
+    assert "child_scalar" not in r.names()

@@ -34,6 +34,7 @@ disables itself (strict=True raises instead). Saves the collector refuses
 
 import atexit
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -179,6 +180,7 @@ class Hook:
         self._disabled = self.worker != 0 and include_workers == "one"
         self._closed = False
         self._pid = os.getpid()  # a forked child (DataLoader worker) must not touch the hook
+        _LIVE_HOOKS.add(self)
         self._logged = set()
         self._due = False
         self._mode = _modes.GLOBAL
@@ -721,6 +723,17 @@ class Hook:
                 raise SondeError("close: %s: %s" % err)
             log.warning("sonde: close: %s", err[1])
 
+    def _forked(self):
+        """In a forked child (a DataLoader worker, a multiprocessing 'fork'
+        process): the C++ hook's threads and connection live in the parent
+        only, so this copy of the hook does nothing from now on."""
+        self._disabled = True
+        self._closed = True
+        self._due = False
+        if self._native is not None:
+            _FORKED_NATIVES.append(self._native)
+            self._native = None
+
     def __enter__(self):
         return self
 
@@ -753,6 +766,25 @@ class Hook:
                       "training continues", where, type(error).__name__, error, exc_info=True)
         self._disabled = True
         self._due = False
+
+
+# Every hook of this process, so a forked child can disable its copies.
+_LIVE_HOOKS = weakref.WeakSet()
+# A forked child's copies of the parent's C++ hooks. Destroying one would
+# join threads that only exist in the parent (and end the parent's job), so
+# they are kept here, with an extra reference that interpreter shutdown
+# cannot drop, and never destroyed.
+_FORKED_NATIVES = []
+
+
+def _after_fork_in_child():
+    for hook in list(_LIVE_HOOKS):
+        if hook._native is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(hook._native))
+        hook._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _now_micros():
@@ -808,9 +840,13 @@ def get_hook(json_config_path=None, create_if_not_exists=False, **kwargs):
     else one from the hook-config JSON file when there is one (the path, or
     $SONDE_CONFIG_FILE_PATH / $SMDEBUG_CONFIG_FILE_PATH), else a new hook
     from kwargs and $SONDE_COLLECTOR / $SONDE_JOB when create_if_not_exists,
-    else None."""
+    else None. In a forked child it is the parent's hook, disabled there
+    (never a new one: the child would be a second worker of the job)."""
     global _GLOBAL_HOOK
-    if _GLOBAL_HOOK is not None and not _GLOBAL_HOOK._closed:
+    if _GLOBAL_HOOK is not None and (not _GLOBAL_HOOK._closed or
+                                     _GLOBAL_HOOK._pid != os.getpid()):
+        # In a forked child this is the parent's hook, disabled: a child
+        # must not start a second job or worker of its own.
         return _GLOBAL_HOOK
     path = json_config_path
     if path is None:
