@@ -18,6 +18,12 @@
 namespace sonde::server {
 namespace {
 
+// What ReadMetrics and ReadEvents return when the request sets no limit
+// (proto/query.proto): about 16 bytes a point and at most ~40 an event,
+// under gRPC's default 4 MiB message limit.
+constexpr size_t kDefaultMaxMetricPoints = 200000;
+constexpr size_t kDefaultMaxEvents = 100000;
+
 absl::StatusOr<v1::JobInfo> FindJob(storage::Store* store, const std::string& job) {
   if (job.empty()) return absl::InvalidArgumentError("no job given");
   return store->GetJob(job);
@@ -156,10 +162,15 @@ grpc::Status QueryService::ReadMetrics(grpc::ServerContext*,
     keep = [regex](const std::string& name) { return std::regex_search(name, *regex); };
   }
   const std::vector<std::string> names(request->names().begin(), request->names().end());
+  const size_t max_points =
+      request->max_points() > 0 ? request->max_points() : kDefaultMaxMetricPoints;
+  bool truncated = false;
   auto series = store_->ReadMetrics(job->job_id(), names, keep, request->worker(),
-                                    request->start_unix_micros(), request->end_unix_micros());
+                                    request->start_unix_micros(), request->end_unix_micros(),
+                                    max_points, &truncated);
   if (!series.ok()) return ToGrpcStatus(series.status());
   for (v1::MetricSeries& s : *series) *response->add_series() = std::move(s);
+  response->set_truncated(truncated);
   return grpc::Status::OK;
 }
 
@@ -171,11 +182,15 @@ grpc::Status QueryService::ReadEvents(grpc::ServerContext*, const v1::ReadEvents
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("unknown event kind ", static_cast<int>(request->kind())));
   }
+  const size_t max_events =
+      request->max_events() > 0 ? request->max_events() : kDefaultMaxEvents;
+  bool truncated = false;
   auto events = store_->ReadEvents(job->job_id(), request->kind(), request->name(),
                                    request->worker(), request->start_unix_micros(),
-                                   request->end_unix_micros());
+                                   request->end_unix_micros(), max_events, &truncated);
   if (!events.ok()) return ToGrpcStatus(events.status());
   for (v1::WorkerEvent& e : *events) *response->add_events() = std::move(e);
+  response->set_truncated(truncated);
   return grpc::Status::OK;
 }
 

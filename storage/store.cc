@@ -444,11 +444,13 @@ absl::Status Store::WriteProfile(uint64_t job_id, int32_t worker, const v1::Prof
 }
 
 absl::StatusOr<std::vector<std::pair<int32_t, std::vector<std::string>>>> Store::ListMetrics(
-    uint64_t job_id) {
+    uint64_t job_id, int32_t worker_only) {
   std::map<int32_t, std::vector<std::string>> by_worker;
-  const std::string prefix = MetricNamePrefix(job_id);
+  const std::string job_prefix = MetricNamePrefix(job_id);
+  const std::string prefix =
+      worker_only >= 0 ? MetricNamePrefix(job_id, worker_only) : job_prefix;
   SONDE_RETURN_IF_ERROR(ScanPrefix(kProfile, prefix, [&](absl::string_view key, absl::string_view) {
-    key.remove_prefix(prefix.size());
+    key.remove_prefix(job_prefix.size());
     SONDE_ASSIGN_OR_RETURN(int32_t worker, ConsumeI32(key));
     SONDE_ASSIGN_OR_RETURN(std::string name, ConsumeName(key));
     by_worker[worker].push_back(std::move(name));  // keys come sorted by name
@@ -461,12 +463,13 @@ absl::StatusOr<std::vector<std::pair<int32_t, std::vector<std::string>>>> Store:
 absl::StatusOr<std::vector<v1::MetricSeries>> Store::ReadMetrics(
     uint64_t job_id, const std::vector<std::string>& names,
     const std::function<bool(const std::string&)>& keep, int32_t worker, int64_t start,
-    int64_t end) {
-  SONDE_ASSIGN_OR_RETURN(auto listed, ListMetrics(job_id));
+    int64_t end, size_t max_points, bool* truncated) {
+  if (truncated != nullptr) *truncated = false;
+  SONDE_ASSIGN_OR_RETURN(auto listed, ListMetrics(job_id, worker));
   const std::set<std::string> wanted(names.begin(), names.end());
   std::vector<v1::MetricSeries> out;
+  size_t points = 0;
   for (const auto& [w, worker_names] : listed) {
-    if (worker >= 0 && w != worker) continue;
     for (const std::string& name : worker_names) {
       const bool all = wanted.empty() && !keep;
       if (!all && wanted.count(name) == 0 && !(keep && keep(name))) continue;
@@ -482,6 +485,12 @@ absl::StatusOr<std::vector<v1::MetricSeries>> Store::ReadMetrics(
       std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[kProfile]));
       const size_t prefix_size = from.size() - 8;
       for (it->Seek(from); it->Valid(); it->Next()) {
+        if (max_points > 0 && points == max_points) {
+          if (truncated != nullptr) *truncated = true;
+          if (series.unix_micros_size() > 0) out.push_back(std::move(series));
+          return out;
+        }
+        ++points;
         absl::string_view key(it->key().data(), it->key().size());
         absl::string_view value(it->value().data(), it->value().size());
         key.remove_prefix(prefix_size);
@@ -503,7 +512,9 @@ absl::StatusOr<std::vector<v1::WorkerEvent>> Store::ReadEvents(uint64_t job_id,
                                                                v1::TraceEvent::Kind kind,
                                                                absl::string_view name,
                                                                int32_t worker, int64_t start,
-                                                               int64_t end) {
+                                                               int64_t end, size_t max_events,
+                                                               bool* truncated) {
+  if (truncated != nullptr) *truncated = false;
   const bool any_kind = kind == v1::TraceEvent::KIND_UNSPECIFIED;
   // The key is 'E' job worker kind name 0x00 start end: the prefix narrows
   // as far as the request fixes its parts in that order; the rest (and the
@@ -544,6 +555,10 @@ absl::StatusOr<std::vector<v1::WorkerEvent>> Store::ReadEvents(uint64_t job_id,
     if (!any_kind && k.kind != kind) continue;
     if (!name.empty() && k.name != name) continue;
     if (k.start_micros < start || (end > 0 && k.start_micros >= end)) continue;
+    if (max_events > 0 && out.size() == max_events) {
+      if (truncated != nullptr) *truncated = true;
+      return out;
+    }
     SONDE_ASSIGN_OR_RETURN(
         v1::TraceEvent event,
         Parse<v1::TraceEvent>(absl::string_view(it->value().data(), it->value().size()),

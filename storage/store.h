@@ -141,24 +141,29 @@ class Store {
   // end), so writing a batch again stores nothing twice. Names must be valid key
   // names; events need end >= start.
   absl::Status WriteProfile(uint64_t job_id, int32_t worker, const v1::ProfileBatch& batch);
-  // The metric names each worker sent, by worker.
+  // The metric names each worker sent (of `worker` only when >= 0), by worker.
   absl::StatusOr<std::vector<std::pair<int32_t, std::vector<std::string>>>> ListMetrics(
-      uint64_t job_id);
+      uint64_t job_id, int32_t worker = -1);
   // Series of the metrics whose name is in `names` or matches `keep` (both
   // empty/null: every metric), of `worker` (-1: every worker), with times in
-  // [start, end) (end 0: no end).
+  // [start, end) (end 0: no end), by worker, then name. At most `max_points`
+  // points over all series (0: no limit); when more matched, reading stops
+  // there and `*truncated` (if given) is set, else cleared.
   absl::StatusOr<std::vector<v1::MetricSeries>> ReadMetrics(
       uint64_t job_id, const std::vector<std::string>& names,
       const std::function<bool(const std::string&)>& keep, int32_t worker, int64_t start,
-      int64_t end);
+      int64_t end, size_t max_points = 0, bool* truncated = nullptr);
   // Events of `kind` (KIND_UNSPECIFIED: every kind), `name` (empty: every
   // name) and `worker` (-1: every one) that start in [start, end). One scan
   // narrowed to the fixed parts of the key (worker, then kind, then name);
   // kind, name and times are checked on the key before a value is parsed.
+  // At most `max_events` (0: no limit), with `truncated` as ReadMetrics.
   absl::StatusOr<std::vector<v1::WorkerEvent>> ReadEvents(uint64_t job_id,
                                                           v1::TraceEvent::Kind kind,
                                                           absl::string_view name, int32_t worker,
-                                                          int64_t start, int64_t end);
+                                                          int64_t start, int64_t end,
+                                                          size_t max_events = 0,
+                                                          bool* truncated = nullptr);
 
   absl::Status PutRuleResult(uint64_t job_id, const v1::RuleResult& result,
                              std::optional<std::string> state = std::nullopt);

@@ -395,6 +395,51 @@ TEST(StoreProfile, NarrowEventReadsMatchTheFilteredFullScan) {
   }
 }
 
+TEST(StoreProfile, ReadsStopAtTheirLimitAndSayTheyWereTruncated) {
+  TempDir dir;
+  auto store = OpenStore(dir.Sub("db"));
+  const int64_t t0 = 1700000000000000;
+  ASSERT_THAT(store->WriteProfile(5, 0, Profile(t0, 4, 1.0)), ::sonde::testing::IsOk());
+  ASSERT_THAT(store->WriteProfile(5, 1, Profile(t0, 4, 1.0)), ::sonde::testing::IsOk());
+  bool truncated = true;
+  // 2 workers x 3 metrics x 4 points = 24.
+  auto exact = store->ReadMetrics(5, {}, nullptr, -1, 0, 0, 24, &truncated);
+  ASSERT_THAT(exact, ::sonde::testing::IsOk());
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(exact->size(), 6u);
+  auto cut = store->ReadMetrics(5, {}, nullptr, -1, 0, 0, 6, &truncated);
+  ASSERT_THAT(cut, ::sonde::testing::IsOk());
+  EXPECT_TRUE(truncated);
+  ASSERT_EQ(cut->size(), 2u);  // worker 0's cpu.util whole, then 2 points of gpu.0.util
+  EXPECT_EQ((*cut)[0].values_size(), 4);
+  EXPECT_EQ((*cut)[1].name(), "gpu.0.util");
+  EXPECT_EQ((*cut)[1].values_size(), 2);
+  // Per worker, only that worker's names are listed and read.
+  auto one = store->ReadMetrics(5, {}, nullptr, 1, 0, 0, 0, &truncated);
+  ASSERT_THAT(one, ::sonde::testing::IsOk());
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(one->size(), 3u);
+  for (const v1::MetricSeries& m : *one) EXPECT_EQ(m.worker(), 1);
+  auto listed = store->ListMetrics(5, 1);
+  ASSERT_THAT(listed, ::sonde::testing::IsOk());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].first, 1);
+
+  // 2 workers x 4 steps x (a step and a span) = 16 events.
+  auto events = store->ReadEvents(5, v1::TraceEvent::KIND_UNSPECIFIED, "", -1, 0, 0, 16,
+                                  &truncated);
+  ASSERT_THAT(events, ::sonde::testing::IsOk());
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(events->size(), 16u);
+  auto few = store->ReadEvents(5, v1::TraceEvent::KIND_UNSPECIFIED, "", -1, 0, 0, 5, &truncated);
+  ASSERT_THAT(few, ::sonde::testing::IsOk());
+  EXPECT_TRUE(truncated);
+  ASSERT_EQ(few->size(), 5u);
+  for (size_t i = 0; i < few->size(); ++i) {
+    EXPECT_EQ((*few)[i].SerializeAsString(), (*events)[i].SerializeAsString());
+  }
+}
+
 TEST(StoreProfile, BadNamesAreRefusedAndNothingOfTheBatchIsStored) {
   TempDir dir;
   auto store = OpenStore(dir.Sub("db"));

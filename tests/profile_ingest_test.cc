@@ -82,7 +82,7 @@ struct Query {
   explicit Query(const std::string& address)
       : stub(v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
   v1::ReadMetricsResponse Metrics(const std::string& job, std::vector<std::string> names,
-                                  int64_t start = 0, int64_t end = 0) {
+                                  int64_t start = 0, int64_t end = 0, uint32_t max_points = 0) {
     grpc::ClientContext ctx;
     v1::ReadMetricsRequest req;
     req.set_job(job);
@@ -90,17 +90,20 @@ struct Query {
     req.set_worker(-1);
     req.set_start_unix_micros(start);
     req.set_end_unix_micros(end);
+    req.set_max_points(max_points);
     v1::ReadMetricsResponse resp;
     grpc::Status s = stub->ReadMetrics(&ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return resp;
   }
-  v1::ReadEventsResponse Events(const std::string& job, v1::TraceEvent::Kind kind) {
+  v1::ReadEventsResponse Events(const std::string& job, v1::TraceEvent::Kind kind,
+                                uint32_t max_events = 0) {
     grpc::ClientContext ctx;
     v1::ReadEventsRequest req;
     req.set_job(job);
     req.set_kind(kind);
     req.set_worker(-1);
+    req.set_max_events(max_events);
     v1::ReadEventsResponse resp;
     grpc::Status s = stub->ReadEvents(&ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
@@ -128,6 +131,35 @@ void ExpectStored(Query& q, const std::string& job, int steps) {
               3000);
   }
   EXPECT_EQ(q.Events(job, v1::TraceEvent::KIND_DATA_WAIT).events_size(), batches);
+}
+
+TEST(ProfileIngest, ReadsOverTheirLimitReturnTheFirstPointsAndSayTruncated) {
+  InProcessCollector collector;
+  auto hook = Hook::Create(Options(collector.address(), "limited"));
+  SONDE_ASSERT_OK(hook);
+  RunSteps(**hook, 3);
+  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(30)));
+  Query q(collector.address());
+  // The default limits are far above what 3 steps send.
+  v1::ReadMetricsResponse all = q.Metrics("limited", {"cpu.util"});
+  EXPECT_FALSE(all.truncated());
+  ASSERT_EQ(all.series_size(), 1);
+  ASSERT_GT(all.series(0).values_size(), 5);
+  v1::ReadMetricsResponse five = q.Metrics("limited", {"cpu.util"}, 0, 0, 5);
+  EXPECT_TRUE(five.truncated());
+  ASSERT_EQ(five.series_size(), 1);
+  ASSERT_EQ(five.series(0).values_size(), 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(five.series(0).values(i), all.series(0).values(i));
+  EXPECT_FALSE(q.Metrics("limited", {"cpu.util"}, 0, 0, all.series(0).values_size()).truncated());
+
+  v1::ReadEventsResponse spans = q.Events("limited", v1::TraceEvent::KIND_SPAN);
+  EXPECT_FALSE(spans.truncated());
+  ASSERT_EQ(spans.events_size(), 6);
+  v1::ReadEventsResponse two = q.Events("limited", v1::TraceEvent::KIND_SPAN, 2);
+  EXPECT_TRUE(two.truncated());
+  ASSERT_EQ(two.events_size(), 2);
+  EXPECT_EQ(two.events(1).SerializeAsString(), spans.events(1).SerializeAsString());
+  SONDE_ASSERT_OK((*hook)->Close());
 }
 
 TEST(ProfileIngest, BatchesBetweenAndWithinStepsAreStoredAndReadBackByNameAndTime) {
