@@ -10,6 +10,13 @@ absl::Status ValidateJobName(absl::string_view job) {
     return absl::InvalidArgumentError(
         absl::StrCat("job name must be 1 to 128 characters, got ", job.size()));
   }
+  if (job == "." || job == "..") {
+    // Exports (TensorBoard) use the name as a directory: these would be the
+    // export directory itself or its parent.
+    return absl::InvalidArgumentError(
+        absl::StrCat("job name '", job, "' is a directory reference; use a name with a letter, "
+                     "digit, '_' or '-' in it"));
+  }
   for (char c : job) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                     (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';

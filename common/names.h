@@ -10,7 +10,8 @@
 
 namespace sonde {
 
-// Job names: 1 to 128 of [A-Za-z0-9._-].
+// Job names: 1 to 128 of [A-Za-z0-9._-], but not "." or ".." (a job's
+// name is a directory name in exports).
 absl::Status ValidateJobName(absl::string_view job);
 
 // Tensor names: 1 to 1024 bytes, any bytes but NUL.

@@ -19,6 +19,16 @@ TEST(Names, JobNamesAreShortAndPlain) {
   EXPECT_THAT(ValidateJobName("a b"), StatusIs(absl::StatusCode::kInvalidArgument, "letters"));
 }
 
+TEST(Names, DotAndDotDotAreNotJobNamesButNamesWithDotsAre) {
+  EXPECT_THAT(ValidateJobName("."),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'.' is a directory reference"));
+  EXPECT_THAT(ValidateJobName(".."),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'..' is a directory reference"));
+  SONDE_EXPECT_OK(ValidateJobName("..."));
+  SONDE_EXPECT_OK(ValidateJobName(".hidden"));
+  SONDE_EXPECT_OK(ValidateJobName("run.."));
+}
+
 TEST(Names, TensorNamesMayHoldAnythingButNul) {
   SONDE_EXPECT_OK(ValidateTensorName("gradient/Net_fc1.weight:0 (ünïcode)"));
   EXPECT_THAT(ValidateTensorName(""), StatusIs(absl::StatusCode::kInvalidArgument, "got 0"));

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/tensorboard/event_file.h"
@@ -202,6 +203,9 @@ void Exporter::Pass(const Budget& budget) {
 }
 
 absl::Status Exporter::Load(const v1::JobInfo& info, Job& job) {
+  // The name becomes a directory under options_.dir: a job stored before
+  // "." and ".." were refused must not write outside it.
+  SONDE_RETURN_IF_ERROR(ValidateJobName(info.job()));
   job.dir = absl::StrCat(options_.dir, "/", info.job());
   const std::string& job_dir = job.dir;
   job.files.clear();
