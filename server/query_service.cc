@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <map>
+#include <memory>
 #include <regex>
 #include <utility>
 
@@ -27,6 +28,18 @@ constexpr size_t kDefaultMaxEvents = 100000;
 absl::StatusOr<v1::JobInfo> FindJob(storage::Store* store, const std::string& job) {
   if (job.empty()) return absl::InvalidArgumentError("no job given");
   return store->GetJob(job);
+}
+
+// A request's ECMAScript regex; null for an empty pattern, InvalidArgument
+// naming the pattern when it does not compile. Shared so a ReadMetrics
+// filter can outlive the call that made it.
+absl::StatusOr<std::shared_ptr<const std::regex>> CompileRegex(const std::string& pattern) {
+  if (pattern.empty()) return std::shared_ptr<const std::regex>();
+  try {
+    return std::make_shared<const std::regex>(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("regex '", pattern, "': ", e.what()));
+  }
 }
 
 // Resolves (step, mode) as smdebug's value(step, mode) does: a mode step for
@@ -107,15 +120,8 @@ grpc::Status QueryService::ListTensors(grpc::ServerContext*,
                                        v1::ListTensorsResponse* response) {
   auto job = FindJob(store_, request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
-  std::optional<std::regex> regex;
-  if (!request->regex().empty()) {
-    try {
-      regex.emplace(request->regex(), std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("regex '", request->regex(), "': ", e.what()));
-    }
-  }
+  auto regex = CompileRegex(request->regex());
+  if (!regex.ok()) return ToGrpcStatus(regex.status());
   auto tensors = store_->ListTensors(job->job_id());
   if (!tensors.ok()) return ToGrpcStatus(tensors.status());
   for (auto& t : *tensors) {
@@ -124,7 +130,7 @@ grpc::Status QueryService::ListTensors(grpc::ServerContext*,
             t.collections().end()) {
       continue;
     }
-    if (regex.has_value() && !std::regex_search(t.name(), *regex)) continue;
+    if (*regex != nullptr && !std::regex_search(t.name(), **regex)) continue;
     *response->add_tensors() = std::move(t);
   }
   return grpc::Status::OK;
@@ -150,16 +156,11 @@ grpc::Status QueryService::ReadMetrics(grpc::ServerContext*,
                                        v1::ReadMetricsResponse* response) {
   auto job = FindJob(store_, request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
+  auto regex = CompileRegex(request->regex());
+  if (!regex.ok()) return ToGrpcStatus(regex.status());
   std::function<bool(const std::string&)> keep;
-  std::shared_ptr<std::regex> regex;
-  if (!request->regex().empty()) {
-    try {
-      regex = std::make_shared<std::regex>(request->regex(), std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("regex '", request->regex(), "': ", e.what()));
-    }
-    keep = [regex](const std::string& name) { return std::regex_search(name, *regex); };
+  if (*regex != nullptr) {
+    keep = [regex = *regex](const std::string& name) { return std::regex_search(name, *regex); };
   }
   const std::vector<std::string> names(request->names().begin(), request->names().end());
   const size_t max_points =
@@ -202,7 +203,9 @@ grpc::Status QueryService::GetReport(grpc::ServerContext*, const v1::GetReportRe
       catalogue.push_back(rules::ToProto(info));
     }
   }
-  auto html = report::RenderJobReport(*store_, request->job(), catalogue);
+  auto job = FindJob(store_, request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  auto html = report::RenderJobReport(*store_, *job, catalogue);
   if (!html.ok()) return ToGrpcStatus(html.status());
   response->set_html(std::move(*html));
   return grpc::Status::OK;

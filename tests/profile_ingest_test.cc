@@ -13,6 +13,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "client/hook.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/collector.grpc.pb.h"
 #include "proto/query.grpc.pb.h"
@@ -159,6 +160,30 @@ TEST(ProfileIngest, ReadsOverTheirLimitReturnTheFirstPointsAndSayTruncated) {
   EXPECT_TRUE(two.truncated());
   ASSERT_EQ(two.events_size(), 2);
   EXPECT_EQ(two.events(1).SerializeAsString(), spans.events(1).SerializeAsString());
+  SONDE_ASSERT_OK((*hook)->Close());
+}
+
+TEST(ProfileIngest, ARegexThatDoesNotCompileIsInvalidArgumentNamingIt) {
+  InProcessCollector collector;
+  auto hook = Hook::Create(Options(collector.address(), "regex"));
+  SONDE_ASSERT_OK(hook);
+  RunSteps(**hook, 1);
+  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(30)));
+  Query q(collector.address());
+  grpc::ClientContext ctx;
+  v1::ReadMetricsRequest req;
+  req.set_job("regex");
+  req.set_regex("cpu.(");
+  req.set_worker(-1);
+  v1::ReadMetricsResponse resp;
+  grpc::Status s = q.stub->ReadMetrics(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("regex 'cpu.('"));
+  grpc::ClientContext ok_ctx;
+  req.set_regex("^cpu\\.");
+  ASSERT_TRUE(q.stub->ReadMetrics(&ok_ctx, req, &resp).ok());
+  ASSERT_EQ(resp.series_size(), 1);
+  EXPECT_EQ(resp.series(0).name(), "cpu.util");
   SONDE_ASSERT_OK((*hook)->Close());
 }
 

@@ -187,6 +187,8 @@ TEST(JobReport, RealProfiledJobThroughTheRpcAndTheCli) {
             3);
   EXPECT_THAT(GetReport(collector.address(), "nope").status(),
               testing::StatusIs(absl::StatusCode::kNotFound, ""));
+  EXPECT_THAT(GetReport(collector.address(), "").status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, "no job given"));
 }
 
 TEST(JobReport, NeedsTheReadRightOnTheJob) {

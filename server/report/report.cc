@@ -454,6 +454,12 @@ absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const std::st
                                             const ReportOptions& options) {
   if (job_name.empty()) return absl::InvalidArgumentError("no job given");
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo job, store.GetJob(job_name));
+  return RenderJobReport(store, job, catalogue, options);
+}
+
+absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const v1::JobInfo& job,
+                                            const std::vector<v1::RuleCatalogEntry>& catalogue,
+                                            const ReportOptions& options) {
   const uint64_t id = job.job_id();
   SONDE_ASSIGN_OR_RETURN(std::vector<v1::RuleResult> results, store.RuleResults(id));
   SONDE_ASSIGN_OR_RETURN(

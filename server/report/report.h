@@ -40,6 +40,10 @@ struct ReportOptions {
 absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const std::string& job,
                                             const std::vector<v1::RuleCatalogEntry>& catalogue,
                                             const ReportOptions& options = ReportOptions());
+// The same for a job already looked up (Store::GetJob).
+absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const v1::JobInfo& job,
+                                            const std::vector<v1::RuleCatalogEntry>& catalogue,
+                                            const ReportOptions& options = ReportOptions());
 
 // Step-duration statistics as the report shows them: percentiles
 // interpolate linearly between the nearest ranks (numpy's default), stddev
