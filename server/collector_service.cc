@@ -69,39 +69,36 @@ class IngestReactor final
         });
         return;
       case IngestSession::Next::kProfile:
-        service_->storage_pool_->Schedule([this] {
-          auto ack = session_.StoreProfile();
-          if (!ack.ok()) {
-            LOG(WARNING) << "ending stream: " << ack.status();
-            AfterStorage(ToGrpcStatus(ack.status()));
-            return;
-          }
-          if (ack->has_value()) {
-            v1::ServerMessage msg;
-            *msg.mutable_ack() = **ack;
-            Send(msg);
-          }
-          AfterStorage();
-        });
+        RunStorage([this] { return session_.StoreProfile(); });
         return;
       case IngestSession::Next::kCommit:
-      case IngestSession::Next::kEndJob: {
-        const bool end = *next == IngestSession::Next::kEndJob;
-        service_->storage_pool_->Schedule([this, end] {
-          auto ack = end ? session_.EndJob() : session_.Commit();
-          if (!ack.ok()) {
-            LOG(WARNING) << "ending stream: " << ack.status();
-            AfterStorage(ToGrpcStatus(ack.status()));
-            return;
-          }
-          v1::ServerMessage msg;
-          *msg.mutable_ack() = *ack;
-          Send(msg);
-          AfterStorage();
-        });
+        RunStorage([this] { return session_.Commit(); });
+        return;
+      case IngestSession::Next::kEndJob:
+        RunStorage([this] { return session_.EndJob(); });
+        return;
+    }
+  }
+
+  // Runs `work` (a session call returning StatusOr<Ack> or
+  // StatusOr<optional<Ack>>) on the storage pool, sends its ack if there is
+  // one, then reads on; an error ends the stream.
+  template <typename Work>
+  void RunStorage(Work work) {
+    service_->storage_pool_->Schedule([this, work = std::move(work)] {
+      auto ack = work();
+      if (!ack.ok()) {
+        LOG(WARNING) << "ending stream: " << ack.status();
+        AfterStorage(ToGrpcStatus(ack.status()));
         return;
       }
-    }
+      if (std::optional<v1::Ack> sent = *std::move(ack); sent.has_value()) {
+        v1::ServerMessage msg;
+        *msg.mutable_ack() = *std::move(sent);
+        Send(msg);
+      }
+      AfterStorage();
+    });
   }
 
   void Send(const v1::ServerMessage& message) override {
