@@ -3,18 +3,29 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 namespace sonde::rules::profiler {
 
-std::optional<double> Quantile(std::vector<double> values, double q) {
-  if (values.empty()) return std::nullopt;
-  q = std::clamp(q, 0.0, 1.0);
+std::vector<double> Quantiles(std::vector<double> values, const std::vector<double>& qs) {
+  std::vector<double> out;
+  if (values.empty()) return out;
   std::sort(values.begin(), values.end());
-  const double rank = q * static_cast<double>(values.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(rank));
-  const size_t hi = std::min(lo + 1, values.size() - 1);
-  const double frac = rank - static_cast<double>(lo);
-  return values[lo] + (values[hi] - values[lo]) * frac;
+  out.reserve(qs.size());
+  for (double q : qs) {
+    const double rank = std::clamp(q, 0.0, 1.0) * static_cast<double>(values.size() - 1);
+    const size_t lo = static_cast<size_t>(std::floor(rank));
+    const size_t hi = std::min(lo + 1, values.size() - 1);
+    const double frac = rank - static_cast<double>(lo);
+    out.push_back(values[lo] + (values[hi] - values[lo]) * frac);
+  }
+  return out;
+}
+
+std::optional<double> Quantile(std::vector<double> values, double q) {
+  std::vector<double> out = Quantiles(std::move(values), {q});
+  if (out.empty()) return std::nullopt;
+  return out[0];
 }
 
 MeanStddev ComputeMeanStddev(const std::vector<double>& values) {
@@ -45,6 +56,10 @@ void SlidingWindow::Add(double value) {
 }
 
 std::optional<double> SlidingWindow::Quantile(double q) const { return profiler::Quantile(Values(), q); }
+
+std::vector<double> SlidingWindow::Quantiles(const std::vector<double>& qs) const {
+  return profiler::Quantiles(Values(), qs);
+}
 
 std::optional<double> SlidingWindow::Mean() const {
   if (values_.empty()) return std::nullopt;

@@ -1,8 +1,10 @@
 // Window math shared by the profiler rules (rules/profiler) and, offline,
-// by the profiler report: percentiles over the last N data points, mean and
-// standard deviation of step durations, growth of a moving average, and the
-// distance between two utilisation histograms. Plain values and functions,
-// no I/O; a SlidingWindow is not thread-safe (one owner).
+// by the job report (server/report: its step and metric statistics use
+// Quantiles and ComputeMeanStddev): percentiles over the last N data
+// points, mean and standard deviation of step durations, growth of a moving
+// average, and the distance between two utilisation histograms. Plain
+// values and functions, no I/O; a SlidingWindow is not thread-safe (one
+// owner).
 #ifndef SONDE_RULES_PROFILER_WINDOWS_H_
 #define SONDE_RULES_PROFILER_WINDOWS_H_
 
@@ -18,6 +20,9 @@ namespace sonde::rules::profiler {
 // closest ranks, as numpy.quantile's default (SageMaker's rules use it).
 // Empty input: nullopt. Sorts its copy.
 std::optional<double> Quantile(std::vector<double> values, double q);
+// Several quantiles of the same values with one sort, in the order of `qs`;
+// empty for empty input.
+std::vector<double> Quantiles(std::vector<double> values, const std::vector<double>& qs);
 
 // Population mean and standard deviation (numpy.mean, numpy.std).
 struct MeanStddev {
@@ -50,6 +55,7 @@ class SlidingWindow {
 
   // Over the values in the window; nullopt when empty.
   std::optional<double> Quantile(double q) const;
+  std::vector<double> Quantiles(const std::vector<double>& qs) const;  // one sort
   std::optional<double> Mean() const;
   std::optional<double> Max() const;
   std::vector<double> Values() const { return {values_.begin(), values_.end()}; }

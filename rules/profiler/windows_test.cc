@@ -20,6 +20,20 @@ TEST(Quantile, InterpolatesBetweenRanksLikeNumpy) {
   EXPECT_FALSE(Quantile({}, 0.5).has_value());
 }
 
+TEST(Quantiles, GivesEachQuantileOfOneSortInTheOrderAsked) {
+  const std::vector<double> ten = {10, 9, 8, 7, 6, 5, 4, 3, 2, 1};
+  const std::vector<double> q = Quantiles(ten, {0.95, 0.05, 0.5, 1});
+  ASSERT_EQ(q.size(), 4u);
+  EXPECT_DOUBLE_EQ(q[0], 9.55);
+  EXPECT_DOUBLE_EQ(q[1], 1.45);
+  EXPECT_DOUBLE_EQ(q[2], 5.5);
+  EXPECT_DOUBLE_EQ(q[3], 10);
+  EXPECT_TRUE(Quantiles({}, {0.5}).empty());
+  SlidingWindow w(3);
+  for (double v : {100.0, 1.0, 2.0, 3.0}) w.Add(v);
+  EXPECT_EQ(w.Quantiles({0, 0.5, 1}), (std::vector<double>{1, 2, 3}));
+}
+
 TEST(MeanStddev, IsThePopulationStatistic) {
   MeanStddev s = ComputeMeanStddev({2, 4, 4, 4, 5, 5, 7, 9});
   EXPECT_DOUBLE_EQ(s.mean, 5);

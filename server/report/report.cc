@@ -7,23 +7,22 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
+#include "common/names.h"
 #include "common/status_macros.h"
+#include "rules/profiler/profiler_rules.h"
+#include "rules/profiler/windows.h"
 #include "server/report/svg.h"
 
 namespace sonde::report {
 namespace {
-
-// SageMaker's profiler rules (rules/profiler/). The catalogue has no kind
-// field, so the split goes by name; a result with data points also counts.
-constexpr const char* kProfilerRuleTypes[] = {
-    "LowGPUUtilization", "CPUBottleneck",    "IOBottleneck",          "BatchSize",
-    "GPUMemoryIncrease", "StepOutlier",      "LoadBalancing",         "Dataloader",
-    "MaxInitializationTime", "OverallSystemUsage", "ProfilerReport"};
 
 constexpr const char* kStyle = R"css(
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
@@ -44,17 +43,12 @@ svg .al{font-size:11px;fill:#666}svg .lg{font-size:11px}
 code{font-size:12px;background:#f5f5f5;padding:0 3px}
 )css";
 
-std::string ModeName(v1::Mode mode) {
-  switch (mode) {
-    case v1::MODE_TRAIN: return "train";
-    case v1::MODE_EVAL: return "eval";
-    case v1::MODE_PREDICT: return "predict";
-    case v1::MODE_GLOBAL: return "global";
-    default: return "unspecified";
-  }
-}
+// Lower case, as the report's prose and tables use them.
+std::string ModeText(v1::Mode mode) { return absl::AsciiStrToLower(ModeName(mode)); }
 
-std::string StatusName(v1::JobStatus s) {
+// The report's own wording ("stopped by a rule"); the CLI's JobStatusName
+// (client/format.h) is terser and lives on the client side.
+std::string JobStatusText(v1::JobStatus s) {
   switch (s) {
     case v1::JOB_STATUS_RUNNING: return "running";
     case v1::JOB_STATUS_FINISHED: return "finished";
@@ -65,15 +59,16 @@ std::string StatusName(v1::JobStatus s) {
   }
 }
 
-std::string RuleStatusName(v1::RuleStatus s) {
-  switch (s) {
-    case v1::RULE_STATUS_IN_PROGRESS: return "in progress";
-    case v1::RULE_STATUS_ISSUES_FOUND: return "issues found";
-    case v1::RULE_STATUS_NO_ISSUES_FOUND: return "no issues found";
-    case v1::RULE_STATUS_ERROR: return "error";
-    case v1::RULE_STATUS_STOPPED: return "stopped";
-    default: return "no result yet";
+// SageMaker's spelling (common/names.h), in words: "IssuesFound" ->
+// "issues found"; "no result yet" for a rule without a result.
+std::string RuleStatusText(const v1::RuleResult* result) {
+  if (result == nullptr) return "no result yet";
+  std::string out;
+  for (char c : RuleStatusName(result->status())) {
+    if (absl::ascii_isupper(static_cast<unsigned char>(c)) && !out.empty()) out.push_back(' ');
+    out.push_back(absl::ascii_tolower(static_cast<unsigned char>(c)));
   }
+  return out;
 }
 
 std::string Fixed(double v, int digits = 4) { return absl::StrFormat("%.*f", digits, v); }
@@ -108,7 +103,7 @@ void JobSummary(const v1::JobInfo& job, const std::vector<StepSample>& steps,
     absl::StrAppend(&out, "<dt>", k, "</dt><dd>", escaped_v, "</dd>");
   };
   row("Job", EscapeHtml(job.job()));
-  const std::string status = StatusName(job.status());
+  const std::string status = JobStatusText(job.status());
   row("Status", EscapeHtml(status) + (job.end_reason().empty() || job.end_reason() == status
                                           ? ""
                                           : " — " + EscapeHtml(job.end_reason())));
@@ -119,7 +114,7 @@ void JobSummary(const v1::JobInfo& job, const std::vector<StepSample>& steps,
   row("Last global step", absl::StrCat(job.last_step()));
   std::vector<std::string> modes;
   for (const v1::ModeSteps& m : job.modes()) {
-    modes.push_back(absl::StrCat(ModeName(m.mode()), ": ", m.step_count(), " (steps ",
+    modes.push_back(absl::StrCat(ModeText(m.mode()), ": ", m.step_count(), " (steps ",
                                  m.first_step(), "–", m.last_step(), ")"));
   }
   row("Steps stored", modes.empty() ? "none" : absl::StrJoin(modes, "; "));
@@ -211,8 +206,7 @@ void RulesTable(const std::string& id, const std::string& title, bool profiler,
                         EscapeHtml(absl::StrFormat("%g", res->threshold())), "</span>");
       }
     }
-    const std::string status = RuleStatusName(res == nullptr ? v1::RULE_STATUS_UNSPECIFIED
-                                                             : res->status());
+    const std::string status = RuleStatusText(res);
     absl::StrAppend(&out, triggered(r) ? "<tr class=\"hit\">" : "<tr>", Td(name),
                     Td(entry == nullptr ? "<span class=\"muted\">not in the catalogue</span>"
                                         : EscapeHtml(entry->description())),
@@ -246,7 +240,7 @@ void StepStatistics(const std::vector<StepSample>& steps, const ReportOptions& o
                   "<th>Std dev (s)</th></tr></thead><tbody>");
   for (const auto& [mode, values] : by_mode) {
     const DurationStats st = ComputeDurationStats(values);
-    absl::StrAppend(&out, "<tr>", Td(ModeName(mode)), Td(absl::StrCat(st.count), true),
+    absl::StrAppend(&out, "<tr>", Td(ModeText(mode)), Td(absl::StrCat(st.count), true),
                     Td(Fixed(st.mean), true), Td(Fixed(st.p50), true), Td(Fixed(st.p95), true),
                     Td(Fixed(st.max), true), Td(Fixed(st.stddev), true), "</tr>");
   }
@@ -255,7 +249,7 @@ void StepStatistics(const std::vector<StepSample>& steps, const ReportOptions& o
                         "one.</p>");
   for (const auto& [mode, values] : by_mode) {
     ChartOptions o;
-    o.title = absl::StrCat("Step duration histogram, ", ModeName(mode), " (", values.size(),
+    o.title = absl::StrCat("Step duration histogram, ", ModeText(mode), " (", values.size(),
                            " steps)");
     o.x_label = "step duration (s)";
     o.y_label = "steps";
@@ -280,7 +274,7 @@ void StepStatistics(const std::vector<StepSample>& steps, const ReportOptions& o
   for (size_t i = 0; i < n; ++i) {
     const StepSample& s = slow[i];
     const double m = median[s.mode];
-    absl::StrAppend(&out, "<tr>", Td(absl::StrCat(s.step), true), Td(ModeName(s.mode)),
+    absl::StrAppend(&out, "<tr>", Td(absl::StrCat(s.step), true), Td(ModeText(s.mode)),
                     Td(absl::StrCat(s.mode_step), true), Td(absl::StrCat(s.worker), true),
                     Td(Fixed(s.seconds), true), Td(Fixed(m), true),
                     Td(m > 0 ? Fixed(s.seconds / m, 2) : "—", true), "</tr>");
@@ -387,8 +381,10 @@ void SystemUsage(const std::vector<v1::MetricSeries>& metrics, int64_t origin,
       s.x.reserve(n);
       s.y.reserve(n);
       for (int i = 0; i < n; ++i) {
+        const double y = m.values(i) * c.scale;
+        if (!std::isfinite(y)) continue;  // no NaN in SVG coordinates
         s.x.push_back(static_cast<double>(m.unix_micros(i) - origin) / 1e6);
-        s.y.push_back(m.values(i) * c.scale);
+        s.y.push_back(y);
       }
       series.push_back(std::move(s));
     }
@@ -420,32 +416,33 @@ void SystemUsage(const std::vector<v1::MetricSeries>& metrics, int64_t origin,
 }  // namespace
 
 bool IsProfilerRuleType(const std::string& rule_type) {
-  for (const char* t : kProfilerRuleTypes) {
-    if (rule_type == t) return true;
-  }
-  return false;
+  // The types rules/profiler registers. The catalogue has no kind field, so
+  // the split goes by type; a result with data points also counts.
+  static const auto* const kTypes = [] {
+    auto* types = new absl::flat_hash_set<std::string>();
+    for (const auto& [info, maker] : rules::profiler::ProfilerRuleTypes()) {
+      types->insert(info.rule_type);
+    }
+    return types;
+  }();
+  return kTypes->contains(rule_type);
 }
 
 DurationStats ComputeDurationStats(std::vector<double> v) {
   DurationStats st;
+  // NaN or an infinity would poison every statistic (and NaN breaks the
+  // strict weak ordering std::sort needs): they are left out.
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }),
+          v.end());
   if (v.empty()) return st;
-  std::sort(v.begin(), v.end());
   st.count = static_cast<int64_t>(v.size());
-  double sum = 0;
-  for (double x : v) sum += x;
-  st.mean = sum / v.size();
-  double sq = 0;
-  for (double x : v) sq += (x - st.mean) * (x - st.mean);
-  st.stddev = std::sqrt(sq / v.size());
-  auto pct = [&](double p) {
-    const double pos = p * (v.size() - 1);
-    const size_t lo = static_cast<size_t>(std::floor(pos));
-    const size_t hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo);
-  };
-  st.p50 = pct(0.5);
-  st.p95 = pct(0.95);
-  st.max = v.back();
+  const rules::profiler::MeanStddev m = rules::profiler::ComputeMeanStddev(v);
+  st.mean = m.mean;
+  st.stddev = m.stddev;
+  const std::vector<double> q = rules::profiler::Quantiles(std::move(v), {0.5, 0.95, 1});
+  st.p50 = q[0];
+  st.p95 = q[1];
+  st.max = q[2];
   return st;
 }
 
@@ -482,7 +479,7 @@ absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const v1::Job
     SONDE_ASSIGN_OR_RETURN(std::vector<v1::StepInfo> stored,
                            store.ListSteps(id, v1::MODE_UNSPECIFIED));
     for (const v1::StepInfo& s : stored) {
-      if (s.duration_seconds() <= 0) continue;
+      if (!std::isfinite(s.duration_seconds()) || s.duration_seconds() <= 0) continue;
       steps.push_back({s.mode(), s.step(), s.mode_step(),
                        s.workers().empty() ? 0 : s.workers(0), s.duration_seconds()});
     }

@@ -1,9 +1,11 @@
 #include "server/report/report.h"
 
+#include <limits>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rules/profiler/profiler_rules.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -119,6 +121,23 @@ TEST(DurationStats, MatchesNumpy) {
   EXPECT_NEAR(st.max, 2.0, 1e-12);
   EXPECT_NEAR(st.stddev, 0.55854, 1e-5);
   EXPECT_EQ(ComputeDurationStats({}).count, 0);
+}
+
+TEST(DurationStats, LeavesOutNonFiniteValues) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const DurationStats st = ComputeDurationStats({3, nan, 1, inf, -inf, 2});
+  EXPECT_EQ(st.count, 3);
+  EXPECT_DOUBLE_EQ(st.mean, 2);
+  EXPECT_DOUBLE_EQ(st.p50, 2);
+  EXPECT_DOUBLE_EQ(st.max, 3);
+  EXPECT_EQ(ComputeDurationStats({nan}).count, 0);
+}
+
+TEST(ProfilerRuleTypes, EveryTypeRulesProfilerRegistersIsOne) {
+  for (const auto& [info, maker] : rules::profiler::ProfilerRuleTypes()) {
+    EXPECT_TRUE(IsProfilerRuleType(info.rule_type)) << info.rule_type;
+  }
 }
 
 TEST(ProfilerRuleTypes, SplitByName) {
@@ -240,6 +259,30 @@ TEST_F(ReportTest, EscapesEveryStringFromTheData) {
   EXPECT_THAT(h, HasSubstr("&lt;img src=x onerror=alert(1)&gt;"));
   EXPECT_THAT(h, HasSubstr("use &quot;quotes&quot; &amp; &lt;tags&gt;"));
   EXPECT_THAT(h, HasSubstr("&lt;style&gt;body{display:none}&lt;/style&gt;"));
+}
+
+TEST_F(ReportTest, NaNMetricSamplesReachNeitherTheStatisticsNorTheCharts) {
+  const uint64_t id = MakeJob("odd-run");
+  v1::ProfileBatch b;
+  const double values[] = {10, std::numeric_limits<double>::quiet_NaN(), 30,
+                           std::numeric_limits<double>::infinity()};
+  for (int i = 0; i < 4; ++i) {
+    v1::MetricSnapshot* snap = b.add_snapshots();
+    snap->set_unix_micros(kStart + int64_t{i} * 1000000);
+    v1::MetricSample* sample = snap->add_samples();
+    sample->set_name("cpu.util_percent");
+    sample->set_value(values[i]);
+  }
+  ASSERT_TRUE(store_->WriteProfile(id, 0, b).ok());
+  auto html = RenderJobReport(*store_, "odd-run", {});
+  ASSERT_TRUE(html.ok()) << html.status();
+  const std::string& h = *html;
+  // Two finite samples, mean 20, max 30.
+  EXPECT_THAT(h, HasSubstr("<td>cpu.util_percent</td><td class=\"n\">2</td>"
+                           "<td class=\"n\">20</td>"));
+  EXPECT_THAT(h, HasSubstr(">CPU utilisation<"));
+  EXPECT_THAT(h, Not(HasSubstr("nan")));
+  EXPECT_THAT(h, Not(HasSubstr("inf")));
 }
 
 TEST_F(ReportTest, LongSeriesAreDownsampledSoTheFileStaysSmall) {
