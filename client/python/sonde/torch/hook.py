@@ -282,6 +282,7 @@ class Hook:
         if self._native is None and not self._disabled and not self._closed:
             try:
                 self._native = _sonde.Hook.create(self._options_json())
+                _NATIVES.add(self._native)
                 for c in self._collections.values():
                     for name in c.tensor_names:
                         self._native.add_to_collection(c.name, name)
@@ -730,9 +731,7 @@ class Hook:
         self._disabled = True
         self._closed = True
         self._due = False
-        if self._native is not None:
-            _FORKED_NATIVES.append(self._native)
-            self._native = None
+        self._native = None  # kept in _FORKED_NATIVES
 
     def __enter__(self):
         return self
@@ -768,19 +767,22 @@ class Hook:
         self._due = False
 
 
-# Every hook of this process, so a forked child can disable its copies.
+# Every hook of this process, so a forked child can disable its copies, and
+# every C++ hook, also those only a reference cycle still holds.
 _LIVE_HOOKS = weakref.WeakSet()
+_NATIVES = weakref.WeakSet()
 # A forked child's copies of the parent's C++ hooks. Destroying one would
-# join threads that only exist in the parent (and end the parent's job), so
-# they are kept here, with an extra reference that interpreter shutdown
-# cannot drop, and never destroyed.
+# join threads that only exist in the parent (std::system_error, or a
+# crash), so they are kept here, with an extra reference that interpreter
+# shutdown cannot drop, and never destroyed.
 _FORKED_NATIVES = []
 
 
 def _after_fork_in_child():
+    for native in list(_NATIVES):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(native))
+        _FORKED_NATIVES.append(native)
     for hook in list(_LIVE_HOOKS):
-        if hook._native is not None:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(hook._native))
         hook._forked()
 
 
