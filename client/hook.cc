@@ -22,9 +22,8 @@ namespace {
 
 constexpr char kClientVersion[] = "sonde-cpp/0.1.0";
 
-}  // namespace
-
-absl::Status Hook::Validate(const HookOptions& options) {
+// Everything Create checks but the collections (Create builds them once).
+absl::Status ValidateScalars(const HookOptions& options) {
   absl::Status s = ValidateJobName(options.job);
   if (!s.ok()) return s;
   if (options.world_size < 1 || options.worker < 0 || options.worker >= options.world_size) {
@@ -36,17 +35,20 @@ absl::Status Hook::Validate(const HookOptions& options) {
   if (options.max_chunk_bytes == 0) {
     return absl::InvalidArgumentError("max_chunk_bytes must be positive");
   }
-  if (options.profiler.enabled && (options.profiler.interval < absl::Milliseconds(100) ||
-                                   options.profiler.interval > absl::Seconds(60))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profiler interval ", absl::FormatDuration(options.profiler.interval),
-                     " is outside 100ms..60s"));
-  }
+  if (options.profiler.enabled) return HookProfiler::ValidateOptions(options.profiler);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Hook::Validate(const HookOptions& options) {
+  absl::Status s = ValidateScalars(options);
+  if (!s.ok()) return s;
   return CollectionSet::Create(options.config).status();
 }
 
 absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
-  absl::Status s = Validate(options);
+  absl::Status s = ValidateScalars(options);
   if (!s.ok()) return s;
   auto collections = CollectionSet::Create(options.config);
   if (!collections.ok()) return collections.status();
@@ -82,7 +84,6 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
     return raw->AwaitDevice(p);
   };
   hook->sender_ = std::make_unique<Sender>(std::move(so));
-  hook->process_start_ = ProcessStartTime(absl::Now());
   if (hook->options_.profiler.enabled) {
     auto profiler = HookProfiler::Start(
         hook->options_.profiler, [raw](v1::ProfileBatch batch) { raw->SaveProfile(std::move(batch)); });
@@ -159,18 +160,7 @@ void Hook::StartStepLocked() {
   if (!fresh) ++it->second;
   step_open_ = true;
   step_started_ = absl::Now();
-  if (!first_step_seen_) {
-    first_step_seen_ = true;
-    if (profiler_ != nullptr) {
-      v1::TraceEvent init;
-      init.set_kind(v1::TraceEvent::KIND_INIT);
-      init.set_mode(mode_);
-      init.set_step(-1);
-      init.set_start_unix_micros(absl::ToUnixMicros(std::min(process_start_, step_started_)));
-      init.set_end_unix_micros(absl::ToUnixMicros(step_started_));
-      profiler_->Record(std::move(init));
-    }
-  }
+  if (profiler_ != nullptr) profiler_->StepStarted(step_started_, mode_);
 }
 
 void Hook::EndStepLocked() {
@@ -474,7 +464,7 @@ absl::Status Hook::Close() {
 }
 
 void Hook::SetProfilerGauge(const std::string& name, double value) {
-  if (profiler_ != nullptr && profiler_->framework()) profiler_->SetGauge(name, value);
+  if (profiler_ != nullptr) profiler_->SetGauge(name, value);
 }
 
 void Hook::RecordEvent(v1::TraceEvent event) {
@@ -525,6 +515,8 @@ Hook::Counters Hook::counters() const {
   c.duplicates_acked = sc.duplicates_acked;
   c.reconnects = sc.reconnects;
   c.memory_bytes = sc.memory_bytes;
+  c.profile_batches_queued = sc.profile_batches_queued;
+  c.profile_batches_dropped = sc.profile_batches_dropped;
   absl::MutexLock lock(&mu_);
   c.steps = steps_;
   return c;

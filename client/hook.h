@@ -172,12 +172,14 @@ class Hook {
 
   // Framework timings for the profiler (no-ops while it is off): an event
   // of any kind with its times; the hook fills in the current mode and step
-  // when they are unset (step < 0).
+  // when they are unset (step < 0). An event the collector would refuse
+  // (an empty span name, say) is dropped and logged once.
   void RecordEvent(v1::TraceEvent event);
   // A framework gauge for the profiler, sent with every system sample from
   // now on (e.g. "framework.dataloader_workers"). No-op while it is off.
   void SetProfilerGauge(const std::string& name, double value);
-  // A named span from now until the returned object is destroyed:
+  // A named span from now until the returned object is destroyed (which
+  // must happen before the hook's):
   //   { auto span = hook->Span("augment"); ... }
   class ScopedEvent {
    public:
@@ -232,6 +234,8 @@ class Hook {
     uint64_t duplicates_acked = 0;  // resent steps the collector already had
     uint64_t reconnects = 0;
     uint64_t memory_bytes = 0;     // held now (queued + unacknowledged)
+    uint64_t profile_batches_queued = 0;
+    uint64_t profile_batches_dropped = 0;  // the queue was full, or the hook closing
   };
   Counters counters() const;
 
@@ -269,11 +273,8 @@ class Hook {
   absl::Status capture_status_ ABSL_GUARDED_BY(mu_);
   bool capture_tried_ ABSL_GUARDED_BY(mu_) = false;
   int capture_device_ ABSL_GUARDED_BY(mu_) = 0;  // the device of the first device tensor
-  // The profiler (null while off), and when the process started (the
-  // initialisation event ends at the first step).
+  // The profiler; null while off.
   std::unique_ptr<HookProfiler> profiler_;
-  absl::Time process_start_;
-  bool first_step_seen_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace sonde

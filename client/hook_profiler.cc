@@ -2,21 +2,33 @@
 
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
 #include <string>
 #include <utility>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_cat.h"
+#include "client/profiler/proc_stats.h"
 #include "client/profiler/system_sampler.h"
+#include "common/profile_check.h"
 #include "glog/logging.h"
 
 namespace sonde {
 
+absl::Status HookProfiler::ValidateOptions(const ProfilerOptions& options) {
+  if (options.interval < profiler::SystemSampler::kMinInterval ||
+      options.interval > profiler::SystemSampler::kMaxInterval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profiler interval ", absl::FormatDuration(options.interval), " is outside ",
+        absl::ToInt64Milliseconds(profiler::SystemSampler::kMinInterval), "ms..",
+        absl::ToInt64Seconds(profiler::SystemSampler::kMaxInterval), "s"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<HookProfiler>> HookProfiler::Start(const ProfilerOptions& options,
                                                                   Sink sink) {
+  absl::Status valid = ValidateOptions(options);
+  if (!valid.ok()) return valid;
   std::unique_ptr<HookProfiler> p(new HookProfiler(options, std::move(sink)));
   profiler::SystemSamplerOptions so;
   so.interval = options.interval;
@@ -27,6 +39,10 @@ absl::StatusOr<std::unique_ptr<HookProfiler>> HookProfiler::Start(const Profiler
   }
   HookProfiler* raw = p.get();
   auto sampler = profiler::SystemSampler::Start(so, [raw](const profiler::SystemSample& s) {
+    if (s.points.empty()) {
+      raw->Flush(std::nullopt);
+      return;
+    }
     v1::MetricSnapshot snapshot;
     snapshot.set_unix_micros(s.timestamp_us);
     for (const profiler::MetricPoint& point : s.points) {
@@ -34,7 +50,7 @@ absl::StatusOr<std::unique_ptr<HookProfiler>> HookProfiler::Start(const Profiler
       sample->set_name(point.name);
       sample->set_value(point.value);
     }
-    raw->Flush(snapshot.samples().empty() ? nullptr : &snapshot);
+    raw->Flush(std::move(snapshot));
   });
   if (!sampler.ok()) return sampler.status();
   p->sampler_ = std::move(*sampler);
@@ -42,23 +58,67 @@ absl::StatusOr<std::unique_ptr<HookProfiler>> HookProfiler::Start(const Profiler
 }
 
 HookProfiler::HookProfiler(ProfilerOptions options, Sink sink)
-    : options_(std::move(options)), sink_(std::move(sink)) {}
+    : options_(std::move(options)),
+      sink_(std::move(sink)),
+      process_start_(ProcessStartTime(absl::Now())) {}
 
 HookProfiler::~HookProfiler() { Stop(); }
 
+void HookProfiler::LogOnce(const absl::Status& dropped) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (logged_drop_) return;
+    logged_drop_ = true;
+  }
+  LOG(WARNING) << "sonde: profiler data dropped (the collector would refuse it): " << dropped
+               << " (logged once)";
+}
+
 void HookProfiler::Record(v1::TraceEvent event) {
   if (!options_.framework) return;
+  if (event.end_unix_micros() < event.start_unix_micros()) {
+    event.set_end_unix_micros(event.start_unix_micros());  // the clock stepped back
+  }
+  absl::Status valid = ValidateTraceEvent(event);
+  if (!valid.ok()) {
+    LogOnce(valid);
+    return;
+  }
   absl::MutexLock lock(&mu_);
   if (stopped_) return;
   events_.push_back(std::move(event));
 }
 
 void HookProfiler::SetGauge(const std::string& name, double value) {
+  if (!options_.framework) return;
+  v1::MetricSample sample;
+  sample.set_name(name);
+  sample.set_value(value);
+  absl::Status valid = ValidateMetricSample(sample);
+  if (!valid.ok()) {
+    LogOnce(valid);
+    return;
+  }
   absl::MutexLock lock(&mu_);
   gauges_[name] = value;
 }
 
-void HookProfiler::Flush(const v1::MetricSnapshot* snapshot) {
+void HookProfiler::StepStarted(absl::Time now, v1::Mode mode) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (first_step_seen_) return;
+    first_step_seen_ = true;
+  }
+  v1::TraceEvent init;
+  init.set_kind(v1::TraceEvent::KIND_INIT);
+  init.set_mode(mode);
+  init.set_step(-1);
+  init.set_start_unix_micros(absl::ToUnixMicros(std::min(process_start_, now)));
+  init.set_end_unix_micros(absl::ToUnixMicros(now));
+  Record(std::move(init));
+}
+
+void HookProfiler::Flush(std::optional<v1::MetricSnapshot> snapshot) {
   v1::ProfileBatch batch;
   std::map<std::string, double> gauges;
   {
@@ -67,10 +127,10 @@ void HookProfiler::Flush(const v1::MetricSnapshot* snapshot) {
     events_.clear();
     gauges = gauges_;
   }
-  if (snapshot != nullptr || !gauges.empty()) {
+  if (snapshot.has_value() || !gauges.empty()) {
     v1::MetricSnapshot* s = batch.add_snapshots();
-    if (snapshot != nullptr) {
-      *s = *snapshot;
+    if (snapshot.has_value()) {
+      *s = std::move(*snapshot);
     } else {
       s->set_unix_micros(absl::ToUnixMicros(absl::Now()));
     }
@@ -88,43 +148,23 @@ void HookProfiler::Stop() {
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return;
+    stopped_ = true;  // from here Record drops: nothing is left behind unsent
   }
   if (sampler_ != nullptr) sampler_->Stop();  // no callback runs after this
-  Flush(nullptr);
-  absl::MutexLock lock(&mu_);
-  stopped_ = true;
-}
-
-double HookProfiler::cpu_seconds() const {
-  return sampler_ != nullptr ? sampler_->cost().thread_cpu_seconds : 0;
+  Flush(std::nullopt);
 }
 
 absl::Time ProcessStartTime(absl::Time fallback) {
-  std::ifstream stat_file("/proc/self/stat");
-  std::stringstream self;
-  self << stat_file.rdbuf();
-  const std::string text = self.str();
-  const size_t paren = text.rfind(')');  // the command name may hold spaces and parens
-  if (paren == std::string::npos) return fallback;
-  std::vector<absl::string_view> fields =
-      absl::StrSplit(absl::string_view(text).substr(paren + 1), ' ', absl::SkipEmpty());
-  // Field 22 of the file (starttime, clock ticks since boot) is the 20th
-  // after the command name.
-  uint64_t ticks = 0;
-  if (fields.size() < 20 || !absl::SimpleAtoi(fields[19], &ticks)) return fallback;
-  std::ifstream proc_stat("/proc/stat");
-  std::string line;
-  while (std::getline(proc_stat, line)) {
-    absl::string_view rest(line);
-    int64_t boot_seconds = 0;
-    if (absl::ConsumePrefix(&rest, "btime ") && absl::SimpleAtoi(rest, &boot_seconds)) {
-      const long hz = sysconf(_SC_CLK_TCK);
-      if (hz <= 0) return fallback;
-      return absl::FromUnixSeconds(boot_seconds) +
-             absl::Milliseconds(static_cast<int64_t>(ticks) * 1000 / hz);
-    }
+  std::string self, stat;
+  if (!profiler::ReadProcFile("/proc/self/stat", self).ok() ||
+      !profiler::ReadProcFile("/proc/stat", stat).ok()) {
+    return fallback;
   }
-  return fallback;
+  absl::StatusOr<uint64_t> ticks = profiler::ParseStartTicks(self);
+  absl::StatusOr<int64_t> boot = profiler::ParseBootTime(stat);
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (!ticks.ok() || !boot.ok() || hz <= 0) return fallback;
+  return absl::FromUnixSeconds(*boot) + absl::Milliseconds(static_cast<int64_t>(*ticks) * 1000 / hz);
 }
 
 }  // namespace sonde

@@ -2,7 +2,7 @@
 // sampler (client/profiler/system_sampler.h) and framework events (steps,
 // data waits, forward/backward, user spans, initialisation), gathered into
 // one ProfileBatch per sampling interval and handed to a sink (the hook's
-// sender). Recording an event costs a mutex and a vector push; everything
+// sender). Recording an event costs a check, a mutex and a vector push; everything
 // else happens on the sampler's thread. Internal to client/; users set
 // HookOptions::profiler and call Hook::RecordEvent / Hook::Span.
 // Thread-safe.
@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,41 +45,51 @@ class HookProfiler {
  public:
   using Sink = std::function<void(v1::ProfileBatch)>;
 
+  // Interval limits (the system sampler's).
+  static absl::Status ValidateOptions(const ProfilerOptions& options);
+
   // Starts the sampler. InvalidArgument for an interval out of range.
   static absl::StatusOr<std::unique_ptr<HookProfiler>> Start(const ProfilerOptions& options,
                                                              Sink sink);
   ~HookProfiler();  // Stop()
 
-  // Queues an event for the next batch (dropped when framework events are
-  // off or after Stop()).
+  // Queues an event for the next batch. Dropped when framework events are
+  // off, after Stop(), or when the collector would refuse it
+  // (common/profile_check.h; logged once): one bad event must not end the
+  // stream. A span that ends before it starts (a clock step) is clamped.
   void Record(v1::TraceEvent event);
   // A framework gauge (e.g. framework.dataloader_workers): its latest value
-  // goes with every system sample from now on.
+  // goes with every system sample from now on. Checked like Record's events.
   void SetGauge(const std::string& name, double value);
-  bool framework() const { return options_.framework; }
+  // The hook's step started: the first one ends the initialisation event,
+  // which starts when the process did.
+  void StepStarted(absl::Time now, v1::Mode mode);
 
-  // Stops the sampler and sends what is left, once. Idempotent.
+  // Stops the sampler and sends what is left, once. Idempotent; nothing
+  // recorded after it is sent.
   void Stop();
-
-  // CPU seconds the sampler's thread has used so far.
-  double cpu_seconds() const;
 
  private:
   HookProfiler(ProfilerOptions options, Sink sink);
   // Sends the queued events with `snapshot` (if any) as one batch.
-  void Flush(const v1::MetricSnapshot* snapshot);
+  void Flush(std::optional<v1::MetricSnapshot> snapshot);
+  void LogOnce(const absl::Status& dropped) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ProfilerOptions options_;
   const Sink sink_;
+  const absl::Time process_start_;
   std::unique_ptr<profiler::SystemSampler> sampler_;
   absl::Mutex mu_;
   std::vector<v1::TraceEvent> events_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, double> gauges_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_step_seen_ ABSL_GUARDED_BY(mu_) = false;
+  bool logged_drop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// When this process started (from /proc/self/stat and the boot time), for
-// the initialisation event; `fallback` where /proc cannot tell.
+// When this process started (from /proc/self/stat and the boot time in
+// /proc/stat), for the initialisation event; `fallback` where /proc cannot
+// tell.
 absl::Time ProcessStartTime(absl::Time fallback);
 
 }  // namespace sonde

@@ -13,7 +13,7 @@
 #include "cuda/histogram.h"
 #include "cuda/statistics.h"
 #include "common/status_macros.h"
-#include "common/utf8.h"
+#include "common/profile_check.h"
 #include "storage/keys.h"
 
 namespace sonde::server {
@@ -149,7 +149,7 @@ absl::StatusOr<IngestSession::Next> IngestSession::OnMessage(const v1::ClientMes
       step_end_seq_ = m.seq();
       return Next::kCommit;
     case v1::ClientMessage::kProfile:
-      SONDE_RETURN_IF_ERROR(Prefixed(OnProfile(m.profile()), Where()));
+      SONDE_RETURN_IF_ERROR(Prefixed(ValidateProfileBatch(m.profile()), Where()));
       profile_ = m.profile();
       profile_seq_ = m.seq();
       return Next::kProfile;
@@ -391,47 +391,10 @@ absl::StatusOr<v1::Ack> IngestSession::Commit() {
   return ack;
 }
 
-absl::Status IngestSession::OnProfile(const v1::ProfileBatch& batch) {
-  auto check_name = [](absl::string_view what, const std::string& name) -> absl::Status {
-    SONDE_RETURN_IF_ERROR(storage::ValidateKeyName(what, name));
-    if (!IsValidUtf8(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " is not valid UTF-8"));
-    }
-    return absl::OkStatus();
-  };
-  for (const v1::MetricSnapshot& snapshot : batch.snapshots()) {
-    if (snapshot.unix_micros() <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a metric snapshot at time ", snapshot.unix_micros(), " (must be > 0)"));
-    }
-    for (const v1::MetricSample& sample : snapshot.samples()) {
-      SONDE_RETURN_IF_ERROR(check_name("metric name", sample.name()));
-    }
-  }
-  for (const v1::TraceEvent& event : batch.events()) {
-    if (!v1::TraceEvent::Kind_IsValid(event.kind()) ||
-        event.kind() == v1::TraceEvent::KIND_UNSPECIFIED) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("an event of unknown kind ", static_cast<int>(event.kind())));
-    }
-    if (!v1::Mode_IsValid(event.mode())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("an event in unknown mode ", static_cast<int>(event.mode())));
-    }
-    if (event.start_unix_micros() <= 0 || event.end_unix_micros() < event.start_unix_micros()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "an event from ", event.start_unix_micros(), " to ", event.end_unix_micros(),
-          " (times must be > 0 and end >= start)"));
-    }
-    if (event.kind() == v1::TraceEvent::KIND_SPAN || !event.name().empty()) {
-      SONDE_RETURN_IF_ERROR(check_name("event name", event.name()));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::optional<v1::Ack>> IngestSession::StoreProfile() {
-  SONDE_RETURN_IF_ERROR(registry_->StoreProfile(hello_.job(), hello_.worker(), stream_, profile_));
+  SONDE_RETURN_IF_ERROR(
+      registry_->StoreProfile(hello_.job(), hello_.worker(), stream_, std::move(profile_)));
   profile_.Clear();
   if (step_.has_value()) return std::optional<v1::Ack>();
   v1::Ack ack;

@@ -75,7 +75,6 @@ class IngestSession {
   absl::Status OpenStep(int64_t step, v1::Mode mode, int64_t mode_step);
   absl::Status AddTensor(storage::TensorWrite tensor);
   absl::Status OnStepEnd(const v1::StepEnd& end);
-  absl::Status OnProfile(const v1::ProfileBatch& batch);
   std::string Where() const;
 
   JobRegistry* const registry_;

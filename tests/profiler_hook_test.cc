@@ -3,6 +3,7 @@
 // durations, the initialisation event, spans and data waits attached to the
 // step they happened in; nothing at all while the profiler is off.
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,6 +117,42 @@ TEST(ProfilerHook, StreamsSystemMetricsAndStepTimingsOfARealLoop) {
   for (const v1::WorkerEvent& w : waits.events()) {
     EXPECT_GE(w.event().end_unix_micros() - w.event().start_unix_micros(), 5000);
   }
+}
+
+TEST(ProfilerHook, EventsTheCollectorWouldRefuseAreDroppedAndTheStreamGoesOn) {
+  InProcessCollector collector;
+  HookOptions o;
+  o.collector = collector.address();
+  o.job = "bad-events";
+  o.config.save_config = SaveConfig::Every(1);
+  o.profiler.enabled = true;
+  o.profiler.interval = absl::Milliseconds(100);
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  for (int step = 0; step < 5; ++step) {
+    (*hook)->StartStep();
+    { auto nameless = (*hook)->Span(""); }  // would end the stream if sent
+    (*hook)->SetProfilerGauge("", 1);
+    (*hook)->SetProfilerGauge("framework.nan", std::nan(""));
+    { auto span = (*hook)->Span("good"); }
+    SONDE_ASSERT_OK((*hook)->SaveScalar("loss", step, {"losses"}));
+    absl::SleepFor(absl::Milliseconds(30));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  EXPECT_EQ((*hook)->counters().reconnects, 0u);
+  EXPECT_EQ((*hook)->counters().tensors_dropped, 0u);
+  auto q = QueryStub(collector.address());
+  v1::ReadEventsResponse spans = Events(*q, "bad-events", v1::TraceEvent::KIND_SPAN);
+  ASSERT_EQ(spans.events_size(), 5);
+  for (const v1::WorkerEvent& e : spans.events()) EXPECT_EQ(e.event().name(), "good");
+  EXPECT_EQ(Events(*q, "bad-events", v1::TraceEvent::KIND_STEP).events_size(), 5);
+  grpc::ClientContext ctx;
+  v1::ListMetricsRequest req;
+  req.set_job("bad-events");
+  v1::ListMetricsResponse listed;
+  ASSERT_TRUE(q->ListMetrics(&ctx, req, &listed).ok());
+  ASSERT_EQ(listed.workers_size(), 1);
+  for (const std::string& name : listed.workers(0).names()) EXPECT_NE(name, "framework.nan");
 }
 
 TEST(ProfilerHook, OffByDefaultSendsNothing) {

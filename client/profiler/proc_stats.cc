@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace sonde::profiler {
 namespace {
@@ -198,6 +199,32 @@ InterfaceBytes NetBytesBetween(const NetDevBytes& before, const NetDevBytes& aft
     moved.tx += Rise(it->second.tx, bytes.tx);
   }
   return moved;
+}
+
+absl::StatusOr<uint64_t> ParseStartTicks(absl::string_view pid_stat_text) {
+  const size_t paren = pid_stat_text.rfind(')');
+  if (paren == absl::string_view::npos) {
+    return absl::InvalidArgumentError("process stat has no ')' after the command name");
+  }
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(pid_stat_text.substr(paren + 1), ' ', absl::SkipWhitespace());
+  // Field 3 (state) is the first after the name, so field 22 is the 20th.
+  uint64_t ticks = 0;
+  if (fields.size() < 20 || !absl::SimpleAtoi(fields[19], &ticks)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("process stat has no starttime field (", fields.size(), " fields after the name)"));
+  }
+  return ticks;
+}
+
+absl::StatusOr<int64_t> ParseBootTime(absl::string_view stat_text) {
+  for (absl::string_view line : absl::StrSplit(stat_text, '\n')) {
+    if (!absl::ConsumePrefix(&line, "btime ")) continue;
+    int64_t seconds = 0;
+    if (absl::SimpleAtoi(line, &seconds)) return seconds;
+    return absl::InvalidArgumentError(absl::StrCat("stat line 'btime ", line, "' has no number"));
+  }
+  return absl::NotFoundError("stat has no btime line");
 }
 
 absl::StatusOr<uint64_t> ParseVmRssBytes(absl::string_view status_text) {

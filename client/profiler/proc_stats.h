@@ -99,6 +99,14 @@ InterfaceBytes NetBytesBetween(const NetDevBytes& before, const NetDevBytes& aft
 // (kernel threads, zombies).
 absl::StatusOr<uint64_t> ParseVmRssBytes(absl::string_view status_text);
 
+// When a process started, in clock ticks since boot: field 22 (starttime)
+// of /proc/<pid>/stat. The command name (field 2) may hold spaces and
+// parentheses; fields are counted after its last ')'.
+absl::StatusOr<uint64_t> ParseStartTicks(absl::string_view pid_stat_text);
+
+// The boot time in seconds since the epoch: the "btime" line of /proc/stat.
+absl::StatusOr<int64_t> ParseBootTime(absl::string_view stat_text);
+
 }  // namespace sonde::profiler
 
 #endif  // SONDE_CLIENT_PROFILER_PROC_STATS_H_

@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -310,6 +311,39 @@ TEST(RealProc, ThisMachinesFilesParseWithinSaneRanges) {
   ASSERT_THAT(rss, IsOk());
   EXPECT_GE(*rss, 1ull << 20);
   EXPECT_LT(*rss, mem->total_bytes);
+}
+
+TEST(ProcessStart, StartTicksAreField22CountedAfterTheCommandName) {
+  // A command name with spaces and a ')' of its own.
+  constexpr char kPidStat[] =
+      "4242 (python3 (x) y) S 1 4242 4242 0 -1 4194304 100 0 0 0 5 3 0 0 20 0 4 0 "
+      "123456 10000000 2000 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
+  auto ticks = ParseStartTicks(kPidStat);
+  ASSERT_THAT(ticks, IsOk());
+  EXPECT_EQ(*ticks, 123456u);
+  EXPECT_THAT(ParseStartTicks("4242 (short) S 1 2 3"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no starttime"));
+  EXPECT_THAT(ParseStartTicks("no parenthesis"), StatusIs(absl::StatusCode::kInvalidArgument, "no ')'"));
+}
+
+TEST(ProcessStart, BootTimeComesFromTheBtimeLine) {
+  auto boot = ParseBootTime(kStatModern);
+  ASSERT_THAT(boot, IsOk());
+  EXPECT_EQ(*boot, 1700000000);
+  EXPECT_THAT(ParseBootTime(kStat24), StatusIs(absl::StatusCode::kNotFound, "btime"));
+}
+
+TEST(ProcessStart, ThisProcessStartedAfterBootAndBeforeNow) {
+  std::string self, stat;
+  ASSERT_THAT(ReadProcFile("/proc/self/stat", self), IsOk());
+  ASSERT_THAT(ReadProcFile("/proc/stat", stat), IsOk());
+  auto ticks = ParseStartTicks(self);
+  auto boot = ParseBootTime(stat);
+  ASSERT_THAT(ticks, IsOk());
+  ASSERT_THAT(boot, IsOk());
+  const double started = *boot + static_cast<double>(*ticks) / sysconf(_SC_CLK_TCK);
+  EXPECT_GE(started, *boot);
+  EXPECT_LE(started, absl::ToUnixSeconds(absl::Now()) + 1);
 }
 
 }  // namespace
