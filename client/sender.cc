@@ -138,6 +138,7 @@ bool Sender::EnqueueProfile(v1::ProfileBatch batch) {
                                      "hook is closing");
     return false;
   }
+  item.profile.set_sequence(++profile_sequence_);
   memory_bytes_ += item.cost;
   ++counters_.profile_batches_queued;
   queue_.push_back(std::move(item));
@@ -613,8 +614,19 @@ bool Sender::StreamOnce() {
       }
       // Steps the collector stored before the stream broke (their acks were
       // lost) are done; everything else is sent again.
-      while (!unacked_.empty() && unacked_.front().written && !unacked_.front().job_end &&
-             !unacked_.front().profile_only && unacked_.front().step <= resume_step_) {
+      // Profile-only entries before a stored step went out before it on
+      // the old stream, which the collector reads in order: they are
+      // stored too.
+      size_t stored = 0;
+      for (size_t i = 0; i < unacked_.size(); ++i) {
+        const Unacked& u = unacked_[i];
+        if (!u.written || u.job_end) break;
+        if (!u.profile_only) {
+          if (u.step > resume_step_) break;
+          stored = i + 1;
+        }
+      }
+      for (size_t i = 0; i < stored; ++i) {
         memory_bytes_ -= unacked_.front().cost;
         unacked_.pop_front();
       }
@@ -738,8 +750,9 @@ bool Sender::StreamOnce() {
           counters_.tensors_dropped +=
               m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
         }
-        counters_.steps_dropped += u.complete && !u.job_end;
-        steps_dropped_pending_ += u.complete && !u.job_end;
+        const bool step = u.complete && !u.job_end && !u.profile_only;
+        counters_.steps_dropped += step;
+        steps_dropped_pending_ += step;
         memory_bytes_ -= u.cost;
       }
       unacked_.clear();

@@ -85,12 +85,15 @@ class Sender {
   // when the tensor was dropped.
   bool EnqueueTensor(QueuedTensor tensor);
   // Ends the open step; a step in which no tensor was enqueued (and none
-  // dropped) is not sent.
+  // dropped) is not sent, so the collector keeps no duration for it (the
+  // profiler's step events time every step).
   void EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, double duration);
-  // Profiler data. Sent in order with the tensors, never spilled: when the
-  // queue is full the batch is dropped (counted). The collector stores it
-  // on arrival; it is acknowledged with the open step, or at once between
-  // steps, and resent after a broken stream like everything else.
+  // Profiler data, numbered (ProfileBatch.sequence). Never spilled: when
+  // the queue is full the batch is dropped (counted). It goes out in queue
+  // order, so while tensors are being spilled it may overtake them. The
+  // collector stores it on arrival; it is acknowledged with the open step,
+  // or at once between steps, and resent after a broken stream like
+  // everything else.
   bool EnqueueProfile(v1::ProfileBatch batch);
 
   // Sends the job end and waits up to `timeout` for the collector to
@@ -171,6 +174,7 @@ class Sender {
   // dropped). A step with none is not sent at all.
   uint32_t open_step_tensors_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t steps_dropped_pending_ ABSL_GUARDED_BY(mu_) = 0;  // not yet reported
+  uint64_t profile_sequence_ ABSL_GUARDED_BY(mu_) = 0;      // of the last batch queued
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // the sender thread has exited
   bool job_end_acked_ ABSL_GUARDED_BY(mu_) = false;

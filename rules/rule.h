@@ -81,8 +81,10 @@ class Rule {
   }
 
   // Profiler rules get the job's profiler data as it arrives: each
-  // worker's batches in order, interleaved with steps and ticks in arrival
-  // order. Data from before a collector restart is not fed again.
+  // worker's batches in order, each once. Steps reach rules only when every
+  // worker has sent them, batches on arrival, so a batch may come before
+  // the step it was recorded in. Data from before a collector restart is
+  // not fed again.
   virtual bool WantsProfile() const { return false; }
   virtual absl::StatusOr<std::optional<Finding>> OnProfile(const ProfileData& data) {
     (void)data;

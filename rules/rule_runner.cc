@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<RuleRunner>> RuleRunner::Create(
     }
     inst->strand = std::make_unique<Strand>(pool);
     inst->evaluation_seconds = Metrics().evaluation_seconds->Get({spec.rule_type()});
+    runner->wants_profile_ = runner->wants_profile_ || inst->rule->WantsProfile();
     runner->instances_.push_back(std::move(inst));
   }
   absl::MutexLock lock(&runner->mu_);
@@ -117,27 +118,31 @@ absl::StatusOr<std::unique_ptr<RuleRunner>> RuleRunner::Create(
 
 RuleRunner::~RuleRunner() { Drain(); }
 
+bool RuleRunner::Admit(size_t i) {
+  Instance& inst = *instances_[i];
+  if (inst.stopped_feeding.load()) return false;
+  if (inst.backlog.fetch_add(1) + 1 <= budget_.max_backlog) return true;
+  inst.stopped_feeding = true;
+  inst.backlog.fetch_sub(1);
+  // Reported from the strand, after what is queued has run.
+  inst.strand->Post([this, i] {
+    Instance& in = *instances_[i];
+    if (IsFinal(in.result.status())) return;
+    in.result.set_status(v1::RULE_STATUS_ERROR);
+    in.result.set_message(absl::StrCat("rule fell more than ", budget_.max_backlog,
+                                       " steps behind training (profiler batches count as "
+                                       "steps); it is no longer fed"));
+    Publish(i, {});
+  });
+  return false;
+}
+
 void RuleRunner::SubmitStep(StepData step) {
   auto shared = std::make_shared<const StepData>(std::move(step));
   for (size_t i = 0; i < instances_.size(); ++i) {
-    Instance& inst = *instances_[i];
-    if (inst.stopped_feeding.load()) continue;
-    if (inst.backlog.fetch_add(1) + 1 > budget_.max_backlog) {
-      inst.stopped_feeding = true;
-      inst.backlog.fetch_sub(1);
-      // Reported from the strand, after what is queued has run.
-      inst.strand->Post([this, i] {
-        Instance& in = *instances_[i];
-        if (IsFinal(in.result.status())) return;
-        in.result.set_status(v1::RULE_STATUS_ERROR);
-        in.result.set_message(absl::StrCat("rule fell more than ", budget_.max_backlog,
-                                           " steps behind training; it is no longer fed"));
-        Publish(i, {});
-      });
-      continue;
-    }
+    if (!Admit(i)) continue;
     Metrics().steps_queued->Increment();
-    inst.strand->Post([this, i, shared] {
+    instances_[i]->strand->Post([this, i, shared] {
       Evaluate(i, shared.get());
       instances_[i]->backlog.fetch_sub(1);
       Metrics().steps_queued->Decrement();
@@ -161,25 +166,20 @@ void RuleRunner::Tick(absl::Time now) {
 }
 
 void RuleRunner::SubmitProfile(int32_t worker, v1::ProfileBatch batch) {
-  std::shared_ptr<ProfileData> shared;
+  std::shared_ptr<const ProfileData> shared;
   for (size_t i = 0; i < instances_.size(); ++i) {
-    Instance& inst = *instances_[i];
-    if (!inst.rule->WantsProfile() || inst.stopped_feeding.load()) continue;
+    if (!instances_[i]->rule->WantsProfile() || !Admit(i)) continue;
     if (shared == nullptr) {
-      shared = std::make_shared<ProfileData>();
-      shared->worker = worker;
-      shared->batch = std::move(batch);
+      shared = std::make_shared<const ProfileData>(ProfileData{worker, std::move(batch)});
     }
-    inst.strand->Post([this, i, shared] { Evaluate(i, nullptr, std::nullopt, std::nullopt, shared.get()); });
+    instances_[i]->strand->Post([this, i, shared] {
+      Evaluate(i, nullptr, std::nullopt, std::nullopt, shared.get());
+      instances_[i]->backlog.fetch_sub(1);
+    });
   }
 }
 
-bool RuleRunner::WantsProfile() const {
-  for (const auto& inst : instances_) {
-    if (inst->rule->WantsProfile()) return true;
-  }
-  return false;
-}
+bool RuleRunner::WantsProfile() const { return wants_profile_; }
 
 void RuleRunner::Drain() {
   for (auto& inst : instances_) inst->strand->Drain();
@@ -316,7 +316,16 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     Publish(index, actions);
     return;
   }
-  if (tick.has_value() || profile != nullptr) return;  // time passed, nothing found
+  if (tick.has_value()) return;  // time passed, nothing found
+  if (profile != nullptr) {
+    // Progress, as for steps: now and then, so readers see data points grow.
+    if (r.datapoints() == profile->batch.snapshots_size() + profile->batch.events_size() ||
+        ++inst.profile_evaluations % kProgressEvery == 0) {
+      r.set_message(absl::StrCat("judged ", r.datapoints(), " profiler data points, no issues so far"));
+      Publish(index, {});
+    }
+    return;
+  }
   if (step == nullptr && stopped_by.has_value()) {
     r.set_status(v1::RULE_STATUS_STOPPED);
     r.set_message(absl::StrCat("training was stopped by rule ", stopped_by->rule(), " at step ",

@@ -71,7 +71,9 @@ class RuleRunner {
   void SubmitJobEnd(std::optional<v1::Action> stopped_by = std::nullopt);
   // Passes the time to rules that want ticks. Returns at once.
   void Tick(absl::Time now);
-  // Passes a worker's profiler data to rules that want it. Returns at once.
+  // Passes a worker's profiler data to rules that want it, on their strands
+  // (after what is queued there; steps reach rules when complete, batches on
+  // arrival). Counts against max_backlog like steps. Returns at once.
   void SubmitProfile(int32_t worker, v1::ProfileBatch batch);
   // Does any rule of the job want profiler data?
   bool WantsProfile() const;
@@ -95,6 +97,7 @@ class RuleRunner {
     std::atomic<int64_t> backlog{0};
     metrics::Histogram* evaluation_seconds = nullptr;  // this rule type's series
     std::atomic<bool> stopped_feeding{false};
+    int64_t profile_evaluations = 0;  // on the instance's strand
   };
 
   RuleRunner(std::string job, RuleSink* sink, RuleBudget budget)
@@ -104,11 +107,15 @@ class RuleRunner {
                 const std::optional<v1::Action>& stopped_by = std::nullopt,
                 const ProfileData* profile = nullptr);
   void Publish(size_t index, const std::vector<v1::Action>& actions);
+  // Counts one more input waiting for rule `i`; false (and the rule ends
+  // with Error, once) when it is not fed or too far behind.
+  bool Admit(size_t i);
 
   const std::string job_;
   RuleSink* const sink_;
   const RuleBudget budget_;
   std::vector<std::unique_ptr<Instance>> instances_;  // fixed after Create
+  bool wants_profile_ = false;                        // likewise
   mutable absl::Mutex mu_;  // leaf lock: never held while calling out
   std::vector<v1::RuleResult> snapshot_ ABSL_GUARDED_BY(mu_);
   // WantsValues answers by tensor name and collections: names repeat every

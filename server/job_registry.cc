@@ -72,6 +72,8 @@ struct JobRegistry::LiveJob {
   std::unique_ptr<Sink> sink;
   std::unique_ptr<rules::RuleRunner> runner;
   std::optional<v1::Action> stop;
+  // Per worker: the client and the last ProfileBatch.sequence fed to the rules.
+  std::map<int32_t, std::pair<uint64_t, uint64_t>> profile_fed;
   // Serialises everything that writes this job's record or delivers steps,
   // so records are written in order and steps reach the rules in order.
   absl::Mutex commit_mu;
@@ -407,27 +409,40 @@ void JobRegistry::DeliverCompleteSteps(LiveJob& job) {
 }
 
 absl::Status JobRegistry::StoreProfile(const std::string& job_name, int32_t worker,
-                                       const StreamHandle* stream,
-                                       const v1::ProfileBatch& batch) {
-  uint64_t job_id;
+                                       const StreamHandle* stream, v1::ProfileBatch batch) {
+  LiveJob* job;
   {
     absl::MutexLock lock(&mu_);
-    LiveJob* job = FindLocked(job_name);
-    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+    job = FindLocked(job_name);
+  }
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  // As CommitStep: under the job's commit lock, so a job being ended or
+  // deleted never gets keys written after it.
+  absl::MutexLock commit(&job->commit_mu);
+  uint64_t job_id;
+  uint64_t client;
+  {
+    absl::MutexLock lock(&mu_);
     auto owner = job->streams.find(worker);
     if (owner == job->streams.end() || owner->second != stream) {
       return absl::AbortedError(absl::StrCat("worker ", worker, " of job '", job_name,
                                              "' is now streamed by a newer stream"));
     }
     job_id = job->info.job_id();
+    client = job->stream_client[worker];
   }
   SONDE_RETURN_IF_ERROR(store_->WriteProfile(job_id, worker, batch));
-  // In order with the job's steps: under the lock that delivers them.
   absl::MutexLock lock(&mu_);
-  LiveJob* job = FindLocked(job_name);
-  if (job != nullptr && job->runner != nullptr && job->runner->WantsProfile()) {
-    job->runner->SubmitProfile(worker, batch);
+  if (job->runner == nullptr || !job->runner->WantsProfile()) return absl::OkStatus();
+  // A batch resent after a broken stream is stored again harmlessly but
+  // must reach the rules once: each client numbers its batches.
+  auto& [fed_client, fed_sequence] = job->profile_fed[worker];
+  if (batch.sequence() > 0) {
+    if (fed_client == client && batch.sequence() <= fed_sequence) return absl::OkStatus();
+    fed_client = client;
+    fed_sequence = batch.sequence();
   }
+  job->runner->SubmitProfile(worker, std::move(batch));
   return absl::OkStatus();
 }
 

@@ -86,10 +86,11 @@ class JobRegistry {
                                           const StreamHandle* stream, storage::StepWrite write,
                                           uint64_t steps_dropped = 0);
   // Stores profiler data of the worker (storage::Store::WriteProfile) as it
-  // arrives; writing a batch again stores nothing twice. Aborted if
+  // arrives and feeds it to the job's rules once (by ProfileBatch.sequence);
+  // writing a batch again stores nothing twice. Aborted if
   // `stream` no longer owns the worker. Called from the storage pool.
   absl::Status StoreProfile(const std::string& job, int32_t worker, const StreamHandle* stream,
-                            const v1::ProfileBatch& batch);
+                            v1::ProfileBatch batch);
   // The worker finished the job. When every worker that joined has ended,
   // the job ends and rules run their end-of-training evaluation.
   absl::Status EndJob(const std::string& job, int32_t worker, const std::string& reason,

@@ -113,9 +113,8 @@ struct Query {
   std::unique_ptr<v1::Query::Stub> stub;
 };
 
-// Everything RunSteps(steps) sent is stored exactly once.
-void ExpectStored(Query& q, const std::string& job, int steps) {
-  const int batches = 2 * steps;
+// Batches 0 .. batches-1 (as RunSteps sends them) are stored exactly once.
+void ExpectStored(Query& q, const std::string& job, int batches) {
   v1::ReadMetricsResponse cpu = q.Metrics(job, {"cpu.util"});
   ASSERT_EQ(cpu.series_size(), 1);
   ASSERT_EQ(cpu.series(0).values_size(), 2 * batches);
@@ -195,7 +194,7 @@ TEST(ProfileIngest, BatchesBetweenAndWithinStepsAreStoredAndReadBackByNameAndTim
   SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(30)));
   EXPECT_EQ((*hook)->counters().memory_bytes, 0u);  // every batch acknowledged
   Query q(collector.address());
-  ExpectStored(q, "prof", 5);
+  ExpectStored(q, "prof", 2 * 5);
   // A time range and a second metric.
   v1::ReadMetricsResponse rss =
       q.Metrics("prof", {"process.rss_bytes"}, kT0 + 300000, kT0 + 700000);
@@ -215,18 +214,38 @@ TEST(ProfileIngest, BatchesBetweenAndWithinStepsAreStoredAndReadBackByNameAndTim
   SONDE_ASSERT_OK((*hook)->Close());
 }
 
+// What a rule judged, from its stored result.
+int64_t Datapoints(const std::string& address, const std::string& job, const std::string& rule) {
+  auto stub = v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::GetRuleResultsRequest req;
+  req.set_job(job);
+  v1::GetRuleResultsResponse resp;
+  EXPECT_TRUE(stub->GetRuleResults(&ctx, req, &resp).ok());
+  for (const v1::RuleResult& r : resp.results()) {
+    if (r.rule() == rule) return r.datapoints();
+  }
+  ADD_FAILURE() << "no result of " << rule;
+  return -1;
+}
+
 TEST(ProfileIngest, LostAcksAndACutConnectionStillStoreEveryBatchOnce) {
-  InProcessCollector collector;
+  // OverallSystemUsage judges every batch: its data points show whether a
+  // resent batch reached the rules twice.
+  InProcessCollector collector("OverallSystemUsage");
   TcpProxy proxy(collector.address());
   auto hook = Hook::Create(Options(proxy.address(), "prof-cut"));
   SONDE_ASSERT_OK(hook);
   SONDE_ASSERT_OK((*hook)->WaitUntilConnected(absl::Seconds(30)));
   proxy.set_forward_to_client(false);  // stored, but the acks are lost
   RunSteps(**hook, 4);
+  // A batch after the last step: nothing later tells the client it was
+  // stored, so it is sent again after the cut.
+  EXPECT_TRUE((*hook)->SaveProfile(Batch(8, 4)));
   Query q(collector.address());
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (absl::Now() < deadline &&
-         q.Events("prof-cut", v1::TraceEvent::KIND_SPAN).events_size() < 8) {
+         q.Events("prof-cut", v1::TraceEvent::KIND_SPAN).events_size() < 9) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_GT((*hook)->counters().memory_bytes, 0u);  // still held: never acknowledged
@@ -235,7 +254,11 @@ TEST(ProfileIngest, LostAcksAndACutConnectionStillStoreEveryBatchOnce) {
   SONDE_ASSERT_OK((*hook)->Close());
   EXPECT_GE((*hook)->counters().reconnects, 1u);
   EXPECT_EQ((*hook)->counters().memory_bytes, 0u);
-  ExpectStored(q, "prof-cut", 4);
+  EXPECT_EQ((*hook)->counters().profile_batches_queued, 9u);
+  EXPECT_GE((*hook)->counters().messages_resent, 1u);  // the last batch, at least
+  ExpectStored(q, "prof-cut", 9);
+  // 9 batches of 2 snapshots and 2 events, each judged once.
+  EXPECT_EQ(Datapoints(collector.address(), "prof-cut", "OverallSystemUsage"), 9 * 4);
 }
 
 // A raw stream: hello, then `batch`; returns how the collector ended it.
