@@ -109,14 +109,19 @@ void CollectionSet::Include(const std::string& collection) {
   included_.insert(collection);
 }
 
+bool CollectionSet::DueAt(const std::string& c, v1::Mode mode, int64_t mode_step) const {
+  if (included_.count(c) == 0) return false;
+  if (c == "gradients" && (mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT)) return false;
+  auto it = collections_.find(c);
+  const SaveConfig& sc = it != collections_.end() && it->second.save_config.has_value()
+                             ? *it->second.save_config
+                             : config_.save_config;
+  return sc.ShouldSave(mode, mode_step);
+}
+
 bool CollectionSet::AnyDue(v1::Mode mode, int64_t mode_step) const {
   for (const std::string& c : included_) {
-    if (c == "gradients" && (mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT)) continue;
-    auto it = collections_.find(c);
-    const SaveConfig& sc = it != collections_.end() && it->second.save_config.has_value()
-                               ? *it->second.save_config
-                               : config_.save_config;
-    if (sc.ShouldSave(mode, mode_step)) return true;
+    if (DueAt(c, mode, mode_step)) return true;
   }
   return false;
 }
@@ -151,13 +156,9 @@ SaveDecision CollectionSet::Decide(const std::string& tensor,
   if (config_.save_all) candidates.push_back("all");
   bool any_values = false;
   for (const std::string& c : candidates) {
-    if (included_.count(c) == 0) continue;
-    if (c == "gradients" && (mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT)) continue;
+    if (!DueAt(c, mode, mode_step)) continue;
     auto it = collections_.find(c);
     const Collection* coll = it == collections_.end() ? nullptr : &it->second;
-    const SaveConfig& sc =
-        coll != nullptr && coll->save_config.has_value() ? *coll->save_config : config_.save_config;
-    if (!sc.ShouldSave(mode, mode_step)) continue;
     d.save = true;
     if (coll != nullptr && coll->save_histogram) d.histogram = true;
     const std::optional<ReductionConfig>& rc =

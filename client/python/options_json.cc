@@ -1,6 +1,7 @@
 #include "client/python/options_json.h"
 
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -44,6 +45,10 @@ absl::Status GetInt(const json& o, const char* key, Int* out) {
   }
   const int64_t v = o[key].get<int64_t>();
   if (v < 0) return absl::InvalidArgumentError(absl::StrCat("'", key, "' must not be negative"));
+  if (static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<Int>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", key, "' is ", v, ", more than ", std::numeric_limits<Int>::max()));
+  }
   *out = static_cast<Int>(v);
   return absl::OkStatus();
 }
@@ -230,6 +235,10 @@ absl::StatusOr<PythonHookOptions> ParsePythonHookOptions(absl::string_view text)
     SONDE_RETURN_IF_ERROR(GetBool(p, "framework", &h.profiler.framework));
   }
   if (o.contains("config") && !o["config"].is_null()) {
+    if (!out.config_file.empty()) {
+      return absl::InvalidArgumentError(
+          "give either 'config' or 'config_file': the file's configuration would replace it");
+    }
     SONDE_RETURN_IF_ERROR(ParseHookConfig(o["config"], &h.config));
   }
   return out;

@@ -91,6 +91,10 @@ TEST(PythonHookOptions, MistakesAreRefusedWithWhatWasWrong) {
               StatusIs(absl::StatusCode::kInvalidArgument, "'worker' must be an integer"));
   EXPECT_THAT(ParsePythonHookOptions(R"({"worker": -1})"),
               StatusIs(absl::StatusCode::kInvalidArgument, "negative"));
+  EXPECT_THAT(ParsePythonHookOptions(R"({"worker": 4294967296})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "more than 2147483647"));
+  EXPECT_THAT(ParsePythonHookOptions(R"({"config_file": "/f.json", "config": {"save_all": true}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "either 'config' or 'config_file'"));
   EXPECT_THAT(ParsePythonHookOptions(R"({"backpressure": "wait"})"),
               StatusIs(absl::StatusCode::kInvalidArgument, "'wait' is not one of"));
   EXPECT_THAT(

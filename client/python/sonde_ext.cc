@@ -182,6 +182,8 @@ class PyHook {
     d["duplicates_acked"] = c.duplicates_acked;
     d["reconnects"] = c.reconnects;
     d["memory_bytes"] = c.memory_bytes;
+    d["profile_batches_queued"] = c.profile_batches_queued;
+    d["profile_batches_dropped"] = c.profile_batches_dropped;
     return d;
   }
 
@@ -232,7 +234,7 @@ PYBIND11_MODULE(_sonde, m) {
       .def("step", &PyHook::Step)
       .def("mode_step", &PyHook::ModeStep)
       .def("step_may_save", &PyHook::StepMaySave, py::call_guard<py::gil_scoped_release>())
-      .def("should_save", &PyHook::ShouldSave, py::call_guard<py::gil_scoped_release>())
+      .def("should_save", &PyHook::ShouldSave)  // a lookup: not worth releasing the GIL
       .def("save", &PyHook::Save)
       .def("save_many", &PyHook::SaveMany)
       .def("save_scalar", &PyHook::SaveScalar)
