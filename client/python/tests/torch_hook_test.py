@@ -346,6 +346,44 @@ def test_a_failure_inside_sonde_disables_it_and_training_goes_on(collector, capl
         "Net_" + n for n, _ in model.named_parameters() if n.endswith("weight"))
 
 
+def test_a_disabled_hook_leaves_no_hooks_on_the_model(collector, caplog):
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = smd.Hook(collector=collector.address, job="unhooked", profiler=True,
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["weights", "gradients", "inputs", "outputs"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    x, y = batches(1)[0]
+    loss_fn(model(x), y).backward()  # step 0 saves: every kind of hook is on
+
+    class Exploding:
+        def __getattr__(self, name):
+            raise RuntimeError("simulated failure inside Sonde")
+
+    native = hook._native
+    with caplog.at_level(logging.ERROR, logger="sonde"):
+        hook._native = Exploding()
+        # Public per-step calls contain the failure too.
+        assert hook.should_stop() is False
+        assert hook.stop_action() is None
+        assert hook.flush(1) is False
+        assert hook.step == -1 and hook.mode_step == -1
+        assert hook.disabled
+        loss_fn(model(x), y).backward()  # the next step start unhooks
+    assert len([r for r in caplog.records if "disabled" in r.getMessage()]) == 1
+    for m in list(model.modules()) + [loss_fn]:
+        assert not m._forward_hooks and not m._forward_pre_hooks, m
+    for name, p in model.named_parameters():
+        assert not p._backward_hooks, name
+    # Any Sonde hook still called would now raise: a forward and backward
+    # that go through prove none is left.
+    hook.strict, hook._disabled, hook._due = True, False, True
+    loss_fn(model(x), y).backward()
+    hook._disabled = True
+    assert native.close() is None
+
+
 def test_strict_mode_raises_instead(collector):
     model = nn.Linear(2, 1)
     hook = smd.Hook(collector=collector.address, job="strict", strict=True,

@@ -409,6 +409,17 @@ class Hook:
             handle.remove()
         self._step_handles = []
 
+    def _unhook_all(self):
+        """Removes every hook Sonde put on the models, losses and parameters.
+        Not for _fail, which may run inside autograd: the next step start
+        (or close) calls this once the hook is disabled."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._unhook_step()
+        self._due = False
+        _PROFILED_HOOKS.discard(self)
+
     # ---- steps and modes ----------------------------------------------
 
     def set_mode(self, mode):
@@ -417,24 +428,26 @@ class Hook:
         self._mode = mode
         h = self._hook()
         if h is not None:
-            self._guard("set_mode", h.set_mode, int(mode))
+            self._native_call("set_mode", int(mode))
 
     def get_mode(self):
         return self._mode
 
     @property
     def step(self):
-        h = self._native
-        return h.step() if h is not None else -1
+        step = self._native_call("step")
+        return -1 if step is None else step
 
     @property
     def mode_step(self):
-        h = self._native
-        return h.mode_step() if h is not None else -1
+        step = self._native_call("mode_step")
+        return -1 if step is None else step
 
     def _start_step(self):
         h = self._hook()
         if h is None:
+            if self._handles or self._step_handles:
+                self._unhook_all()  # disabled: leave the model as it was
             return
         if self._profiling():
             self._profile_step_start(h)
@@ -449,6 +462,7 @@ class Hook:
                 self._hook_step()
         except Exception as e:  # noqa: BLE001
             self._fail("start_step", e)
+            self._unhook_all()
 
     def _forward_pre_hook(self, module, inputs):
         self._start_step()
@@ -542,20 +556,23 @@ class Hook:
                 break
 
     def _profile_backward_begins(self, grad):
-        self._backward_start = _now_micros()
+        if not self._disabled:
+            self._backward_start = _now_micros()
         return None
 
     def _profile_gradient(self, grad):
-        self._last_gradient = _now_micros()
+        if not self._disabled:
+            self._last_gradient = _now_micros()
         return None
 
     def _data_wait(self, start, end, workers):
+        if not self._profiling():
+            return
         self._record(2, "", start, end)  # KIND_DATA_WAIT
-        h = self._native
-        if h is not None and workers != self._dataloader_workers:
+        if workers != self._dataloader_workers:
             self._dataloader_workers = workers
-            self._guard("profiler gauge", h.set_profiler_gauge, "framework.dataloader_workers",
-                        float(workers))
+            self._native_call("set_profiler_gauge", "framework.dataloader_workers",
+                              float(workers))
 
     # ---- saving -------------------------------------------------------
 
@@ -656,13 +673,11 @@ class Hook:
 
     def should_stop(self):
         """True once a rule's StopTraining action has reached this process."""
-        h = self._native
-        return bool(h is not None and h.should_stop())
+        return bool(self._native_call("should_stop"))
 
     def stop_action(self):
         """The StopTraining action (rule, reason, step), or None."""
-        h = self._native
-        return h.stop_action() if h is not None else None
+        return self._native_call("stop_action")
 
     def wait_until_connected(self, timeout_seconds=10.0):
         """Waits until the collector has accepted the job (and told the hook
@@ -676,9 +691,13 @@ class Hook:
         """Ends the open step and waits until the collector has stored
         everything saved so far. True on success."""
         h = self._native
+        if self._disabled:
+            return False
         if h is None:
-            return not self._disabled
-        err = h.flush(float(timeout_seconds))
+            return True
+        err = self._native_call("flush", float(timeout_seconds))
+        if self._disabled:
+            return False
         if err is not None:
             self._log_once("flush:" + err[0], "flush: " + err[1])
         return err is None
@@ -700,15 +719,10 @@ class Hook:
         self._closed = True
         if os.getpid() != self._pid:
             return  # a forked child: the C++ hook's threads live in the parent only
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._unhook_step()
-        self._due = False
+        self._unhook_all()
         if self.profiler is not None and self._backward_start and \
                 self._last_gradient > self._backward_start and self._native is not None:
             self._record(4, "", self._backward_start, self._last_gradient)
-        _PROFILED_HOOKS.discard(self)
         h = self._native
         if h is None:
             return
@@ -742,11 +756,17 @@ class Hook:
 
     # ---- containment --------------------------------------------------
 
-    def _guard(self, what, fn, *args):
+    def _native_call(self, method, *args):
+        """The C++ hook's `method`(*args), or None when there is none. A
+        failure is contained: logged once and Sonde disabled (strict mode
+        raises SondeError)."""
+        h = self._native
+        if h is None:
+            return None
         try:
-            return fn(*args)
+            return getattr(h, method)(*args)
         except Exception as e:  # noqa: BLE001
-            self._fail(what, e)
+            self._fail(method, e)
             return None
 
     def _log_once(self, key, message):
