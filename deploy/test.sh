@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds everything, runs every test, and ends
-# with a line "N passed, N failed" counting GoogleTest and pytest cases (a test target
+# with a line "N passed, N failed, N skipped" counting GoogleTest and pytest
+# cases, every shard of sharded targets included (a test target
 # that fails without reporting cases counts as one failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,22 +16,24 @@ passed=0
 failed=0
 skipped=0
 while read -r target status; do
-  xml="$testlogs/${target#//}"
-  xml="${xml/://}/test.xml"
+  dir="$testlogs/${target#//}"
+  dir="${dir/://}"
   t=0; f=0; s=0
-  if [ -f "$xml" ]; then
+  # A sharded target writes one report per shard.
+  for xml in "$dir/test.xml" "$dir"/shard_*_of_*/test.xml; do
+    [ -f "$xml" ] || continue
     # The first <testsuites ...> element carries the totals (GoogleTest);
     # pytest leaves it bare and puts them on its one <testsuite ...>.
     head=$(grep -m1 -o '<testsuites[^>]*>' "$xml" || true)
     if ! grep -q ' tests="' <<<"$head"; then
       head=$(grep -m1 -o '<testsuite [^>]*>' "$xml" || true)
     fi
-    t=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$head"); t=${t:-0}
-    fl=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$head"); fl=${fl:-0}
-    er=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$head"); er=${er:-0}
-    f=$((fl + er))
-    s=$(grep -c '<skipped' "$xml" || true)
-  fi
+    xt=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$head")
+    fl=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$head")
+    er=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$head")
+    xs=$(grep -c '<skipped' "$xml" || true)
+    t=$((t + ${xt:-0})); f=$((f + ${fl:-0} + ${er:-0})); s=$((s + ${xs:-0}))
+  done
   if [ "$status" != "PASSED" ] && [ "$f" -eq 0 ]; then f=1; fi
   passed=$((passed + t - f - s))
   failed=$((failed + f))
