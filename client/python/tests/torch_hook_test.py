@@ -241,6 +241,27 @@ def test_create_from_json_file_reads_sagemakers_config(collector, tmp_path):
     assert r.names("weights") == ["Linear_weight"]
 
 
+def test_create_from_json_file_refuses_what_to_save_from_python(collector, tmp_path):
+    path = tmp_path / "debughookconfig.json"
+    path.write_text(json.dumps({"HookParameters": {"collector": collector.address,
+                                                   "job": "json-only"}}))
+    for kwargs in ({"save_config": smd.SaveConfig(save_interval=1)},
+                   {"include_collections": ["weights"], "save_all": True},
+                   {"include_regex": ["fc"]},
+                   {"reduction_config": smd.ReductionConfig(norms=["l2"])}):
+        with pytest.raises(ValueError) as e:
+            smd.Hook.create_from_json_file(str(path), **kwargs)
+        for name in kwargs:
+            assert name in str(e.value)
+    hook = smd.Hook.create_from_json_file(str(path), strict=True)
+    hook.get_collection("relu").include("relu")
+    model = nn.Linear(2, 1)
+    hook.register_module(model)
+    with pytest.raises(ValueError, match="relu"):
+        model(torch.ones(1, 2))
+    hook.close()
+
+
 def test_bad_options_fail_at_construction_with_the_reason():
     with pytest.raises(ValueError, match="job"):
         smd.Hook(job="no spaces allowed")

@@ -78,6 +78,10 @@ _NUMPY_DTYPES = {
 _BUILTIN_COLLECTIONS = ("weights", "biases", "gradients", "losses", "inputs", "outputs",
                         "scalars", "metrics", "default", "all")
 
+# What Hook() takes that a hook config file replaces.
+_FILE_CONFIG_KWARGS = ("save_config", "reduction_config", "include_regex", "include_collections",
+                       "save_all")
+
 CONFIG_FILE_ENV = ("SONDE_CONFIG_FILE_PATH", "SMDEBUG_CONFIG_FILE_PATH")
 DEFAULT_CONFIG_FILE = "/opt/ml/input/config/debughookconfig.json"
 
@@ -241,8 +245,19 @@ class Hook:
         CollectionConfigurations; Sonde reads "collector" and "job" from
         HookParameters too). The path defaults to $SONDE_CONFIG_FILE_PATH,
         $SMDEBUG_CONFIG_FILE_PATH, then SageMaker's
-        /opt/ml/input/config/debughookconfig.json. kwargs are passed to
-        Hook() (collector, job, credentials, strict, ...)."""
+        /opt/ml/input/config/debughookconfig.json.
+
+        kwargs are passed to Hook() (collector, job, credentials, strict,
+        ...); a "collector" or "job" in the file wins over the kwargs. What
+        to save comes from the file alone: save_config, reduction_config,
+        include_regex, include_collections and save_all raise ValueError,
+        and so does a collection customised through get_collection (at the
+        first step), rather than being ignored."""
+        given = [k for k in _FILE_CONFIG_KWARGS if kwargs.get(k)]
+        if given:
+            raise ValueError("%s cannot be combined with a hook config file, which says what to "
+                             "save; put them in its HookParameters or CollectionConfigurations"
+                             % ", ".join(given))
         if json_file_path is None:
             for env in CONFIG_FILE_ENV:
                 if os.environ.get(env):
@@ -280,6 +295,13 @@ class Hook:
         """The native hook, created at the first step (so collections can be
         changed until then); None once disabled."""
         if self._native is None and not self._disabled and not self._closed:
+            if self._options.get("config_file"):
+                customised = sorted(n for n, c in self._collections.items() if c._customized())
+                if customised:
+                    raise ValueError(
+                        "collection(s) %s were customised, but this hook reads what to save from "
+                        "%s; put them in its CollectionConfigurations"
+                        % (", ".join(customised), self._options["config_file"]))
             try:
                 self._native = _sonde.Hook.create(self._options_json())
                 _NATIVES.add(self._native)
