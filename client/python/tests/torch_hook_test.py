@@ -312,6 +312,13 @@ def test_raise_on_stop_raises_at_the_next_step_boundary(start_collector):
             loss_fn(model(x), torch.zeros(1, 1))
             hook.flush(10)  # let the verdict come back before the next step
     assert steps < 10
+    # Raised once: the forwards after it (an EVAL pass, say) run normally.
+    x = torch.ones(1, 2)
+    loss_fn(model(x), torch.zeros(1, 1))
+    hook.set_mode(modes.EVAL)
+    with torch.no_grad():
+        loss_fn(model(x), torch.zeros(1, 1))
+    assert hook.should_stop()
     hook.close()
 
 

@@ -146,7 +146,10 @@ class Hook:
       strict: raise SondeError on any Sonde failure instead of logging once
         and disabling (for tests and CI).
       raise_on_stop: raise StopTrainingRequested at the next step boundary
-        once a rule asks to stop (default: only should_stop() turns true).
+        once a rule asks to stop, once: later forwards (an EVAL pass, a
+        checkpoint's) run normally (default: only should_stop() turns true).
+        With include_workers="one" only rank 0 sees the stop: see
+        should_stop().
       max_queue_bytes, backpressure ("spill", "drop", "block"), spill_dir,
       close_timeout_seconds: see client/hook.h.
     """
@@ -172,6 +175,7 @@ class Hook:
             world_size = size if world_size is None else world_size
         self.strict = bool(strict)
         self.raise_on_stop = bool(raise_on_stop)
+        self._stop_raised = False
         self.worker = int(worker)
         self.world_size = int(world_size)
         self.save_config = save_config or SaveConfig()
@@ -473,8 +477,9 @@ class Hook:
             return
         if self._profiling():
             self._profile_step_start(h)
-        if self.raise_on_stop and h.should_stop():
-            raise StopTrainingRequested(h.stop_action())
+        if self.raise_on_stop and not self._stop_raised and self.should_stop():
+            self._stop_raised = True
+            raise StopTrainingRequested(self.stop_action())
         try:
             if self._step_handles:
                 self._unhook_step()
@@ -694,7 +699,17 @@ class Hook:
     # ---- stop, flush, close -------------------------------------------
 
     def should_stop(self):
-        """True once a rule's StopTraining action has reached this process."""
+        """True once a rule's StopTraining action has reached this process.
+
+        With include_workers="one" (the default) only rank 0 talks to the
+        collector, so only rank 0 sees the stop; the other ranks would go on
+        (and a collective would then hang). Broadcast it, e.g. every step:
+            stop = torch.tensor([float(hook.should_stop())])
+            torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
+            if stop.item(): break
+        With include_workers="all" the collector sends the action to every
+        rank, but each sees it at its own step: the same all_reduce keeps
+        them together."""
         return bool(self._native_call("should_stop"))
 
     def stop_action(self):
