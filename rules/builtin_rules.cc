@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <map>
+#include <string>
 #include <utility>
 
+#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/dtype.h"
@@ -221,8 +223,16 @@ void RegisterBuiltinRules(RuleFactory& factory) {
   RegisterValueRules(factory);
   RegisterThresholdRule(factory);
   for (auto& [info, maker] : profiler::ProfilerRuleTypes()) {
+    const std::string type = info.rule_type;
     absl::Status s = factory.Register(std::move(info), std::move(maker));
-    (void)s;  // profiler rule names are distinct from the others
+    // Profiler rule names are meant to be distinct from the others; if one
+    // ever is not, say so rather than leave the rule silently missing.
+    // (Abseil's raw log: this library has no glog dependency, and its BUILD
+    // belongs to the rules owners.)
+    if (!s.ok()) {
+      ABSL_RAW_LOG(ERROR, "profiler rule %s not registered: %s", type.c_str(),
+                   s.ToString().c_str());
+    }
   }
 }
 

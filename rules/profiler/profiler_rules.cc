@@ -47,6 +47,19 @@ absl::StatusOr<double> FiniteDouble(RuleParams& p, absl::string_view rule, absl:
   return v;
 }
 
+// Windows are kept in memory per worker and GPU and sorted for their
+// percentiles: a window above this is a typo, not a wish.
+constexpr int64_t kMaxWindow = 100000;
+
+absl::StatusOr<int64_t> ReadWindow(RuleParams& p, absl::string_view rule, int64_t fallback) {
+  SONDE_ASSIGN_OR_RETURN(int64_t window, p.Int("window", fallback, 1));
+  if (window > kMaxWindow) {
+    return BadParam(rule, absl::StrCat("parameter window=", window, " is above the limit of ",
+                                       kMaxWindow, " values"));
+  }
+  return window;
+}
+
 // SageMaker's scan_interval_us: how often its rule container scanned the
 // timeline files. Accepted for compatibility and checked; Sonde judges each
 // batch as it arrives instead.
@@ -163,18 +176,18 @@ class StepOutlier : public ProfilerRule {
     for (const v1::TraceEvent& e : data.batch.events()) {
       if (e.kind() != v1::TraceEvent::KIND_STEP) continue;
       if (c_.mode.has_value() && e.mode() != *c_.mode) continue;
-      Series& s = series_[{data.worker, e.mode()}];
-      s.ms.push_back(static_cast<double>(e.end_unix_micros() - e.start_unix_micros()) / 1000.0);
-      s.steps.push_back(e.step());
-      if (s.ms.size() > kMaxSteps) {
-        s.ms.pop_front();
-        s.steps.pop_front();
-      }
+      series_[{data.worker, e.mode()}].Add(
+          static_cast<double>(e.end_unix_micros() - e.start_unix_micros()) / 1000.0, e.step());
       touched.insert(e.mode());
     }
     for (v1::Mode mode : touched) {
       const Series& s = series_[{data.worker, mode}];
       if (s.ms.size() <= kMinSteps) continue;
+      // Running sums and the sorted durations answer "more than n_outliers
+      // above the threshold?" without a pass over the (up to kMaxSteps)
+      // durations; only a series that fires is copied, for the exact
+      // statistics and the outlier steps of the message.
+      if (!s.MaybeMoreAbove(c_.stddev, c_.n_outliers)) continue;
       const std::vector<double> ms(s.ms.begin(), s.ms.end());
       const Outliers o = FindOutliers(ms, c_.stddev);
       if (static_cast<int64_t>(o.indices.size()) <= c_.n_outliers) continue;
@@ -202,9 +215,47 @@ class StepOutlier : public ProfilerRule {
   }
 
  private:
+  // The newest kMaxSteps durations (ms) and their steps, also sorted, with
+  // running sums for the mean and standard deviation.
   struct Series {
     std::deque<double> ms;
     std::deque<int64_t> steps;
+    std::multiset<double> sorted;
+    long double sum = 0;
+    long double squares = 0;
+
+    void Add(double duration_ms, int64_t step) {
+      ms.push_back(duration_ms);
+      steps.push_back(step);
+      sorted.insert(duration_ms);
+      sum += duration_ms;
+      squares += static_cast<long double>(duration_ms) * duration_ms;
+      if (ms.size() > kMaxSteps) {
+        const double old = ms.front();
+        sorted.erase(sorted.find(old));
+        sum -= old;
+        squares -= static_cast<long double>(old) * old;
+        ms.pop_front();
+        steps.pop_front();
+      }
+    }
+
+    // Whether more than n durations are above mean + k x stddev, by the
+    // running sums (rounding may differ from FindOutliers' in the last
+    // bits: the caller confirms with it). Reads at most n + 1 of `sorted`.
+    bool MaybeMoreAbove(double k, int64_t n) const {
+      const long double count = static_cast<long double>(ms.size());
+      const long double mean = sum / count;
+      const long double variance = std::max<long double>(0, squares / count - mean * mean);
+      // A hair below the threshold, so rounding never hides an outlier.
+      const double threshold =
+          static_cast<double>(mean + k * std::sqrt(variance)) * (1 - 1e-9);
+      int64_t above = 0;
+      for (auto it = sorted.upper_bound(threshold); it != sorted.end() && above <= n; ++it) {
+        ++above;
+      }
+      return above > n;
+    }
   };
   Config c_;
   std::map<std::pair<int32_t, v1::Mode>, Series> series_;
@@ -363,8 +414,10 @@ class LowGPUUtilization : public ProfilerRule {
     for (int gpu : touched) {
       const SlidingWindow& w = Window(data.worker, gpu);
       if (w.seen() <= c_.patience) continue;
-      const double p95 = *w.Quantile(0.95);
-      const double p5 = *w.Quantile(0.05);
+      // One sort of the window for every percentile the verdict names.
+      const std::vector<double> q = w.Quantiles({0.05, 0.5, 0.95, 1});
+      const double p5 = q[0];
+      const double p95 = q[2];
       std::string what;
       if (p95 < c_.threshold_p95) {
         what = absl::StrFormat("p95 utilisation %.3g%% < threshold_p95=%g%% (under-utilised)",
@@ -383,8 +436,7 @@ class LowGPUUtilization : public ProfilerRule {
       f.threshold = c_.threshold_p95;
       f.message = absl::StrFormat("worker %d GPU %d: %s over the last %d of %d values (p5 %.3g%%, "
                                   "p50 %.3g%%, max %.3g%%)",
-                                  data.worker, gpu, what, w.size(), w.seen(), p5,
-                                  *w.Quantile(0.5), *w.Max());
+                                  data.worker, gpu, what, w.size(), w.seen(), p5, q[1], q[3]);
       return Fire(std::move(f));
     }
     return Quiet();
@@ -403,7 +455,7 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeLowGPUUtilization(RuleParams& p) {
   const char* rule = "LowGPUUtilization";
   SONDE_ASSIGN_OR_RETURN(c.threshold_p95, FiniteDouble(p, rule, "threshold_p95", 70, 0));
   SONDE_ASSIGN_OR_RETURN(c.threshold_p5, FiniteDouble(p, rule, "threshold_p5", 10, 0));
-  SONDE_ASSIGN_OR_RETURN(c.window, p.Int("window", 500, 1));
+  SONDE_ASSIGN_OR_RETURN(c.window, ReadWindow(p, rule, 500));
   SONDE_ASSIGN_OR_RETURN(c.patience, p.Int("patience", 1000, 0));
   SONDE_RETURN_IF_ERROR(ReadScanInterval(p));
   return std::unique_ptr<Rule>(new LowGPUUtilization(c));
@@ -457,7 +509,7 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeGPUMemoryIncrease(RuleParams& p) {
   GPUMemoryIncrease::Config c;
   SONDE_ASSIGN_OR_RETURN(c.increase, FiniteDouble(p, "GPUMemoryIncrease", "increase", 5, 0));
   SONDE_ASSIGN_OR_RETURN(c.patience, p.Int("patience", 1000, 0));
-  SONDE_ASSIGN_OR_RETURN(c.window, p.Int("window", 10, 1));
+  SONDE_ASSIGN_OR_RETURN(c.window, ReadWindow(p, "GPUMemoryIncrease", 10));
   SONDE_RETURN_IF_ERROR(ReadScanInterval(p));
   return std::unique_ptr<Rule>(new GPUMemoryIncrease(c));
 }
@@ -564,9 +616,11 @@ class BatchSize : public ProfilerRule {
       if (util.seen() <= c_.window || memory == w.memory.end() || memory->second.size() == 0) {
         continue;
       }
+      // Each window is sorted once, and memory's only when utilisation is low.
       const double gpu_p95 = *util.Quantile(0.95);
+      if (gpu_p95 >= c_.gpu_threshold_p95) continue;
       const double memory_p95 = *memory->second.Quantile(0.95);
-      if (gpu_p95 >= c_.gpu_threshold_p95 || memory_p95 >= c_.gpu_memory_threshold_p95) continue;
+      if (memory_p95 >= c_.gpu_memory_threshold_p95) continue;
       Finding f;
       f.worker = data.worker;
       f.observed = gpu_p95;
@@ -604,7 +658,7 @@ absl::StatusOr<std::unique_ptr<Rule>> MakeBatchSize(RuleParams& p) {
   SONDE_ASSIGN_OR_RETURN(c.gpu_memory_threshold_p95,
                          FiniteDouble(p, rule, "gpu_memory_threshold_p95", 70, 0));
   SONDE_ASSIGN_OR_RETURN(c.patience, p.Int("patience", 1000, 0));
-  SONDE_ASSIGN_OR_RETURN(c.window, p.Int("window", 500, 1));
+  SONDE_ASSIGN_OR_RETURN(c.window, ReadWindow(p, rule, 500));
   SONDE_RETURN_IF_ERROR(ReadScanInterval(p));
   return std::unique_ptr<Rule>(new BatchSize(c));
 }
@@ -779,9 +833,9 @@ class OverallSystemUsage : public ProfilerRule {
       std::vector<std::string> parts;
       for (const auto& [name, series] : w) {
         if (series.size() == 0) continue;
-        parts.push_back(absl::StrFormat("%s p50 %.3g%% p95 %.3g%% max %.3g%%", name,
-                                        *series.Quantile(0.5), *series.Quantile(0.95),
-                                        *series.Max()));
+        const std::vector<double> q = series.Quantiles({0.5, 0.95, 1});
+        parts.push_back(
+            absl::StrFormat("%s p50 %.3g%% p95 %.3g%% max %.3g%%", name, q[0], q[1], q[2]));
       }
       if (!parts.empty()) {
         workers.push_back(absl::StrCat("worker ", worker, ": ", absl::StrJoin(parts, ", ")));

@@ -543,5 +543,33 @@ TEST(ProfilerRules, BadParametersNameTheRuleAndTheParameter) {
               StatusIs(absl::StatusCode::kInvalidArgument, "scan_interval_us"));
 }
 
+TEST(ProfilerRules, WindowsAboveTheLimitAreRefused) {
+  auto factory = RuleFactory::WithBuiltins();
+  for (const std::string type : {"LowGPUUtilization", "GPUMemoryIncrease", "BatchSize"}) {
+    SCOPED_TRACE(type);
+    v1::RuleSpec spec;
+    spec.set_rule_type(type);
+    (*spec.mutable_parameters())["window"] = "100001";
+    EXPECT_THAT(factory->Create(spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         type + ": parameter window=100001 is above the limit of 100000"));
+    (*spec.mutable_parameters())["window"] = "100000";
+    EXPECT_TRUE(factory->Create(spec).ok());
+  }
+}
+
+TEST(StepOutlier, StepsOfExactlyEqualDurationHaveNoOutliers) {
+  // The running sums must not make a spread out of rounding.
+  std::vector<std::pair<int32_t, v1::ProfileBatch>> batches;
+  int64_t t = kStart;
+  for (int s = 0; s < 400; ++s) {
+    if (s % 20 == 0) batches.emplace_back(0, v1::ProfileBatch());
+    *batches.back().second.add_events() = StepEvent(s, t, 33333);
+    t += 33333;
+  }
+  EXPECT_EQ(Judge("StepOutlier(n_outliers=0)", batches).result.status(),
+            v1::RULE_STATUS_NO_ISSUES_FOUND);
+}
+
 }  // namespace
 }  // namespace sonde::rules
