@@ -47,6 +47,9 @@ import torch
 from sonde import _sonde
 from sonde import modes as _modes
 from sonde.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig
+from sonde.v1 import profile_pb2
+
+_KIND = profile_pb2.TraceEvent  # KIND_DATA_WAIT, KIND_FORWARD, ...
 
 log = logging.getLogger("sonde")
 
@@ -209,7 +212,6 @@ class Hook:
         self.profiler = profiler or None
         self._forward_start = 0      # micros: the model's forward began
         self._backward_start = 0     # micros: the loss's gradient was computed
-        self._last_gradient = 0      # micros: the latest parameter gradient
         self._dataloader_workers = None  # last framework.dataloader_workers sent
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
         if export_tensorboard:
@@ -372,9 +374,6 @@ class Hook:
         self._handles.append(module.register_forward_pre_hook(self._forward_pre_hook))
         if self._profiling():
             self._handles.append(module.register_forward_hook(self._profile_forward_end))
-            for _, param in module.named_parameters():
-                if param.requires_grad:
-                    self._handles.append(param.register_hook(self._profile_gradient))
             _watch_dataloaders(self)
         self._watched.extend(module.modules())
         for pname, param in module.named_parameters():
@@ -444,7 +443,7 @@ class Hook:
         self._handles = []
         self._unhook_step()
         self._due = False
-        _PROFILED_HOOKS.discard(self)
+        _unwatch_dataloaders(self)
 
     # ---- steps and modes ----------------------------------------------
 
@@ -549,7 +548,7 @@ class Hook:
         try:
             yield
         finally:
-            self._record(5, name, start, _now_micros())  # TraceEvent.KIND_SPAN
+            self._record(_KIND.KIND_SPAN, name, start, _now_micros())
 
     def _record(self, kind, name, start, end):
         h = self._native
@@ -561,16 +560,12 @@ class Hook:
             self._fail("recording a profiler event", e)
 
     def _profile_step_start(self, h):
-        """At a step's start: the previous step's backward, then this
-        step's forward begins."""
-        if self._backward_start and self._last_gradient > self._backward_start:
-            self._record(4, "", self._backward_start, self._last_gradient)  # KIND_BACKWARD
-        self._backward_start = self._last_gradient = 0
+        """At a step's start: this step's forward begins."""
         self._forward_start = _now_micros()
 
     def _profile_forward_end(self, module, inputs, outputs):
         if self._forward_start and self._profiling():
-            self._record(3, "", self._forward_start, _now_micros())  # KIND_FORWARD
+            self._record(_KIND.KIND_FORWARD, "", self._forward_start, _now_micros())
             self._forward_start = 0
 
     def _profile_loss(self, module, inputs, outputs):
@@ -583,19 +578,22 @@ class Hook:
                 break
 
     def _profile_backward_begins(self, grad):
-        if not self._disabled:
+        """Backward has begun: times it until autograd's engine finishes
+        (one callback per backward, instead of a hook on every parameter)."""
+        if self._profiling():
             self._backward_start = _now_micros()
+            torch.autograd.Variable._execution_engine.queue_callback(self._profile_backward_ends)
         return None
 
-    def _profile_gradient(self, grad):
-        if not self._disabled:
-            self._last_gradient = _now_micros()
-        return None
+    def _profile_backward_ends(self):
+        if self._backward_start:
+            self._record(_KIND.KIND_BACKWARD, "", self._backward_start, _now_micros())
+            self._backward_start = 0
 
     def _data_wait(self, start, end, workers):
         if not self._profiling():
             return
-        self._record(2, "", start, end)  # KIND_DATA_WAIT
+        self._record(_KIND.KIND_DATA_WAIT, "", start, end)
         if workers != self._dataloader_workers:
             self._dataloader_workers = workers
             self._native_call("set_profiler_gauge", "framework.dataloader_workers",
@@ -757,9 +755,6 @@ class Hook:
         if os.getpid() != self._pid:
             return  # a forked child: the C++ hook's threads live in the parent only
         self._unhook_all()
-        if self.profiler is not None and self._backward_start and \
-                self._last_gradient > self._backward_start and self._native is not None:
-            self._record(4, "", self._backward_start, self._last_gradient)
         h = self._native
         if h is None:
             return
@@ -850,18 +845,18 @@ def _now_micros():
     return time.time_ns() // 1000
 
 
-# Hooks whose profiler times the DataLoader. torch's DataLoader iterators are
-# patched once, on the first such hook: each __next__ is a data wait.
+# Hooks whose profiler times the DataLoader. While there are any, torch's
+# DataLoader iterators' __next__ is patched: each batch fetched is a data
+# wait. The last such hook to close puts the original back.
 _PROFILED_HOOKS = weakref.WeakSet()
-_DATALOADER_PATCHED = False
+_TIMED_NEXT = None  # the patched __next__, while it is installed
 
 
 def _watch_dataloaders(hook):
-    global _DATALOADER_PATCHED
+    global _TIMED_NEXT
     _PROFILED_HOOKS.add(hook)
-    if _DATALOADER_PATCHED:
+    if _TIMED_NEXT is not None:
         return
-    _DATALOADER_PATCHED = True
     base = torch.utils.data.dataloader._BaseDataLoaderIter
     original = base.__next__
 
@@ -869,17 +864,30 @@ def _watch_dataloaders(hook):
         if not _PROFILED_HOOKS:
             return original(self)
         start = _now_micros()
-        try:
-            return original(self)
-        finally:
-            end = _now_micros()
-            # Worker processes loading batches (0: the training process itself).
-            workers = getattr(self, "_num_workers", 0)
-            for h in list(_PROFILED_HOOKS):
-                h._data_wait(start, end, workers)
+        # The StopIteration that ends an epoch propagates unrecorded: no
+        # batch was waited for.
+        batch = original(self)
+        end = _now_micros()
+        # Worker processes loading batches (0: the training process itself).
+        workers = getattr(self, "_num_workers", 0)
+        for h in list(_PROFILED_HOOKS):
+            h._data_wait(start, end, workers)
+        return batch
 
     timed_next.__wrapped__ = original
     base.__next__ = timed_next
+    _TIMED_NEXT = timed_next
+
+
+def _unwatch_dataloaders(hook):
+    global _TIMED_NEXT
+    _PROFILED_HOOKS.discard(hook)
+    if _PROFILED_HOOKS or _TIMED_NEXT is None:
+        return
+    base = torch.utils.data.dataloader._BaseDataLoaderIter
+    if base.__next__ is _TIMED_NEXT:  # not patched again by someone else since
+        base.__next__ = _TIMED_NEXT.__wrapped__
+    _TIMED_NEXT = None
 
 
 def _close_at_exit(ref):
