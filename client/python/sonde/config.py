@@ -79,7 +79,9 @@ class SaveConfig:
 
 
 class ReductionConfig:
-    """Statistics to save instead of (or with) the values; smdebug's names."""
+    """Statistics to save instead of (or with) the values; smdebug's names.
+    save_shape is accepted for smdebug compatibility and ignored (shapes
+    are always stored)."""
 
     def __init__(self, reductions=None, abs_reductions=None, norms=None, abs_norms=None,
                  save_raw_tensor=False, save_shape=False):
@@ -88,7 +90,8 @@ class ReductionConfig:
         self.norms = list(norms or [])
         self.abs_norms = list(abs_norms or [])
         self.save_raw_tensor = bool(save_raw_tensor)
-        self.save_shape = bool(save_shape)  # shapes are always stored; kept for smdebug code
+        # Accepted for smdebug compatibility and ignored: shapes are always stored.
+        self.save_shape = bool(save_shape)
         for r in self.reductions + self.abs_reductions:
             if r not in _REDUCTIONS:
                 raise ValueError("reduction %r is not one of %s" % (r, ", ".join(_REDUCTIONS)))

@@ -205,13 +205,19 @@ def test_save_scalar_and_save_tensor(collector):
         hook.save_scalar("lr", 0.1 * (i + 1))
         hook.save_tensor("mask", np.array([i, 1, 2], dtype=np.int64), "masks")
         hook.save_tensor("w_copy", model.weight, ["weights_copy"])
+        # A dtype Sonde does not store (uint32) as float64; a Python number.
+        hook.save_tensor("u32", np.array([i, 7], dtype=np.uint32)[::-1], "masks")
+        hook.save_tensor("number", 0.5 * i, "masks")
     hook.close()
     r = Reader(collector.address, "custom")
     assert r.names("scalars") == ["lr"]
-    assert r.names("masks") == ["mask"]
+    assert r.names("masks") == ["mask", "number", "u32"]
     for i in range(3):
         assert float(r.value("lr", i)) == 0.1 * (i + 1)
         assert r.value("mask", i).tolist() == [i, 1, 2]
+        u32 = r.value("u32", i)
+        assert u32.dtype == np.float64 and u32.tolist() == [7.0, float(i)]
+        assert r.value("number", i).tolist() == 0.5 * i
         assert r.value("w_copy", i).tobytes() == model.weight.detach().numpy().tobytes()
 
 

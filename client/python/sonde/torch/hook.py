@@ -66,17 +66,11 @@ _DTYPES = {
     torch.bool: 10,
 }
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_NUMPY_DTYPES = {
-    np.dtype(np.float32): 1,
-    np.dtype(np.float16): 2,
-    np.dtype(np.float64): 4,
-    np.dtype(np.int8): 5,
-    np.dtype(np.int16): 6,
-    np.dtype(np.int32): 7,
-    np.dtype(np.int64): 8,
-    np.dtype(np.uint8): 9,
-    np.dtype(np.bool_): 10,
-}
+# numpy dtypes that torch.from_numpy takes and Sonde saves as they are;
+# others (uint16/32/64, complex, ...) are saved as float64.
+_NUMPY_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float16, np.float64, np.int8,
+                                                  np.int16, np.int32, np.int64, np.uint8,
+                                                  np.bool_))
 
 _BUILTIN_COLLECTIONS = ("weights", "biases", "gradients", "losses", "inputs", "outputs",
                         "scalars", "metrics", "default", "all")
@@ -121,6 +115,19 @@ def _flatten(value):
             out.extend(_flatten(value[k]))
         return out
     return []
+
+
+def _from_numpy(value):
+    """A numpy array or Python number as a CPU tensor sharing its memory
+    where it can."""
+    array = np.asarray(value)
+    if array.dtype not in _NUMPY_DTYPES:
+        array = array.astype(np.float64)
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        # (np.ascontiguousarray would make a 0-d array 1-d; torch.from_numpy
+        # takes no negative strides and warns about read-only arrays.)
+        array = array.copy(order="C")
+    return torch.from_numpy(array)
 
 
 class Hook:
@@ -195,15 +202,16 @@ class Hook:
         self._logged = set()
         self._due = False
         self._mode = _modes.GLOBAL
-        self._handles = []          # permanent: the models' pre-hooks, unhooked models' losses
+        self._handles = []          # permanent: the models' pre-hooks, the profiler's hooks
         self._step_handles = []     # this step's forward and gradient hooks
         self._watched = []          # modules whose forward hooks a saving step adds
         self._gradients = []        # (name, param) whose gradient hooks a saving step adds
         self._module_names = {}     # id(module) -> smdebug name
         self._module_collections = {}  # id(module) -> [(collection, inputs, outputs)]
+        self._hooked_modules = []   # what a saving step hooks (see _step_modules)
+        self._modules_key = None    # what _hooked_modules was computed from
         self._tops = set()          # ids of registered top-level modules
         self._losses = []           # registered loss modules
-        self._loss_handle_ids = set()
         if profiler is True:
             profiler = ProfilerConfig()
         if profiler is not None and profiler is not False and \
@@ -379,11 +387,6 @@ class Hook:
         for pname, param in module.named_parameters():
             if param.requires_grad:
                 self._gradients.append(("gradient/%s_%s" % (top, pname), param))
-        if len(self._tops) == 1 and self._losses:
-            # Losses registered before the first model were hooked for good.
-            self._watched.extend(self._losses)
-            for handle in self._loss_handles():
-                handle.remove()
 
     register_hook = register_module  # the name in smdebug's older notebooks
 
@@ -396,34 +399,38 @@ class Hook:
         self._losses.append(loss_module)
         if self._profiling():
             self._handles.append(loss_module.register_forward_hook(self._profile_loss))
-        if self._tops:
-            self._watched.append(loss_module)  # hooked by saving steps, as the model's modules
-        else:
-            # No model starts steps yet: the loss is hooked for good.
-            handle = loss_module.register_forward_hook(self._forward_hook)
-            self._loss_handle_ids.add(id(handle))
-            self._handles.append(handle)
+        # Hooked by saving steps, as the model's modules. Only a registered
+        # model's forward starts a step, so a loss saves nothing before one.
+        self._watched.append(loss_module)
 
-    def _loss_handles(self):
-        losses = [h for h in self._handles if id(h) in self._loss_handle_ids]
-        self._handles = [h for h in self._handles if id(h) not in self._loss_handle_ids]
-        self._loss_handle_ids = set()
-        return losses
-
-    def _hook_step(self):
-        """Adds this saving step's forward and gradient hooks."""
-        seen = set()
+    def _step_modules(self):
+        """The modules a saving step hooks, once each, with the collections
+        that name modules (_module_collections); recomputed only when
+        register_module/register_loss or a collection's add_module_tensors
+        has changed them."""
+        key = (len(self._watched), len(self._collections),
+               sum(len(c.modules) for c in self._collections.values()))
+        if key == self._modules_key:
+            return self._hooked_modules
         modules = list(self._watched)
         self._module_collections = {}
         for c in self._collections.values():
             for (m, inputs, outputs) in c.modules:
                 modules.append(m)
                 self._module_collections.setdefault(id(m), []).append((c.name, inputs, outputs))
+        seen = set()
+        self._hooked_modules = []
         for m in modules:
-            if id(m) in seen:
-                continue
-            seen.add(id(m))
-            self._module_names.setdefault(id(m), m._get_name())
+            if id(m) not in seen:
+                seen.add(id(m))
+                self._module_names.setdefault(id(m), m._get_name())
+                self._hooked_modules.append(m)
+        self._modules_key = key
+        return self._hooked_modules
+
+    def _hook_step(self):
+        """Adds this saving step's forward and gradient hooks."""
+        for m in self._step_modules():
             self._step_handles.append(m.register_forward_hook(self._forward_hook))
         if self._mode not in (_modes.EVAL, _modes.PREDICT):
             for name, param in self._gradients:
@@ -653,21 +660,13 @@ class Hook:
         try:
             for c in collections_to_write:
                 h.include_collection(c)
-            items, keep = [], []
             if isinstance(tensor_value, torch.Tensor):
-                self._collect(items, keep, tensor_name, tensor_value.detach(),
-                              list(collections_to_write))
-                self._save_items(items)
-                return
-            array = np.ascontiguousarray(np.asarray(tensor_value))
-            dtype = _NUMPY_DTYPES.get(array.dtype)
-            if dtype is None:
-                array = array.astype(np.float64)
-                dtype = 4
-            err = h.save(tensor_name, array.ctypes.data, dtype, list(array.shape),
-                         list(collections_to_write), 0, 0, 0)
-            if err is not None:
-                self._refused(err, tensor_name)
+                tensor = tensor_value.detach()
+            else:
+                tensor = _from_numpy(tensor_value)
+            items, keep = [], []
+            self._collect(items, keep, tensor_name, tensor, list(collections_to_write))
+            self._save_items(items)
         except SondeError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -675,7 +674,9 @@ class Hook:
 
     def save_scalar(self, name, value, sm_metric=False, timestamp=None):
         """Saves a scalar in the "scalars" collection at the current step.
-        A CUDA tensor is measured on the device (no .item() sync)."""
+        A CUDA tensor is measured on the device (no .item() sync).
+        sm_metric and timestamp are accepted for smdebug compatibility and
+        ignored (the collector stamps the step's time)."""
         h = self._hook()
         if h is None:
             return
