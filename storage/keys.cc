@@ -1,5 +1,6 @@
 #include "storage/keys.h"
 
+#include "common/status_macros.h"
 #include "common/utf8.h"
 
 #include "absl/strings/str_cat.h"
@@ -177,21 +178,13 @@ std::string EventKey(uint64_t job_id, int32_t worker, uint8_t kind, absl::string
 
 absl::StatusOr<EventKeyParts> DecodeEventKey(absl::string_view key) {
   EventKeyParts e;
-  auto worker = ConsumeI32(key);
-  if (!worker.ok()) return worker.status();
-  e.worker = *worker;
+  SONDE_ASSIGN_OR_RETURN(e.worker, ConsumeI32(key));
   if (key.empty()) return absl::DataLossError("event key truncated: no kind");
   e.kind = static_cast<uint8_t>(key[0]);
   key.remove_prefix(1);
-  auto name = ConsumeName(key);
-  if (!name.ok()) return name.status();
-  e.name = *std::move(name);
-  auto start = ConsumeI64(key);
-  if (!start.ok()) return start.status();
-  e.start_micros = *start;
-  auto end = ConsumeI64(key);
-  if (!end.ok()) return end.status();
-  e.end_micros = *end;
+  SONDE_ASSIGN_OR_RETURN(e.name, ConsumeName(key));
+  SONDE_ASSIGN_OR_RETURN(e.start_micros, ConsumeI64(key));
+  SONDE_ASSIGN_OR_RETURN(e.end_micros, ConsumeI64(key));
   if (!key.empty()) return absl::DataLossError("event key has trailing bytes");
   return e;
 }

@@ -357,12 +357,21 @@ TEST(StoreProfile, EventsOfOneNameAndStartButDifferentEndsAreBothKept) {
   EXPECT_EQ((*events)[1].event().end_unix_micros(), 170);
 }
 
+// A store with Profile(t0, count, 1.0) of workers 0 and 1 in job `job_id`.
+std::unique_ptr<Store> StoreWithTwoWorkers(const TempDir& dir, uint64_t job_id, int64_t t0,
+                                           int count) {
+  auto store = OpenStore(dir.Sub("db"));
+  for (int32_t worker : {0, 1}) {
+    EXPECT_THAT(store->WriteProfile(job_id, worker, Profile(t0, count, 1.0)),
+                ::sonde::testing::IsOk());
+  }
+  return store;
+}
+
 TEST(StoreProfile, NarrowEventReadsMatchTheFilteredFullScan) {
   TempDir dir;
-  auto store = OpenStore(dir.Sub("db"));
   const int64_t t0 = 1700000000000000;
-  ASSERT_THAT(store->WriteProfile(3, 0, Profile(t0, 6, 1.0)), ::sonde::testing::IsOk());
-  ASSERT_THAT(store->WriteProfile(3, 1, Profile(t0, 6, 1.0)), ::sonde::testing::IsOk());
+  auto store = StoreWithTwoWorkers(dir, 3, t0, 6);
   auto all = store->ReadEvents(3, v1::TraceEvent::KIND_UNSPECIFIED, "", -1, 0, 0);
   ASSERT_THAT(all, ::sonde::testing::IsOk());
   ASSERT_EQ(all->size(), 24u);
@@ -397,10 +406,7 @@ TEST(StoreProfile, NarrowEventReadsMatchTheFilteredFullScan) {
 
 TEST(StoreProfile, ReadsStopAtTheirLimitAndSayTheyWereTruncated) {
   TempDir dir;
-  auto store = OpenStore(dir.Sub("db"));
-  const int64_t t0 = 1700000000000000;
-  ASSERT_THAT(store->WriteProfile(5, 0, Profile(t0, 4, 1.0)), ::sonde::testing::IsOk());
-  ASSERT_THAT(store->WriteProfile(5, 1, Profile(t0, 4, 1.0)), ::sonde::testing::IsOk());
+  auto store = StoreWithTwoWorkers(dir, 5, 1700000000000000, 4);
   bool truncated = true;
   // 2 workers x 3 metrics x 4 points = 24.
   auto exact = store->ReadMetrics(5, {}, nullptr, -1, 0, 0, 24, &truncated);

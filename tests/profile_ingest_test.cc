@@ -133,12 +133,21 @@ void ExpectStored(Query& q, const std::string& job, int batches) {
   EXPECT_EQ(q.Events(job, v1::TraceEvent::KIND_DATA_WAIT).events_size(), batches);
 }
 
+// A hook of `job` that ran RunSteps(steps) and had every batch acknowledged.
+std::unique_ptr<Hook> RunAndFlush(InProcessCollector& collector, const std::string& job,
+                                  int steps) {
+  auto hook = Hook::Create(Options(collector.address(), job));
+  EXPECT_TRUE(hook.ok()) << hook.status();
+  if (!hook.ok()) return nullptr;
+  RunSteps(**hook, steps);
+  EXPECT_TRUE((*hook)->Flush(absl::Seconds(30)).ok());
+  return std::move(*hook);
+}
+
 TEST(ProfileIngest, ReadsOverTheirLimitReturnTheFirstPointsAndSayTruncated) {
   InProcessCollector collector;
-  auto hook = Hook::Create(Options(collector.address(), "limited"));
-  SONDE_ASSERT_OK(hook);
-  RunSteps(**hook, 3);
-  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(30)));
+  std::unique_ptr<Hook> hook = RunAndFlush(collector, "limited", 3);
+  ASSERT_NE(hook, nullptr);
   Query q(collector.address());
   // The default limits are far above what 3 steps send.
   v1::ReadMetricsResponse all = q.Metrics("limited", {"cpu.util"});
@@ -159,15 +168,13 @@ TEST(ProfileIngest, ReadsOverTheirLimitReturnTheFirstPointsAndSayTruncated) {
   EXPECT_TRUE(two.truncated());
   ASSERT_EQ(two.events_size(), 2);
   EXPECT_EQ(two.events(1).SerializeAsString(), spans.events(1).SerializeAsString());
-  SONDE_ASSERT_OK((*hook)->Close());
+  SONDE_ASSERT_OK(hook->Close());
 }
 
 TEST(ProfileIngest, ARegexThatDoesNotCompileIsInvalidArgumentNamingIt) {
   InProcessCollector collector;
-  auto hook = Hook::Create(Options(collector.address(), "regex"));
-  SONDE_ASSERT_OK(hook);
-  RunSteps(**hook, 1);
-  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(30)));
+  std::unique_ptr<Hook> hook = RunAndFlush(collector, "regex", 1);
+  ASSERT_NE(hook, nullptr);
   Query q(collector.address());
   grpc::ClientContext ctx;
   v1::ReadMetricsRequest req;
@@ -183,7 +190,7 @@ TEST(ProfileIngest, ARegexThatDoesNotCompileIsInvalidArgumentNamingIt) {
   ASSERT_TRUE(q.stub->ReadMetrics(&ok_ctx, req, &resp).ok());
   ASSERT_EQ(resp.series_size(), 1);
   EXPECT_EQ(resp.series(0).name(), "cpu.util");
-  SONDE_ASSERT_OK((*hook)->Close());
+  SONDE_ASSERT_OK(hook->Close());
 }
 
 TEST(ProfileIngest, BatchesBetweenAndWithinStepsAreStoredAndReadBackByNameAndTime) {
