@@ -195,6 +195,25 @@ def test_save_config_per_mode_and_collection(collector):
     assert r.names("losses") == ["MSELoss_output_0"]
 
 
+def test_a_registered_loss_is_a_loss_whatever_its_class_is_called(collector):
+    class Criterion(nn.Module):
+        def forward(self, out, target):
+            return ((out - target) ** 2).mean()
+
+    model = nn.Linear(2, 1)
+    criterion = Criterion()
+    hook = smd.Hook(collector=collector.address, job="criterion", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    hook.register_loss(criterion)
+    for _ in range(2):
+        criterion(model(torch.ones(3, 2)), torch.zeros(3, 1)).backward()
+    hook.close()
+    r = Reader(collector.address, "criterion")
+    assert r.names("losses") == ["Criterion_output_0"]
+    assert [s[0] for s in r.steps()] == [0, 1]
+
+
 def test_save_scalar_and_save_tensor(collector):
     model = nn.Linear(2, 1)
     hook = smd.Hook(collector=collector.address, job="custom", strict=True,

@@ -391,8 +391,9 @@ class Hook:
     register_hook = register_module  # the name in smdebug's older notebooks
 
     def register_loss(self, loss_module):
-        """Saves a loss module's output as `<Loss>_output_0` (collection
-        "losses") and its inputs as `<Loss>_input_<i>`."""
+        """Saves a loss module's output as `<Loss>_output_0` in the collection
+        "losses" (whatever the module's class is called) and its inputs as
+        `<Loss>_input_<i>`."""
         if not isinstance(loss_module, torch.nn.Module):
             raise TypeError("register_loss needs a torch.nn.Module, not %s" % type(loss_module))
         self._module_names[id(loss_module)] = loss_module._get_name()
@@ -418,6 +419,10 @@ class Hook:
             for (m, inputs, outputs) in c.modules:
                 modules.append(m)
                 self._module_collections.setdefault(id(m), []).append((c.name, inputs, outputs))
+        for m in self._losses:
+            # A registered loss's outputs are losses whatever its class is
+            # called (the "losses" regex only knows names with "Loss").
+            self._module_collections.setdefault(id(m), []).append(("losses", False, True))
         seen = set()
         self._hooked_modules = []
         for m in modules:
