@@ -28,13 +28,8 @@ earliest saved step, and the exit code is 0 when that is what happened.
 
 import argparse
 import collections
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 import torch
@@ -43,6 +38,7 @@ from sklearn.datasets import load_digits
 
 import sonde.torch as smd
 from sonde import modes
+from sonde.testing import Collector
 
 # The rules this example asks for, in the collector's --rules syntax. The
 # three that catch a broken configuration stop training. Two only report:
@@ -144,54 +140,6 @@ def load_data(seed, test_fraction=0.2):
     mean, std = x[train].mean(0), x[train].std(0).clamp(min=1.0)  # pixels are 0..16
     x = (x - mean) / std
     return (x[train], y[train]), (x[test], y[test])
-
-
-class LocalCollector:
-    """A sonde-collector process on a free loopback port and a temporary
-    data directory (what --embedded starts). The address is the first line
-    the collector prints."""
-
-    def __init__(self, binary, rules=""):
-        self.data_dir = tempfile.mkdtemp(prefix="sonde-collector-")
-        self._log = open(os.path.join(self.data_dir, "collector.log"), "w")
-        self.proc = subprocess.Popen(
-            [binary, "--listen=127.0.0.1:0", "--data_dir=" + os.path.join(self.data_dir, "db"),
-             "--rules=" + rules], stdout=subprocess.PIPE, stderr=self._log, text=True)
-        line = self.proc.stdout.readline().strip()
-        if not line:
-            self.proc.wait()
-            raise RuntimeError("%s did not start; see %s" % (binary, self._log.name))
-        self.address = line.split()[-1]
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
-        self._log.close()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-
-def find_collector_binary():
-    """$SONDE_COLLECTOR_BINARY, the runfiles' collector, or bazel-bin's."""
-    candidates = [os.environ.get("SONDE_COLLECTOR_BINARY")]
-    for root in (os.environ.get("SONDE_RUNFILES"), os.environ.get("RUNFILES_DIR")):
-        if root:
-            candidates.append(os.path.join(root, "server/sonde-collector"))
-            candidates.append(os.path.join(root, "sonde/server/sonde-collector"))
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates.append(os.path.join(here, "..", "bazel-bin", "server", "sonde-collector"))
-    for path in candidates:
-        if path and os.access(path, os.X_OK):
-            return path
-    raise FileNotFoundError("no sonde-collector binary: build //server:sonde-collector or set "
-                            "SONDE_COLLECTOR_BINARY")
 
 
 def make_hook(collector, job, save_interval, rules=RULES):
@@ -384,7 +332,7 @@ def main(argv=None):
     options = dict(epochs=args.epochs, save_interval=args.save_interval, seed=args.seed,
                    rules=args.rules)
     if args.embedded:
-        with LocalCollector(find_collector_binary()) as collector:
+        with Collector() as collector:
             print("collector on %s" % collector.address)
             summary = run(collector.address, job, args.config, **options)
     else:

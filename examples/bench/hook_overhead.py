@@ -58,6 +58,7 @@ import torch.nn as nn
 
 import pytorch_digits
 import sonde.torch as smd
+from sonde.testing import Collector, find_collector_binary
 
 SAVE_INTERVALS = (1, 10, 100)
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
@@ -142,7 +143,7 @@ class Trainer:
 def measure_pair(model_name, save_interval, windows, collector_binary):
     """([Window, one per timed window], seconds close() took)."""
     steps = MODELS[model_name][1] if save_interval == 1 else WINDOW
-    with pytorch_digits.LocalCollector(collector_binary) as collector:
+    with Collector(binary=collector_binary) as collector:
         base = Trainer(model_name)
         hooked = Trainer(model_name, save_interval or None, collector.address,
                          "bench-%s-%d" % (model_name, save_interval))
@@ -188,7 +189,7 @@ def report(results, out=sys.stdout):
 
 def profile(model_name, save_interval, collector_binary, windows, top=25):
     """Runs one hooked copy under cProfile and prints the costliest calls."""
-    with pytorch_digits.LocalCollector(collector_binary) as collector:
+    with Collector(binary=collector_binary) as collector:
         trainer = Trainer(model_name, save_interval, collector.address,
                           "bench-profile-%s-%d" % (model_name, save_interval))
         for _ in range(WINDOW):
@@ -221,7 +222,7 @@ def main(argv=None):
     for m in models:
         if m not in MODELS:
             p.error("unknown model %r" % m)
-    collector_binary = args.collector_binary or pytorch_digits.find_collector_binary()
+    collector_binary = args.collector_binary or find_collector_binary()
     torch.set_num_threads(args.threads)
     print("torch %s on %d thread(s); sonde extension %s; collector %s" % (
         torch.__version__, torch.get_num_threads(), sys.modules["sonde._sonde"].__file__,

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 import pytorch_digits
 import sonde.torch as smd
+from sonde.testing import Collector, find_collector_binary
 
 WINDOW = 50
 
@@ -51,8 +52,8 @@ def main(argv):
     p.add_argument("--collector_binary", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    binary = args.collector_binary or pytorch_digits.find_collector_binary()
-    with pytorch_digits.LocalCollector(binary) as collector:
+    binary = args.collector_binary or find_collector_binary()
+    with Collector(binary=binary) as collector:
         copies = {name: make(collector.address, ms)
                   for name, ms in (("none", 0), ("500ms", 500), ("100ms", 100))}
         x = torch.randn(32, 1, 8, 8)
