@@ -5,9 +5,9 @@
 #include <string>
 #include <utility>
 
-#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "glog/logging.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
 #include "rules/params.h"
@@ -227,12 +227,7 @@ void RegisterBuiltinRules(RuleFactory& factory) {
     absl::Status s = factory.Register(std::move(info), std::move(maker));
     // Profiler rule names are meant to be distinct from the others; if one
     // ever is not, say so rather than leave the rule silently missing.
-    // (Abseil's raw log: this library has no glog dependency, and its BUILD
-    // belongs to the rules owners.)
-    if (!s.ok()) {
-      ABSL_RAW_LOG(ERROR, "profiler rule %s not registered: %s", type.c_str(),
-                   s.ToString().c_str());
-    }
+    if (!s.ok()) LOG(ERROR) << "profiler rule " << type << " not registered: " << s;
   }
 }
 
