@@ -282,7 +282,7 @@ def test_create_from_json_file_refuses_what_to_save_from_python(collector, tmp_p
     hook.get_collection("relu").include("relu")
     model = nn.Linear(2, 1)
     hook.register_module(model)
-    with pytest.raises(ValueError, match="relu"):
+    with pytest.raises(smd.SondeError, match="relu"):  # strict: found in training, raised
         model(torch.ones(1, 2))
     hook.close()
 
@@ -728,3 +728,20 @@ def test_a_forked_child_leaves_the_parents_hook_alone(collector, monkeypatch):
     assert list(jobs[0].workers) == [0] and len(jobs[0].worker_client_id) == 1
     assert [s[0] for s in r.steps()] == [0, 1]
     assert "child_scalar" not in r.names()
+
+
+def test_a_collection_customised_beside_a_config_file_is_contained(collector, tmp_path, caplog):
+    path = tmp_path / "hook.json"
+    path.write_text(json.dumps({"HookParameters": {"collector": collector.address,
+                                                   "job": "json-and-python"}}))
+    model = nn.Linear(2, 1)
+    hook = smd.Hook.create_from_json_file(str(path))
+    hook.get_collection("weights").save_config = smd.SaveConfig(save_interval=1)
+    hook.register_module(model)
+    with caplog.at_level(logging.ERROR, logger="sonde"):
+        for _ in range(3):
+            model(torch.ones(1, 2))  # training goes on
+    assert hook.disabled
+    assert any("CollectionConfigurations" in r.getMessage() for r in caplog.records)
+    hook.close()
+

@@ -309,14 +309,17 @@ class Hook:
         """The native hook, created at the first step (so collections can be
         changed until then); None once disabled."""
         if self._native is None and not self._disabled and not self._closed:
-            if self._options.get("config_file"):
-                customised = sorted(n for n, c in self._collections.items() if c._customized())
-                if customised:
-                    raise ValueError(
-                        "collection(s) %s were customised, but this hook reads what to save from "
-                        "%s; put them in its CollectionConfigurations"
-                        % (", ".join(customised), self._options["config_file"]))
             try:
+                if self._options.get("config_file"):
+                    customised = sorted(n for n, c in self._collections.items()
+                                        if c._customized())
+                    if customised:
+                        # Known only now, in training: contained like any
+                        # failure (strict raises).
+                        raise ValueError(
+                            "collection(s) %s were customised, but this hook reads what to save "
+                            "from %s; put them in its CollectionConfigurations"
+                            % (", ".join(customised), self._options["config_file"]))
                 self._native = _sonde.Hook.create(self._options_json())
                 _NATIVES.add(self._native)
                 for c in self._collections.values():
