@@ -22,6 +22,10 @@ absl::Status HookProfiler::ValidateOptions(const ProfilerOptions& options) {
         absl::ToInt64Milliseconds(profiler::SystemSampler::kMinInterval), "ms..",
         absl::ToInt64Seconds(profiler::SystemSampler::kMaxInterval), "s"));
   }
+  if (options.nvml_library.empty()) {
+    return absl::InvalidArgumentError(
+        "profiler nvml_library is empty (the default is \"libnvidia-ml.so.1\")");
+  }
   return absl::OkStatus();
 }
 
@@ -32,6 +36,7 @@ absl::StatusOr<std::unique_ptr<HookProfiler>> HookProfiler::Start(const Profiler
   std::unique_ptr<HookProfiler> p(new HookProfiler(options, std::move(sink)));
   profiler::SystemSamplerOptions so;
   so.interval = options.interval;
+  so.collection.nvml_library = options.nvml_library;
   if (!options.system) {
     // The sampler still keeps the cadence batches are sent on.
     profiler::SystemMetricGroups& g = so.collection.groups;

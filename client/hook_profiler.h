@@ -39,13 +39,19 @@ struct ProfilerOptions {
   // Framework events: steps (recorded by the hook itself), initialisation,
   // and what callers record (data waits, forward/backward, spans).
   bool framework = true;
+  // The NVML library the system sampler dlopens for gpu.* metrics (a soname
+  // or a path). Default "libnvidia-ml.so.1", the driver's; give a path where
+  // NVML is installed elsewhere. Tests point it at a fake
+  // (client/profiler/fake_nvml.h). Must not be empty. A library that cannot
+  // be loaded means no gpu.* metric, as on a machine without a GPU.
+  std::string nvml_library = "libnvidia-ml.so.1";
 };
 
 class HookProfiler {
  public:
   using Sink = std::function<void(v1::ProfileBatch)>;
 
-  // Interval limits (the system sampler's).
+  // Interval limits (the system sampler's); a non-empty nvml_library.
   static absl::Status ValidateOptions(const ProfilerOptions& options);
 
   // Starts the sampler. InvalidArgument for an interval out of range.

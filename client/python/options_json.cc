@@ -228,11 +228,17 @@ absl::StatusOr<PythonHookOptions> ParsePythonHookOptions(absl::string_view text)
   if (o.contains("profiler") && !o["profiler"].is_null()) {
     const json& p = o["profiler"];
     SONDE_RETURN_IF_ERROR(
-        CheckKeys(p, {"enabled", "interval_seconds", "system", "framework"}, "profiler"));
+        CheckKeys(p, {"enabled", "interval_seconds", "system", "framework", "nvml_library"},
+                  "profiler"));
     SONDE_RETURN_IF_ERROR(GetBool(p, "enabled", &h.profiler.enabled));
     SONDE_RETURN_IF_ERROR(GetSeconds(p, "interval_seconds", &h.profiler.interval));
     SONDE_RETURN_IF_ERROR(GetBool(p, "system", &h.profiler.system));
     SONDE_RETURN_IF_ERROR(GetBool(p, "framework", &h.profiler.framework));
+    SONDE_RETURN_IF_ERROR(GetString(p, "nvml_library", &h.profiler.nvml_library));
+    if (h.profiler.nvml_library.empty()) {
+      return absl::InvalidArgumentError(
+          "'nvml_library' must not be empty (leave it out for libnvidia-ml.so.1)");
+    }
   }
   if (o.contains("config") && !o["config"].is_null()) {
     if (!out.config_file.empty()) {
