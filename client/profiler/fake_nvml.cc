@@ -1,6 +1,7 @@
 // The fake NVML described in fake_nvml.h: the symbols nvml.cc resolves, with
-// NVML's C signatures, over two fixed GPUs.
+// NVML's C signatures, over two GPUs whose readings tests may set.
 #include <atomic>
+#include <mutex>
 
 #include "client/profiler/fake_nvml.h"
 #include "client/profiler/nvml_abi.h"
@@ -18,6 +19,10 @@ FakeDevice devices[fake::kGpus] = {{0}, {1}};
 
 std::atomic<int> live_inits{0};
 std::atomic<int> failures[fake::kGpus][4] = {};
+// The current readings: kReadings until a test sets others. The sampler
+// reads them on its thread while a test's loop sets them on another.
+std::mutex readings_mu;
+fake::FakeGpu readings[fake::kGpus] = {fake::kReadings[0], fake::kReadings[1]};
 
 // nullptr for a handle this library did not give out.
 const FakeDevice* Find(abi::Device device) {
@@ -28,13 +33,14 @@ const FakeDevice* Find(abi::Device device) {
   return nullptr;
 }
 
-// kSuccess and the GPU's readings, or the error a test asked for.
-abi::Return Check(abi::Device device, fake::Field field, const fake::FakeGpu** gpu) {
+// kSuccess and a copy of the GPU's readings, or the error a test asked for.
+abi::Return Check(abi::Device device, fake::Field field, fake::FakeGpu* gpu) {
   if (live_inits.load() <= 0) return abi::kUninitialized;
   const FakeDevice* d = Find(device);
   if (d == nullptr) return abi::kInvalidArgument;
   if (const int rc = failures[d->index][field].load(); rc != abi::kSuccess) return rc;
-  *gpu = &fake::kReadings[d->index];
+  std::lock_guard<std::mutex> lock(readings_mu);
+  *gpu = readings[d->index];
   return abi::kSuccess;
 }
 
@@ -77,34 +83,34 @@ abi::Return nvmlDeviceGetHandleByIndex_v2(unsigned int index, abi::Device* devic
 }
 
 abi::Return nvmlDeviceGetUtilizationRates(abi::Device device, abi::Utilization* out) {
-  const fake::FakeGpu* gpu = nullptr;
+  fake::FakeGpu gpu{};
   if (abi::Return rc = Check(device, fake::kUtil, &gpu); rc != abi::kSuccess) return rc;
-  out->gpu = gpu->util_percent;
-  out->memory = gpu->memory_util_percent;
+  out->gpu = gpu.util_percent;
+  out->memory = gpu.memory_util_percent;
   return abi::kSuccess;
 }
 
 abi::Return nvmlDeviceGetMemoryInfo(abi::Device device, abi::Memory* out) {
-  const fake::FakeGpu* gpu = nullptr;
+  fake::FakeGpu gpu{};
   if (abi::Return rc = Check(device, fake::kMemory, &gpu); rc != abi::kSuccess) return rc;
-  out->total = gpu->memory_total_bytes;
-  out->used = gpu->memory_used_bytes;
-  out->free = gpu->memory_total_bytes - gpu->memory_used_bytes;
+  out->total = gpu.memory_total_bytes;
+  out->used = gpu.memory_used_bytes;
+  out->free = gpu.memory_total_bytes - gpu.memory_used_bytes;
   return abi::kSuccess;
 }
 
 abi::Return nvmlDeviceGetTemperature(abi::Device device, int sensor, unsigned int* celsius) {
-  const fake::FakeGpu* gpu = nullptr;
+  fake::FakeGpu gpu{};
   if (abi::Return rc = Check(device, fake::kTemperature, &gpu); rc != abi::kSuccess) return rc;
   if (sensor != abi::kTemperatureGpu) return abi::kInvalidArgument;
-  *celsius = gpu->temperature_c;
+  *celsius = gpu.temperature_c;
   return abi::kSuccess;
 }
 
 abi::Return nvmlDeviceGetPowerUsage(abi::Device device, unsigned int* milliwatts) {
-  const fake::FakeGpu* gpu = nullptr;
+  fake::FakeGpu gpu{};
   if (abi::Return rc = Check(device, fake::kPower, &gpu); rc != abi::kSuccess) return rc;
-  *milliwatts = gpu->power_mw;
+  *milliwatts = gpu.power_mw;
   return abi::kSuccess;
 }
 
@@ -114,5 +120,27 @@ void sonde_fake_nvml_fail_field(int gpu, int field, int nvml_return) {
 }
 
 int sonde_fake_nvml_live_inits() { return live_inits.load(); }
+
+int sonde_fake_nvml_set_reading(int gpu, unsigned int util_percent,
+                                unsigned int memory_util_percent,
+                                unsigned long long memory_used_bytes,
+                                unsigned long long memory_total_bytes) {
+  if (gpu < 0 || gpu >= fake::kGpus || util_percent > 100 || memory_util_percent > 100 ||
+      memory_used_bytes > memory_total_bytes) {
+    return -1;
+  }
+  std::lock_guard<std::mutex> lock(readings_mu);
+  fake::FakeGpu& g = readings[gpu];
+  g.util_percent = util_percent;
+  g.memory_util_percent = memory_util_percent;
+  g.memory_used_bytes = memory_used_bytes;
+  g.memory_total_bytes = memory_total_bytes;
+  return 0;
+}
+
+void sonde_fake_nvml_reset_readings() {
+  std::lock_guard<std::mutex> lock(readings_mu);
+  for (int gpu = 0; gpu < fake::kGpus; ++gpu) readings[gpu] = fake::kReadings[gpu];
+}
 
 }  // extern "C"
