@@ -91,6 +91,13 @@ class Rule {
     return std::optional<Finding>();
   }
 
+  // Most rules end at their first issue. One that answers true keeps being
+  // fed after it (profiler rules: a bottleneck can come and go), and each
+  // later evaluation that finds an issue counts in
+  // RuleResult.times_triggered and replaces the verdict's details. Actions
+  // are taken at the first issue only.
+  virtual bool KeepsJudgingAfterIssue() const { return false; }
+
   // A line that summarises what the rule saw, for a verdict without issues
   // (e.g. OverallSystemUsage's percentiles). Empty: the runner's wording.
   virtual std::string Summary() const { return ""; }

@@ -18,6 +18,9 @@ namespace {
 // InProgress results are republished this often (in evaluated steps), so
 // readers see progress without a write per step per rule.
 constexpr int64_t kProgressEvery = 50;
+// A rule that keeps judging after an issue republishes its verdict at most
+// this often.
+constexpr absl::Duration kRepublishEvery = absl::Seconds(1);
 
 // Operators' view of every runner in the process (metrics::Registry::Default()).
 struct RuleMetrics {
@@ -226,7 +229,10 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
                           const ProfileData* profile) {
   Instance& inst = *instances_[index];
   v1::RuleResult& r = inst.result;
-  if (IsFinal(r.status())) return;
+  // A rule that keeps judging after its first issue stays IssuesFound.
+  const bool rejudging =
+      r.status() == v1::RULE_STATUS_ISSUES_FOUND && inst.rule->KeepsJudgingAfterIssue();
+  if (IsFinal(r.status()) && !rejudging) return;
   if (step != nullptr && step->step <= inst.cursor) {
     // Evaluated before a restart: rebuild the rule's state only.
     inst.rule->OnStep(*step).IgnoreError();
@@ -269,8 +275,36 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     Publish(index, {});
     return;
   }
+  const bool job_end = step == nullptr && profile == nullptr && !tick.has_value();
+  if (rejudging) {
+    if (outcome->has_value()) {
+      const Finding& f = **outcome;
+      r.set_times_triggered(r.times_triggered() + 1);
+      r.set_message(f.message);
+      if (!f.suggestion.empty()) r.set_suggestion(f.suggestion);
+      r.set_worker(f.worker);
+      if (f.step.has_value()) r.set_step(*f.step);
+      r.set_observed(f.observed);
+      r.set_threshold(f.threshold);
+      r.clear_tensors();
+      for (const auto& t : f.tensors) r.add_tensors(t);
+    }
+    // The first issue's actions were taken; later ones only update the
+    // verdict. Results() sees every update; the sink (the store, watchers)
+    // at most once a second and at the end, so a rule that triggers at
+    // every batch does not write at every batch.
+    if (job_end || absl::Now() - absl::FromUnixMicros(r.updated_unix_micros()) >=
+                       kRepublishEvery) {
+      Publish(index, {});
+    } else {
+      absl::MutexLock lock(&mu_);
+      snapshot_[index] = r;
+    }
+    return;
+  }
   if (outcome->has_value()) {
     const Finding& f = **outcome;
+    r.set_times_triggered(r.times_triggered() + 1);
     r.set_status(v1::RULE_STATUS_ISSUES_FOUND);
     r.set_message(f.message);
     if (step != nullptr && !step->missing_workers.empty()) {

@@ -301,6 +301,12 @@ class HotCpuRule : public Rule {
   }
 };
 
+// HotCpuRule that keeps judging after its first issue, as profiler rules do.
+class StillHotCpuRule : public HotCpuRule {
+ public:
+  bool KeepsJudgingAfterIssue() const override { return true; }
+};
+
 v1::ProfileBatch CpuBatch(double util) {
   v1::ProfileBatch b;
   v1::MetricSnapshot* s = b.add_snapshots();
@@ -343,6 +349,59 @@ TEST(RuleRunner, ProfilerDataReachesOnlyRulesThatWantItAndTheirVerdictsActAsAnyR
   ASSERT_EQ(sink.actions.size(), 1u);
   EXPECT_EQ(sink.actions[0].type(), v1::ACTION_STOP_TRAINING);
   EXPECT_EQ(sink.actions[0].rule(), "HotCpu");
+}
+
+TEST(RuleRunner, ARuleThatKeepsJudgingCountsEveryTriggerAndActsOnce) {
+  RuleFactory factory;
+  SONDE_ASSERT_OK(factory.Register({"StillHotCpu", "cpu over 90", {}, {}, "", "test"},
+                                   [](RuleParams&) -> absl::StatusOr<std::unique_ptr<Rule>> {
+                                     return std::make_unique<StillHotCpuRule>();
+                                   }));
+  ThreadPool pool(2, 16);
+  RecordingSink sink;
+  v1::RuleSpec hot = Spec("StillHotCpu");
+  hot.add_actions("StopTraining");
+  hot.add_actions("Log");
+  auto runner = RuleRunner::Create("job", {hot}, {}, factory, &pool, &sink);
+  SONDE_ASSERT_OK(runner);
+  for (double util : {50.0, 95.0, 40.0, 97.0, 99.0, 30.0}) {
+    (*runner)->SubmitProfile(0, CpuBatch(util));
+  }
+  (*runner)->Drain();
+  v1::RuleResult live = (*runner)->Results()[0];
+  EXPECT_EQ(live.status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(live.times_triggered(), 3);
+  EXPECT_EQ(live.observed(), 99);  // the latest issue's details
+  EXPECT_EQ(live.datapoints(), 6);
+  (*runner)->SubmitProfile(1, CpuBatch(91));
+  (*runner)->SubmitJobEnd(std::nullopt);
+  (*runner)->Drain();
+  const v1::RuleResult end = (*runner)->Results()[0];
+  EXPECT_EQ(end.status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(end.times_triggered(), 4);
+  EXPECT_EQ(end.worker(), 1);
+  absl::MutexLock lock(&sink.mu_);
+  ASSERT_FALSE(sink.results.empty());
+  EXPECT_EQ(sink.results.back().times_triggered(), 4);  // the end is always published
+  ASSERT_EQ(sink.actions.size(), 2u);  // StopTraining and Log, at the first issue only
+  EXPECT_EQ(sink.actions[0].verdict().times_triggered(), 1);
+  EXPECT_EQ(sink.actions[1].verdict().times_triggered(), 1);
+}
+
+TEST(RuleRunner, ARuleThatStopsAtItsIssueCountsOneTrigger) {
+  RecordingSink sink;
+  ThreadPool pool(2, 16);
+  auto runner = RuleRunner::Create("job", Specs(), {}, *factory_, &pool, &sink);
+  SONDE_ASSERT_OK(runner);
+  (*runner)->SubmitStep(Step(0, 1, 1));
+  (*runner)->SubmitStep(Step(1, std::numeric_limits<float>::infinity(), 1));
+  (*runner)->SubmitStep(Step(2, std::numeric_limits<float>::infinity(), 1));
+  (*runner)->SubmitJobEnd(std::nullopt);
+  (*runner)->Drain();
+  const v1::RuleResult r = (*runner)->Results()[0];
+  EXPECT_EQ(r.status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(r.step(), 1);
+  EXPECT_EQ(r.times_triggered(), 1);
 }
 
 TEST(RuleFactory, RejectsDuplicateAndEmptyTypes) {

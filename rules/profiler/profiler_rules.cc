@@ -138,6 +138,7 @@ SystemSample ReadSample(const v1::MetricSnapshot& snapshot) {
 class ProfilerRule : public Rule {
  public:
   bool WantsProfile() const override { return true; }
+  bool KeepsJudgingAfterIssue() const override { return true; }
   Result OnStep(const StepData& step) override {
     (void)step;
     return Quiet();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -28,24 +29,29 @@ using ::testing::HasSubstr;
 
 class RecordingSink : public RuleSink {
  public:
-  void OnResult(const v1::RuleResult& r) override { (void)r; }
+  void OnResult(const v1::RuleResult& r) override {
+    absl::MutexLock lock(&mu);
+    if (!first_issue.has_value() && r.status() == v1::RULE_STATUS_ISSUES_FOUND) first_issue = r;
+  }
   void OnAction(const v1::Action& a) override {
     absl::MutexLock lock(&mu);
     actions.push_back(a);
   }
   absl::Mutex mu;
   std::vector<v1::Action> actions ABSL_GUARDED_BY(mu);
+  std::optional<v1::RuleResult> first_issue ABSL_GUARDED_BY(mu);
 };
 
 constexpr int64_t kStart = 1700000000000000;  // unix micros of the recordings
 
 struct Judged {
-  v1::RuleResult result;
+  v1::RuleResult result;  // the verdict when the rule first fired, else the final one
+  v1::RuleResult final;   // after the end of training (profiler rules keep judging)
   std::vector<v1::Action> actions;
 };
 
 // Runs the rule of `flag` (--rules syntax) over `batches` (worker, batch),
-// then the end of training, and returns its verdict.
+// then the end of training, and returns its verdicts.
 Judged Judge(const std::string& flag, const std::vector<std::pair<int32_t, v1::ProfileBatch>>& batches) {
   static const std::unique_ptr<RuleFactory> factory = RuleFactory::WithBuiltins();
   auto specs = ParseRuleFlag(flag);
@@ -59,8 +65,9 @@ Judged Judge(const std::string& flag, const std::vector<std::pair<int32_t, v1::P
   (*runner)->SubmitJobEnd();
   (*runner)->Drain();
   Judged out;
-  out.result = (*runner)->Results().at(0);
+  out.final = (*runner)->Results().at(0);
   absl::MutexLock lock(&sink.mu);
+  out.result = sink.first_issue.value_or(out.final);
   out.actions = sink.actions;
   return out;
 }
@@ -107,7 +114,14 @@ TEST(StepOutlier, FiresWhenMoreThanNOutliersStepsTakeTenTimesLonger) {
   EXPECT_THAT(j.result.message(), HasSubstr("outlier steps 105, 110, 115"));
   EXPECT_EQ(j.result.datapoints(), 160);  // judged on the batch that held the 11th
   EXPECT_EQ(slow.count(static_cast<int>(j.result.step())), 1u) << j.result.step();  // the longest
-  ASSERT_EQ(j.actions.size(), 1u);
+  EXPECT_EQ(j.result.times_triggered(), 1);
+  // It kept judging: the batches of steps 160..199 still had 11 outliers
+  // among the last steps, and the final verdict says so.
+  EXPECT_EQ(j.final.status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(j.final.datapoints(), 200);
+  EXPECT_EQ(j.final.times_triggered(), 3);  // batches ending at steps 159, 179, 199
+  EXPECT_THAT(j.final.message(), HasSubstr("11 of the last 200"));
+  ASSERT_EQ(j.actions.size(), 1u);  // acted once
   EXPECT_EQ(j.actions[0].type(), v1::ACTION_STOP_TRAINING);
 }
 

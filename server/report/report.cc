@@ -173,6 +173,11 @@ void RulesTable(const std::string& id, const std::string& title, bool profiler,
   auto triggered = [](const RuleRow& r) {
     return r.result != nullptr && r.result->status() == v1::RULE_STATUS_ISSUES_FOUND ? 1 : 0;
   };
+  // Verdicts stored before RuleResult counted triggers say 0 with issues.
+  auto times = [&](const RuleRow& r) -> int64_t {
+    if (r.result == nullptr) return 0;
+    return std::max<int64_t>(r.result->times_triggered(), triggered(r));
+  };
   std::stable_sort(rows.begin(), rows.end(), [&](const RuleRow& a, const RuleRow& b) {
     if (triggered(a) != triggered(b)) return triggered(a) > triggered(b);
     return a.name < b.name;
@@ -210,7 +215,7 @@ void RulesTable(const std::string& id, const std::string& title, bool profiler,
     absl::StrAppend(&out, triggered(r) ? "<tr class=\"hit\">" : "<tr>", Td(name),
                     Td(entry == nullptr ? "<span class=\"muted\">not in the catalogue</span>"
                                         : EscapeHtml(entry->description())),
-                    Td(EscapeHtml(advice)), Td(absl::StrCat(triggered(r)), true),
+                    Td(EscapeHtml(advice)), Td(absl::StrCat(times(r)), true),
                     Td(absl::StrCat(points), true), Td(Parameters(r, entry)),
                     absl::StrCat("<td class=\"", triggered(r) ? "st-hit" : "st-ok", "\">",
                                  EscapeHtml(status), "</td>"),
@@ -220,9 +225,10 @@ void RulesTable(const std::string& id, const std::string& title, bool profiler,
   absl::StrAppend(&out, "<p class=\"note\">",
                   profiler ? "Data points: the metric snapshots and events the rule judged."
                            : "Data points: the steps the rule evaluated.",
-                  " Times triggered is 1 when the rule's latest verdict found issues, else 0 "
-                  "(the collector keeps the latest verdict per rule, not a count). Parameters "
-                  "in bold were set for this job; the rest are defaults.</p>");
+                  profiler ? " Times triggered: the batches of profiler data after which the "
+                             "rule found an issue (profiler rules keep judging after the first)."
+                           : " Times triggered: tensor rules stop at their first issue.",
+                  " Parameters in bold were set for this job; the rest are defaults.</p>");
 }
 
 void StepStatistics(const std::vector<StepSample>& steps, const ReportOptions& options,

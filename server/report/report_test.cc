@@ -163,6 +163,7 @@ TEST_F(ReportTest, ShowsStepStatisticsOutliersAndRules) {
   outlier.set_status(v1::RULE_STATUS_ISSUES_FOUND);
   outlier.set_step(9);
   outlier.set_datapoints(13);
+  outlier.set_times_triggered(4);
   outlier.set_message("step 9 took 2 s, 13.8 times the median");
   ASSERT_TRUE(store_->PutRuleResult(id, outlier).ok());
   v1::RuleResult vanishing;
@@ -215,7 +216,7 @@ TEST_F(ReportTest, ShowsStepStatisticsOutliersAndRules) {
   EXPECT_LT(outlier_row, tensor);
   EXPECT_THAT(h, HasSubstr("<td>StepOutlier</td><td>Detects outliers in step duration.</td>"
                            "<td>Check for system bottlenecks when steps are slow.</td>"
-                           "<td class=\"n\">1</td><td class=\"n\">13</td>"
+                           "<td class=\"n\">4</td><td class=\"n\">13</td>"
                            "<td><b>stddev=4</b><br>mode=None</td>"));
   const size_t vanishing_row = h.find("<tr><td>VanishingGradient</td>");
   EXPECT_GT(vanishing_row, tensor);
