@@ -71,8 +71,12 @@ std::string JobsJson(const std::vector<v1::JobInfo>& jobs) {
 std::string RuleSummary(const std::string& job, const std::vector<v1::RuleResult>& results) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : results) {
+    std::string details = r.message();
+    if (r.times_triggered() > 1) {
+      absl::StrAppend(&details, " (triggered ", r.times_triggered(), " times)");
+    }
     rows.push_back({r.rule(), std::string(RuleStatusName(r.status())),
-                    r.step() >= 0 ? absl::StrCat(r.step()) : "-", r.message()});
+                    r.step() >= 0 ? absl::StrCat(r.step()) : "-", details});
   }
   return absl::StrCat("Rule summary for job '", job, "':\n",
                       Table({"RULE", "STATUS", "STEP", "DETAILS"}, rows));

@@ -24,6 +24,8 @@ nlohmann::json RuleResultJson(const v1::RuleResult& r) {
       {"observed", r.observed()},
       {"threshold", r.threshold()},
       {"steps_evaluated", r.steps_evaluated()},
+      {"datapoints", r.datapoints()},
+      {"times_triggered", r.times_triggered()},
       {"actions_taken", std::vector<std::string>(r.actions_taken().begin(), r.actions_taken().end())},
       {"time", absl::FormatTime(absl::RFC3339_full, absl::FromUnixMicros(r.updated_unix_micros()),
                                 absl::UTCTimeZone())},

@@ -340,6 +340,8 @@ class Trial:
                 "observed": r.observed,
                 "threshold": r.threshold,
                 "steps_evaluated": r.steps_evaluated,
+                "datapoints": r.datapoints,
+                "times_triggered": r.times_triggered,
                 "actions_taken": list(r.actions_taken),
                 "time": from_micros(r.updated_unix_micros),
             })
