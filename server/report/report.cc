@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <iterator>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -465,11 +467,53 @@ absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const v1::Job
                                             const ReportOptions& options) {
   const uint64_t id = job.job_id();
   SONDE_ASSIGN_OR_RETURN(std::vector<v1::RuleResult> results, store.RuleResults(id));
-  SONDE_ASSIGN_OR_RETURN(
-      std::vector<v1::WorkerEvent> events,
-      store.ReadEvents(id, v1::TraceEvent::KIND_UNSPECIFIED, "", -1, 0, 0));
-  SONDE_ASSIGN_OR_RETURN(std::vector<v1::MetricSeries> metrics,
-                         store.ReadMetrics(id, {}, nullptr, -1, 0, 0));
+  // Bounded reads (ReportOptions): equal shares, so a cut drops the end of
+  // every series alike, never whole workers or metrics.
+  int64_t metrics_cut_at = 0;  // earliest last time read among the series cut
+  SONDE_ASSIGN_OR_RETURN(auto listed, store.ListMetrics(id));
+  size_t series_count = 0;
+  for (const auto& [worker, names] : listed) series_count += names.size();
+  std::vector<v1::MetricSeries> metrics;
+  for (const auto& [worker, names] : listed) {
+    for (const std::string& name : names) {
+      bool cut = false;
+      SONDE_ASSIGN_OR_RETURN(
+          std::vector<v1::MetricSeries> read,
+          store.ReadMetrics(id, {name}, nullptr, worker, 0, 0,
+                            std::max<size_t>(1, options.max_metric_points / series_count), &cut));
+      for (v1::MetricSeries& m : read) {
+        if (cut && m.unix_micros_size() > 0) {
+          const int64_t last = m.unix_micros(m.unix_micros_size() - 1);
+          if (metrics_cut_at == 0 || last < metrics_cut_at) metrics_cut_at = last;
+        }
+        metrics.push_back(std::move(m));
+      }
+    }
+  }
+  constexpr v1::TraceEvent::Kind kEventKinds[] = {
+      v1::TraceEvent::KIND_STEP,    v1::TraceEvent::KIND_INIT,     v1::TraceEvent::KIND_DATA_WAIT,
+      v1::TraceEvent::KIND_FORWARD, v1::TraceEvent::KIND_BACKWARD, v1::TraceEvent::KIND_SPAN};
+  std::set<int32_t> workers(job.workers().begin(), job.workers().end());
+  for (const auto& [worker, names] : listed) workers.insert(worker);
+  std::vector<int32_t> event_workers(workers.begin(), workers.end());
+  if (event_workers.empty()) event_workers.push_back(-1);  // every worker
+  const size_t event_share = std::max<size_t>(
+      1, options.max_events / (event_workers.size() * std::size(kEventKinds)));
+  int64_t events_cut_at = 0;
+  std::vector<v1::WorkerEvent> events;
+  for (int32_t worker : event_workers) {
+    for (v1::TraceEvent::Kind kind : kEventKinds) {
+      bool cut = false;
+      SONDE_ASSIGN_OR_RETURN(std::vector<v1::WorkerEvent> read,
+                             store.ReadEvents(id, kind, "", worker, 0, 0, event_share, &cut));
+      if (cut && !read.empty()) {
+        int64_t last = 0;  // sorted by name, then start: the latest start read
+        for (const v1::WorkerEvent& e : read) last = std::max(last, e.event().start_unix_micros());
+        if (events_cut_at == 0 || last < events_cut_at) events_cut_at = last;
+      }
+      for (v1::WorkerEvent& e : read) events.push_back(std::move(e));
+    }
+  }
 
   // Step timings: the profiler's step events when there are any, else the
   // durations stored with the tensor steps (longest worker per step).
@@ -535,6 +579,19 @@ absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const v1::Job
       "<a href=\"#system\">System utilisation</a><a href=\"#tensor-rules\">Tensor rules</a>"
       "</nav>");
   JobSummary(job, steps, step_source, out);
+  if (metrics_cut_at > 0 || events_cut_at > 0) {
+    absl::StrAppend(
+        &out, "<p class=\"note\" id=\"cut\">This job has more profiler data than one report "
+              "reads (",
+        options.max_metric_points, " metric points, ", options.max_events, " events). ",
+        metrics_cut_at > 0 ? absl::StrCat("System metrics are shown up to ",
+                                          Time(metrics_cut_at), ". ")
+                           : std::string(),
+        events_cut_at > 0 ? absl::StrCat("Framework events (step timings, data waits) are "
+                                         "shown up to ", Time(events_cut_at), ". ")
+                          : std::string(),
+        "Query ReadMetrics and ReadEvents by time range for the rest.</p>");
+  }
   RulesTable("profiler-rules", "Profiler rules summary", true, profiler_rows, by_type, out);
   StepStatistics(steps, options, out);
   DataWaits(events, options, out);

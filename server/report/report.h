@@ -30,6 +30,14 @@ struct ReportOptions {
   size_t max_points_per_chart = 2000;
   // Bins of each step-duration histogram. Default 30.
   int histogram_bins = 30;
+  // What one report reads into memory, so a long job's report cannot
+  // exhaust the collector: metric points over all series (each (worker,
+  // metric) series gets an equal share), and profiler events (an equal
+  // share per worker and kind). Each series is read from the job's start;
+  // when a share is used up the report says which data it covers. Defaults
+  // 8,000,000 points (about 130 MB) and 2,000,000 events.
+  size_t max_metric_points = 8'000'000;
+  size_t max_events = 2'000'000;
 };
 
 // The report of `job`. `catalogue` gives each rule type's description,

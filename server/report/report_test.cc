@@ -3,6 +3,7 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rules/profiler/profiler_rules.h"
@@ -325,6 +326,52 @@ TEST_F(ReportTest, LongSeriesAreDownsampledSoTheFileStaysSmall) {
   // The GPU spike survives downsampling: the chart's top tick is 100.
   EXPECT_THAT(h, HasSubstr("<td class=\"n\">0</td><td>gpu.0.util_percent</td>"
                            "<td class=\"n\">100000</td>"));
+}
+
+TEST_F(ReportTest, ALongJobIsReadWithinTheBudgetAndTheReportSaysWhereItStops) {
+  const uint64_t id = MakeJob("week-run");
+  // Two workers, two metrics each, 1000 samples a second apart; 400 step
+  // events per worker.
+  for (int32_t worker : {0, 1}) {
+    v1::ProfileBatch b;
+    for (int i = 0; i < 1000; ++i) {
+      v1::MetricSnapshot* snap = b.add_snapshots();
+      snap->set_unix_micros(kStart + int64_t{i} * 1000000);
+      for (const char* name : {"cpu.util_percent", "memory.used_bytes"}) {
+        v1::MetricSample* sample = snap->add_samples();
+        sample->set_name(name);
+        sample->set_value(i < 100 ? 10 : 90);
+      }
+    }
+    for (int i = 0; i < 400; ++i) *b.add_events() = Step(v1::MODE_TRAIN, i, i, i * 100, 50);
+    ASSERT_TRUE(store_->WriteProfile(id, worker, b).ok());
+  }
+  ReportOptions options;
+  options.max_metric_points = 400;  // 100 a series: the first 100 s of each
+  options.max_events = 1200;        // 100 per worker and kind: steps 0..99
+  auto html = RenderJobReport(*store_, "week-run", {}, options);
+  ASSERT_TRUE(html.ok()) << html.status();
+  const std::string& h = *html;
+  EXPECT_THAT(h, HasSubstr("id=\"cut\""));
+  EXPECT_THAT(h, HasSubstr("System metrics are shown up to "));
+  EXPECT_THAT(h, HasSubstr("Framework events (step timings, data waits) are shown up to "));
+  // Every series of both workers is there, cut alike: 100 samples of 10.
+  for (const char* worker : {"0", "1"}) {
+    EXPECT_THAT(h, HasSubstr(absl::StrCat("<td class=\"n\">", worker,
+                                          "</td><td>cpu.util_percent</td>"
+                                          "<td class=\"n\">100</td><td class=\"n\">10</td>")));
+    EXPECT_THAT(h, HasSubstr(absl::StrCat("<td class=\"n\">", worker,
+                                          "</td><td>memory.used_bytes</td>"
+                                          "<td class=\"n\">100</td>")));
+  }
+  // 100 steps of each worker were read.
+  EXPECT_THAT(h, HasSubstr("<td>train</td><td class=\"n\">200</td>"));
+
+  // Within the budget, nothing is cut.
+  auto whole = RenderJobReport(*store_, "week-run", {});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_THAT(*whole, Not(HasSubstr("id=\"cut\"")));
+  EXPECT_THAT(*whole, HasSubstr("<td>train</td><td class=\"n\">800</td>"));
 }
 
 }  // namespace
