@@ -101,20 +101,20 @@ absl::StatusOr<std::unique_ptr<OperatorViews>> OperatorViews::Start(
   http::HttpServerOptions options;
   options.listen = metrics_listen;
   OperatorViews* v = views.get();
-  std::map<std::string, http::HttpHandler> handlers;
-  handlers["/metrics"] = [v] {
+  std::map<std::string, http::HttpRoute> routes;
+  routes["/metrics"].handler = [v](const http::HttpRequest&) {
     http::HttpResponse r;
     r.content_type = metrics::kTextContentType;
     r.body = v->RenderMetrics();
     return r;
   };
-  handlers["/healthz"] = [] { return Text(200, "ok\n"); };
-  handlers["/readyz"] = [v] {
+  routes["/healthz"].handler = [](const http::HttpRequest&) { return Text(200, "ok\n"); };
+  routes["/readyz"].handler = [v](const http::HttpRequest&) {
     const Phase phase = v->phase();
     if (phase == Phase::kServing) return Text(200, "ready\n");
     return Text(503, absl::StrCat("not ready: ", PhaseName(phase), "\n"));
   };
-  auto http = http::HttpServer::Start(options, std::move(handlers));
+  auto http = http::HttpServer::Start(options, std::move(routes));
   if (!http.ok()) {
     return absl::Status(http.status().code(),
                         absl::StrCat("metrics endpoint: ", http.status().message()));
