@@ -1,6 +1,8 @@
 #include "client/query_client.h"
 
+#include <iterator>
 #include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -176,6 +178,84 @@ absl::StatusOr<v1::DeleteJobResponse> QueryClient::DeleteJob(const std::string& 
   grpc::Status s = stub_->DeleteJob(&ctx, req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;
+}
+
+absl::StatusOr<std::vector<v1::WorkerMetrics>> QueryClient::ListMetrics(const std::string& job,
+                                                                        int32_t worker) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ListMetricsRequest req;
+  req.set_job(job);
+  v1::ListMetricsResponse resp;
+  grpc::Status s = stub_->ListMetrics(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  std::vector<v1::WorkerMetrics> out;
+  for (auto& w : *resp.mutable_workers()) {
+    if (worker < 0 || w.worker() == worker) out.push_back(std::move(w));
+  }
+  return out;
+}
+
+absl::StatusOr<MetricsRead> QueryClient::ReadMetrics(const std::string& job,
+                                                     const std::vector<std::string>& names,
+                                                     const std::string& regex, int32_t worker,
+                                                     int64_t start_unix_micros,
+                                                     int64_t end_unix_micros,
+                                                     uint32_t max_points) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ReadMetricsRequest req;
+  req.set_job(job);
+  for (const auto& n : names) req.add_names(n);
+  req.set_regex(regex);
+  req.set_worker(worker);
+  req.set_start_unix_micros(start_unix_micros);
+  req.set_end_unix_micros(end_unix_micros);
+  req.set_max_points(max_points);
+  v1::ReadMetricsResponse resp;
+  grpc::Status s = stub_->ReadMetrics(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  MetricsRead out;
+  out.series.assign(std::make_move_iterator(resp.mutable_series()->begin()),
+                    std::make_move_iterator(resp.mutable_series()->end()));
+  out.truncated = resp.truncated();
+  return out;
+}
+
+absl::StatusOr<EventsRead> QueryClient::ReadEvents(const std::string& job,
+                                                   v1::TraceEvent::Kind kind,
+                                                   const std::string& name, int32_t worker,
+                                                   int64_t start_unix_micros,
+                                                   int64_t end_unix_micros, uint32_t max_events) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ReadEventsRequest req;
+  req.set_job(job);
+  req.set_kind(kind);
+  req.set_name(name);
+  req.set_worker(worker);
+  req.set_start_unix_micros(start_unix_micros);
+  req.set_end_unix_micros(end_unix_micros);
+  req.set_max_events(max_events);
+  v1::ReadEventsResponse resp;
+  grpc::Status s = stub_->ReadEvents(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  EventsRead out;
+  out.events.assign(std::make_move_iterator(resp.mutable_events()->begin()),
+                    std::make_move_iterator(resp.mutable_events()->end()));
+  out.truncated = resp.truncated();
+  return out;
+}
+
+absl::StatusOr<std::string> QueryClient::GetReport(const std::string& job) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::GetReportRequest req;
+  req.set_job(job);
+  v1::GetReportResponse resp;
+  grpc::Status s = stub_->GetReport(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::move(*resp.mutable_html());
 }
 
 absl::Status QueryClient::WatchRuleResults(const std::string& job,

@@ -1,5 +1,6 @@
 // A C++ client of the Query service, returning absl::Status: what the CLI,
-// the demo and tests use to read jobs, tensors, series and rule results.
+// the demo and tests use to read jobs, tensors, series, rule results,
+// profiler data (metrics and framework events) and the HTML report.
 // Tensors read back are reassembled and checked (CRC, sizes) exactly as on
 // ingest. Thread-safe (gRPC stubs are).
 #ifndef SONDE_CLIENT_QUERY_CLIENT_H_
@@ -20,6 +21,23 @@ namespace sonde {
 struct TensorValue {
   v1::TensorChunk header;  // name, step, mode, dtype, shape, statistics
   std::string bytes;       // raw little-endian values
+};
+
+// One answer of ReadMetrics. The collector answers in one message, so it
+// stops at a limit (the request's max_points, else 200000 points) and then
+// sets `truncated`: the series come by worker, then name, each in time
+// order, and the last one may be cut; ask again with a narrower time range,
+// fewer names or one worker for the rest.
+struct MetricsRead {
+  std::vector<v1::MetricSeries> series;
+  bool truncated = false;  // more points match than were returned
+};
+
+// One answer of ReadEvents: events by worker, kind, name, then start time;
+// `truncated` as for MetricsRead (limit: max_events, else 100000).
+struct EventsRead {
+  std::vector<v1::WorkerEvent> events;
+  bool truncated = false;  // more events match than were returned
 };
 
 class QueryClient {
@@ -67,6 +85,33 @@ class QueryClient {
   // a verdict) and returns them; DeadlineExceeded after `timeout`.
   absl::StatusOr<std::vector<v1::RuleResult>> WaitForRuleVerdicts(const std::string& job,
                                                                  absl::Duration timeout);
+
+  // Profiler data (docs/profiler.md, "Storage and queries"). Times are unix
+  // microseconds; a range is [start, end), end 0 meaning no end.
+  //
+  // The metric names each worker sent, by worker, names sorted; only
+  // `worker`'s when it is >= 0 (filtered here: the RPC lists every worker).
+  absl::StatusOr<std::vector<v1::WorkerMetrics>> ListMetrics(const std::string& job,
+                                                             int32_t worker = -1);
+  // Series of the metrics named in `names` or where `regex` (ECMAScript,
+  // matched by the collector) finds a match; both empty: every metric.
+  // `worker` -1: every worker. `max_points` 0: the collector's limit.
+  absl::StatusOr<MetricsRead> ReadMetrics(const std::string& job,
+                                          const std::vector<std::string>& names,
+                                          const std::string& regex = "", int32_t worker = -1,
+                                          int64_t start_unix_micros = 0,
+                                          int64_t end_unix_micros = 0, uint32_t max_points = 0);
+  // Framework events of `kind` (KIND_UNSPECIFIED: every kind) and `name`
+  // (empty: every name) that start in [start, end). `max_events` 0: the
+  // collector's limit.
+  absl::StatusOr<EventsRead> ReadEvents(
+      const std::string& job, v1::TraceEvent::Kind kind = v1::TraceEvent::KIND_UNSPECIFIED,
+      const std::string& name = "", int32_t worker = -1, int64_t start_unix_micros = 0,
+      int64_t end_unix_micros = 0, uint32_t max_events = 0);
+  // The job's report: one self-contained HTML page (server/report/). A
+  // large job's report can take longer than the default 30 s timeout to
+  // render: connect with a longer one for it.
+  absl::StatusOr<std::string> GetReport(const std::string& job);
 
  private:
   QueryClient(std::unique_ptr<v1::Query::Stub> stub, absl::Duration timeout)
