@@ -320,6 +320,60 @@ std::string TestTmpDir() {
   return dir != nullptr ? dir : "/tmp";
 }
 
+// --- The hook's NVML and the fake's playback --------------------------------
+
+TEST(ProfilerWorkloads, TheHookSamplesTheNvmlLibraryItIsGivenAndTheSeriesPlayed) {
+  Control gpu;
+  ASSERT_TRUE(gpu.loaded());
+  EXPECT_FALSE(gpu.SetReading(2, 50, 0, 0, 1));      // no such GPU
+  EXPECT_FALSE(gpu.SetReading(0, 101, 0, 0, 1));     // not a percentage
+  EXPECT_FALSE(gpu.SetReading(0, 50, 0, 2, 1));      // more used than there is
+  SetGpu(gpu, 0, 11, 3 * kGiB, 16 * kGiB);
+  SetGpu(gpu, 1, 77);
+  InProcessCollector collector;
+  auto hook = Hook::Create(Profiled(collector.address(), "nvml-path"));
+  SONDE_ASSERT_OK(hook);
+  Reader reader(collector.address(), "nvml-path");
+  EXPECT_TRUE(Train(
+      **hook, absl::Seconds(30),
+      [&](int step, absl::Duration) {
+        if (step == 10) SetGpu(gpu, 0, 42, 5 * kGiB, 16 * kGiB);  // one change, mid-run
+        Sleep(kStep);
+      },
+      [&] {
+        const std::vector<double> util = reader.Metric("gpu.0.util_percent");
+        return !util.empty() && util.back() == 42 && util.size() >= 3;
+      }));
+  SONDE_ASSERT_OK((*hook)->Close());
+  const std::vector<double> util = reader.Metric("gpu.0.util_percent");
+  ASSERT_FALSE(util.empty());
+  EXPECT_EQ(util.front(), 11);
+  EXPECT_EQ(util.back(), 42);
+  EXPECT_EQ(reader.Metric("gpu.0.memory_used_bytes").back(), 5.0 * kGiB);
+  EXPECT_EQ(reader.Metric("gpu.1.util_percent").back(), 77);
+  // The fake's fixed readings stay where a test sets nothing.
+  EXPECT_EQ(reader.Metric("gpu.1.temperature_c").back(),
+            profiler::fake_nvml::kReadings[1].temperature_c);
+
+  // A library that is not there: no gpu.* metric, everything else.
+  HookOptions missing = Profiled(collector.address(), "no-nvml");
+  missing.profiler.nvml_library = absl::StrCat(TestTmpDir(), "/no-such-libnvidia-ml.so.1");
+  auto without = Hook::Create(missing);
+  SONDE_ASSERT_OK(without);
+  Reader no_gpu(collector.address(), "no-nvml");
+  EXPECT_TRUE(Train(
+      **without, absl::Seconds(30), [](int, absl::Duration) { Sleep(kStep); },
+      [&] { return no_gpu.Stored("cpu.util_percent", 3); }));
+  SONDE_ASSERT_OK((*without)->Close());
+  EXPECT_TRUE(no_gpu.Metric("gpu.0.util_percent").empty());
+
+  HookOptions empty = Profiled(collector.address(), "empty-nvml");
+  empty.profiler.nvml_library = "";
+  auto refused = Hook::Create(empty);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("nvml_library is empty"));
+}
+
 // --- CPUBottleneck (and ProfilerReport on the same run) ---------------------
 
 // CPUBottleneck: patience=10 instead of 1000 (above); threshold,
