@@ -15,6 +15,7 @@
 #include "server/job_registry.h"
 #include "server/operator_views.h"
 #include "server/query_service.h"
+#include "server/report/report.h"
 #include "server/store_rule_environment.h"
 #include "server/webhook_notifier.h"
 #include "rules/plugin_loader.h"
@@ -26,6 +27,23 @@ namespace {
 
 // Room for a chunk's payload plus its descriptive fields.
 constexpr int kMessageOverhead = 1 << 20;
+
+// The page Query.GetReport returns (QueryService::GetReport): the job, then
+// its report with the rule catalogue. NotFound only for an unknown job.
+absl::StatusOr<std::string> RenderReportPage(storage::Store& store,
+                                             const rules::RuleFactory& factory,
+                                             const std::string& job) {
+  auto info = store.GetJob(job);
+  if (!info.ok()) return info.status();
+  std::vector<v1::RuleCatalogEntry> catalogue;
+  for (const rules::RuleInfo& rule : factory.Catalog()) catalogue.push_back(rules::ToProto(rule));
+  auto html = report::RenderJobReport(store, *info, catalogue);
+  if (absl::IsNotFound(html.status())) {  // the job exists: something under it is missing
+    return absl::InternalError(
+        absl::StrCat("report of job '", job, "': ", html.status().message()));
+  }
+  return html;
+}
 
 }  // namespace
 
@@ -59,7 +77,11 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   std::unique_ptr<Collector> c(new Collector());
   c->tokens_ = std::move(tokens);
   c->shutdown_grace_ = options.shutdown_grace;
-  auto views = OperatorViews::Start(options.metrics_listen);  // probes answer from now on
+  OperatorViewsOptions views_options;
+  views_options.listen = options.metrics_listen;
+  views_options.reports = options.reports;
+  views_options.grpc_tls = options.security.tls();
+  auto views = OperatorViews::Start(views_options);  // probes answer from now on
   if (!views.ok()) return views.status();
   c->views_ = std::move(*views);
   c->metrics_address_ = c->views_->address();
@@ -103,6 +125,19 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   c->webhooks_ = std::make_unique<WebhookNotifier>(options.webhooks);
   c->views_->BindPools(c->storage_pool_.get(), c->rule_pool_.get());
   c->views_->BindWebhooks(c->webhooks_.get());
+  {
+    // The endpoint's /report pages read the store and the catalogue, with
+    // the same tokens as Query.GetReport; Shutdown unbinds before closing.
+    ReportSource reports;
+    storage::Store* store = c->store_.get();
+    const rules::RuleFactory* factory = c->rule_factory_.get();
+    reports.render = [store, factory](const std::string& job) {
+      return RenderReportPage(*store, *factory, job);
+    };
+    reports.list_jobs = [store] { return store->ListJobs(); };
+    reports.tokens = c->tokens_.get();
+    c->views_->BindReports(std::move(reports));
+  }
   c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),
                                                c->rule_factory_.get(), options.default_rules,
                                                options.step_wait, c->webhooks_.get());

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "proto/rule.pb.h"
 #include "server/ingest_session.h"
+#include "server/operator_views.h"
 #include "server/retention.h"
 #include "server/security.h"
 #include "server/tensorboard/exporter.h"
@@ -47,9 +48,14 @@ struct CollectorOptions {
   // Default: loopback only.
   std::string listen = "127.0.0.1:7070";
   // host:port of the HTTP endpoint for operators: /metrics (Prometheus),
-  // /healthz, /readyz (server/operator_views.h). Port 0 picks a free port
-  // (see metrics_address()). Default empty: no endpoint.
+  // /healthz, /readyz, and the job reports /report?job=J and /reports
+  // (server/operator_views.h). Port 0 picks a free port (see
+  // metrics_address()). Default empty: no endpoint.
   std::string metrics_listen;
+  // Whether and how that endpoint serves reports: render threads, queue,
+  // timeout. Default: served (1 render at a time, 4 waiting, 60 s), except
+  // over a non-loopback endpoint while gRPC uses TLS.
+  OperatorReportOptions reports;
   // Directory of the RocksDB database; created if missing. Required.
   std::string data_dir;
   // fsync every commit (see storage::Store::Options). Default false.

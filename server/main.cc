@@ -22,7 +22,15 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "clients from other hosts.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port of the HTTP endpoint for operators (/metrics in Prometheus format, "
-          "/healthz, /readyz), e.g. 127.0.0.1:9464; port 0 picks a free port. Empty: off");
+          "/healthz, /readyz, job reports on /reports and /report?job=NAME), e.g. "
+          "127.0.0.1:9464; port 0 picks a free port. Empty: off");
+ABSL_FLAG(std::string, metrics_reports, "auto",
+          "serve job reports on --metrics_listen: auto (yes, unless gRPC uses TLS and "
+          "--metrics_listen is not loopback: the endpoint is plain HTTP and bearer tokens "
+          "would cross in clear), on, off");
+ABSL_FLAG(absl::Duration, report_timeout, absl::Seconds(60),
+          "how long a report asked over HTTP may wait for and take to render before the "
+          "client gets 503");
 ABSL_FLAG(std::string, data_dir, "sonde-data", "directory of the RocksDB database");
 ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecreasing",
           "rules run for every job: 'Type(key=value,...);...'; keys 'name' and 'actions' "
@@ -92,6 +100,14 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (auto serve = sonde::server::ParseReportServe(absl::GetFlag(FLAGS_metrics_reports));
+      serve.ok()) {
+    options.reports.serve = *serve;
+  } else {
+    std::cerr << "sonde-collector: --metrics_reports: " << serve.status().message() << "\n";
+    return 2;
+  }
+  options.reports.timeout = absl::GetFlag(FLAGS_report_timeout);
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   options.limits.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);

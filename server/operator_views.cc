@@ -1,15 +1,22 @@
 #include "server/operator_views.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "common/metrics/process_metrics.h"
+#include "common/names.h"
 #include "glog/logging.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "proto/collector.grpc.pb.h"
 #include "proto/query.grpc.pb.h"
+#include "server/auth.h"
 #include "server/rpc_metrics.h"
+#include "server/security.h"
 #include "server/webhook_notifier.h"
 #include "storage/store.h"
 
@@ -62,7 +69,91 @@ http::HttpResponse Text(int status, std::string body) {
   return r;
 }
 
+constexpr char kHtml[] = "text/html; charset=utf-8";
+// The report and the index are self-contained: inline CSS and SVG, no
+// scripts, nothing fetched. Saying so lets a browser refuse anything else a
+// job's data might smuggle in.
+constexpr char kHtmlPolicy[] = "default-src 'none'; style-src 'unsafe-inline'; img-src data:";
+
+http::HttpResponse Html(std::string body) {
+  http::HttpResponse r;
+  r.content_type = kHtml;
+  r.body = std::move(body);
+  r.headers.emplace_back("Content-Security-Policy", kHtmlPolicy);
+  return r;
+}
+
+// & < > " ' escaped: safe in text and in quoted attributes.
+std::string EscapeHtml(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    switch (ch) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += ch;
+    }
+  }
+  return out;
+}
+
+// "running" for JOB_STATUS_RUNNING.
+std::string StatusText(v1::JobStatus status) {
+  return absl::AsciiStrToLower(absl::StripPrefix(v1::JobStatus_Name(status), "JOB_STATUS_"));
+}
+
+std::string UtcTime(int64_t unix_micros) {
+  if (unix_micros <= 0) return "";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMicros(unix_micros),
+                          absl::UTCTimeZone());
+}
+
+// Who is asking, for the report routes: the grant of the request's bearer
+// token. Without a TokenTable, null (the routes are open). A refusal is the
+// 401 to send; it is logged with the peer, never with the header.
+absl::StatusOr<const TokenGrant*> Authenticate(const ReportSource& source,
+                                               const http::HttpRequest& request,
+                                               http::HttpResponse* refusal) {
+  if (source.tokens == nullptr) return nullptr;
+  const std::string* header = request.Header("authorization");
+  auto grant = source.tokens->Authenticate(header);
+  if (grant.ok()) return grant;
+  LOG(WARNING) << "refused " << request.path << " from " << request.peer << ": "
+               << grant.status().message();
+  *refusal = Text(401, header == nullptr
+                           ? "this endpoint needs 'Authorization: Bearer <token>' (a token with "
+                             "the read right on the job)\n"
+                           : absl::StrCat(grant.status().message(), "\n"));
+  // RFC 6750: a challenge always; "invalid_token" when one was sent.
+  refusal->headers.emplace_back(
+      "WWW-Authenticate", header == nullptr ? "Bearer realm=\"sonde\""
+                                            : "Bearer realm=\"sonde\", error=\"invalid_token\"");
+  return grant.status();
+}
+
 }  // namespace
+
+absl::StatusOr<OperatorReportOptions::Serve> ParseReportServe(absl::string_view text) {
+  if (text == "auto") return OperatorReportOptions::Serve::kAuto;
+  if (text == "on") return OperatorReportOptions::Serve::kOn;
+  if (text == "off") return OperatorReportOptions::Serve::kOff;
+  return absl::InvalidArgumentError(
+      absl::StrCat("reports serving must be auto, on or off, got '", text, "'"));
+}
 
 const char* PhaseName(OperatorViews::Phase phase) {
   switch (phase) {
@@ -96,10 +187,21 @@ OperatorViews::~OperatorViews() {
 
 absl::StatusOr<std::unique_ptr<OperatorViews>> OperatorViews::Start(
     const std::string& metrics_listen) {
-  std::unique_ptr<OperatorViews> views(new OperatorViews());
-  if (metrics_listen.empty()) return views;
-  http::HttpServerOptions options;
+  OperatorViewsOptions options;
   options.listen = metrics_listen;
+  return Start(options);
+}
+
+absl::StatusOr<std::unique_ptr<OperatorViews>> OperatorViews::Start(
+    const OperatorViewsOptions& views_options) {
+  std::unique_ptr<OperatorViews> views(new OperatorViews());
+  if (views_options.listen.empty()) return views;
+  const OperatorReportOptions& reports = views_options.reports;
+  http::HttpServerOptions options;
+  options.listen = views_options.listen;
+  options.blocking_threads = reports.render_threads;
+  options.blocking_queue = reports.max_queued;
+  options.blocking_timeout = reports.timeout;
   OperatorViews* v = views.get();
   std::map<std::string, http::HttpRoute> routes;
   routes["/metrics"].handler = [v](const http::HttpRequest&) {
@@ -114,6 +216,37 @@ absl::StatusOr<std::unique_ptr<OperatorViews>> OperatorViews::Start(
     if (phase == Phase::kServing) return Text(200, "ready\n");
     return Text(503, absl::StrCat("not ready: ", PhaseName(phase), "\n"));
   };
+  std::string why_not;
+  switch (reports.serve) {
+    case OperatorReportOptions::Serve::kOn:
+      break;
+    case OperatorReportOptions::Serve::kOff:
+      why_not = "reports are turned off on this endpoint (--metrics_reports=off)";
+      break;
+    case OperatorReportOptions::Serve::kAuto:
+      // Plain HTTP beyond loopback while gRPC is TLS: tokens and reports
+      // would travel in clear where the operator chose encryption.
+      if (views_options.grpc_tls && !IsLoopbackListen(views_options.listen)) {
+        why_not = absl::StrCat(
+            "reports are not served over plain HTTP on ", views_options.listen,
+            " (not loopback) while the collector's gRPC uses TLS: bearer tokens and reports "
+            "would cross the network in clear. Use `sonde report`, bind --metrics_listen to "
+            "127.0.0.1, or pass --metrics_reports=on (e.g. behind a TLS proxy)");
+      }
+      break;
+  }
+  if (why_not.empty()) {
+    routes["/report"] = {[v](const http::HttpRequest& r) { return v->ServeReport(r); },
+                         /*blocking=*/true};
+    routes["/reports"] = {[v](const http::HttpRequest& r) { return v->ServeReportIndex(r); },
+                          /*blocking=*/true};
+  } else {
+    for (const char* path : {"/report", "/reports"}) {
+      routes[path].handler = [why_not](const http::HttpRequest&) {
+        return Text(404, absl::StrCat(why_not, "\n"));
+      };
+    }
+  }
   auto http = http::HttpServer::Start(options, std::move(routes));
   if (!http.ok()) {
     return absl::Status(http.status().code(),
@@ -121,8 +254,13 @@ absl::StatusOr<std::unique_ptr<OperatorViews>> OperatorViews::Start(
   }
   views->http_ = std::move(*http);
   views->address_ = views->http_->address();
+  views->serves_reports_ = why_not.empty();
   LOG(INFO) << "metrics and health on http://" << views->address_
-            << "/metrics, /healthz, /readyz";
+            << "/metrics, /healthz, /readyz"
+            << (why_not.empty() ? ", job reports on /reports and /report?job=NAME" : "");
+  if (!why_not.empty() && reports.serve == OperatorReportOptions::Serve::kAuto) {
+    LOG(WARNING) << why_not;
+  }
   return views;
 }
 
@@ -184,6 +322,127 @@ void OperatorViews::BindWebhooks(const WebhookNotifier* webhooks) {
   bound_.push_back(std::move(r));
 }
 
+void OperatorViews::BindReports(ReportSource source) {
+  auto shared = std::make_shared<const ReportSource>(std::move(source));
+  absl::MutexLock lock(&reports_mu_);
+  reports_ = std::move(shared);
+}
+
+std::shared_ptr<const ReportSource> OperatorViews::AcquireReports(http::HttpResponse* refusal) {
+  {
+    absl::MutexLock lock(&reports_mu_);
+    if (reports_ != nullptr) {
+      ++reports_in_use_;
+      return reports_;
+    }
+  }
+  *refusal = Text(503, absl::StrCat("reports are not available: ", PhaseName(phase()), "\n"));
+  refusal->headers.emplace_back("Retry-After", "5");
+  return nullptr;
+}
+
+void OperatorViews::ReleaseReports() {
+  absl::MutexLock lock(&reports_mu_);
+  --reports_in_use_;
+}
+
+http::HttpResponse OperatorViews::ServeReport(const http::HttpRequest& request) {
+  http::HttpResponse refusal;
+  std::shared_ptr<const ReportSource> source = AcquireReports(&refusal);
+  if (source == nullptr) return refusal;
+  struct Release {
+    OperatorViews* v;
+    ~Release() { v->ReleaseReports(); }
+  } release{this};
+
+  auto grant = Authenticate(*source, request, &refusal);
+  if (!grant.ok()) return refusal;
+  const std::string* job = request.QueryParam("job");
+  if (job == nullptr || job->empty()) {
+    return Text(400,
+                "missing query parameter 'job': ask /report?job=NAME; /reports lists the jobs\n");
+  }
+  if (absl::Status valid = ValidateJobName(*job); !valid.ok()) {
+    return Text(400, absl::StrCat("query parameter 'job': ", valid.message(), "\n"));
+  }
+  if (*grant != nullptr) {
+    absl::Status allowed = TokenTable::Check(**grant, *job, Right::kRead);
+    if (!allowed.ok()) {
+      LOG(WARNING) << "refused " << request.path << " from " << request.peer
+                   << " (token fingerprint " << (*grant)->fingerprint << "): " << allowed.message();
+      return Text(403, absl::StrCat(allowed.message(), "\n"));
+    }
+  }
+  auto html = source->render(*job);
+  if (absl::IsNotFound(html.status())) {
+    return Text(404, absl::StrCat("no job named '", *job, "'\n"));
+  }
+  if (!html.ok()) {
+    LOG(ERROR) << "report of job '" << *job << "' for " << request.peer << ": " << html.status();
+    return Text(500, absl::StrCat("cannot render the report of job '", *job,
+                                  "': ", html.status().ToString(), "\n"));
+  }
+  return Html(std::move(*html));
+}
+
+http::HttpResponse OperatorViews::ServeReportIndex(const http::HttpRequest& request) {
+  http::HttpResponse refusal;
+  std::shared_ptr<const ReportSource> source = AcquireReports(&refusal);
+  if (source == nullptr) return refusal;
+  struct Release {
+    OperatorViews* v;
+    ~Release() { v->ReleaseReports(); }
+  } release{this};
+
+  auto grant = Authenticate(*source, request, &refusal);
+  if (!grant.ok()) return refusal;
+  auto listed = source->list_jobs();
+  if (!listed.ok()) {
+    LOG(ERROR) << "report index for " << request.peer << ": " << listed.status();
+    return Text(500, absl::StrCat("cannot list the jobs: ", listed.status().ToString(), "\n"));
+  }
+  std::vector<v1::JobInfo> jobs;
+  for (v1::JobInfo& job : *listed) {
+    if (*grant == nullptr || TokenTable::Check(**grant, job.job(), Right::kRead).ok()) {
+      jobs.push_back(std::move(job));
+    }
+  }
+  // Newest first: the job an operator looks for is usually the latest.
+  std::sort(jobs.begin(), jobs.end(), [](const v1::JobInfo& a, const v1::JobInfo& b) {
+    if (a.start_unix_micros() != b.start_unix_micros()) {
+      return a.start_unix_micros() > b.start_unix_micros();
+    }
+    return a.job() < b.job();
+  });
+  std::string out =
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+      "<title>Sonde job reports</title><style>"
+      "body{font-family:sans-serif;margin:2em;color:#222}"
+      "table{border-collapse:collapse}th,td{padding:.3em .8em;border-bottom:1px solid #ddd;"
+      "text-align:left}td.n{text-align:right}"
+      "</style></head><body><h1>Sonde job reports</h1>";
+  if (jobs.empty()) {
+    absl::StrAppend(&out, "<p id=\"no-jobs\">No jobs",
+                    *grant != nullptr ? " that this token may read" : "", ".</p>");
+  } else {
+    absl::StrAppend(&out, "<table id=\"jobs\"><thead><tr><th>job</th><th>status</th>"
+                          "<th>workers</th><th>last step</th><th>started (UTC)</th>"
+                          "<th>ended (UTC)</th></tr></thead><tbody>");
+    for (const v1::JobInfo& job : jobs) {
+      absl::StrAppend(&out, "<tr><td><a href=\"report?job=",
+                      EscapeHtml(http::PercentEncode(job.job())), "\">", EscapeHtml(job.job()),
+                      "</a></td><td>", EscapeHtml(StatusText(job.status())),
+                      "</td><td class=\"n\">", job.workers_size(), "</td><td class=\"n\">",
+                      job.last_step() >= 0 ? absl::StrCat(job.last_step()) : std::string(),
+                      "</td><td>", UtcTime(job.start_unix_micros()), "</td><td>",
+                      UtcTime(job.end_unix_micros()), "</td></tr>");
+    }
+    absl::StrAppend(&out, "</tbody></table>");
+  }
+  absl::StrAppend(&out, "</body></html>\n");
+  return Html(std::move(out));
+}
+
 void OperatorViews::SetHealth(bool serving) {
   if (server_ == nullptr) return;
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
@@ -224,6 +483,9 @@ void OperatorViews::Unbind() {
     bound.swap(bound_);
   }
   bound.clear();  // waits for a scrape that is running them
+  absl::MutexLock lock(&reports_mu_);
+  reports_.reset();
+  reports_mu_.Await(absl::Condition(this, &OperatorViews::ReportsIdle));  // a render in progress
 }
 
 std::string OperatorViews::RenderMetrics() const {

@@ -1,13 +1,18 @@
 #include "server/operator_views.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
+#include "server/auth.h"
 #include "server/webhook_notifier.h"
 #include "storage/store.h"
 #include "tests/testing/exposition.h"
@@ -204,6 +209,268 @@ TEST(OperatorViews, BadOrBusyAddressesAreErrors) {
   ASSERT_THAT(first, ::sonde::testing::IsOk());
   EXPECT_THAT(OperatorViews::Start((*first)->address()),
               StatusIs(absl::StatusCode::kUnavailable, "metrics endpoint"));
+}
+
+// ------------------------------------------------------------ reports
+
+using ::sonde::testing::ConnectTo;
+using ::sonde::testing::HttpExchange;
+using ::sonde::testing::HttpReply;
+using ::sonde::testing::ReadReply;
+using ::sonde::testing::SendAll;
+
+// A store stand-in: jobs by name, each page "<p>report of NAME</p>".
+struct FakeReports {
+  std::vector<v1::JobInfo> jobs;
+  absl::Status render_error;  // returned for job "broken"
+  absl::Notification* started = nullptr;  // told, then `release` awaited, by job "slow"
+  absl::Notification* release = nullptr;
+  std::atomic<int> renders{0};
+
+  void Add(const std::string& name, int64_t start_micros) {
+    v1::JobInfo job;
+    job.set_job(name);
+    job.set_status(v1::JOB_STATUS_FINISHED);
+    job.set_start_unix_micros(start_micros);
+    job.set_last_step(41);
+    job.add_workers(0);
+    jobs.push_back(job);
+  }
+
+  ReportSource Source(const TokenTable* tokens = nullptr) {
+    ReportSource source;
+    source.tokens = tokens;
+    source.render = [this](const std::string& job) -> absl::StatusOr<std::string> {
+      renders.fetch_add(1);
+      if (job == "slow") {
+        started->Notify();
+        release->WaitForNotification();
+        return std::string("<p>slow page</p>");
+      }
+      if (job == "broken") return render_error;
+      for (const v1::JobInfo& j : jobs) {
+        if (j.job() == job) return absl::StrCat("<p>report of ", job, "</p>");
+      }
+      return absl::NotFoundError(absl::StrCat("job '", job, "' not found"));
+    };
+    source.list_jobs = [this] { return jobs; };
+    return source;
+  }
+};
+
+std::unique_ptr<OperatorViews> StartViews(const OperatorViewsOptions& options) {
+  auto views = OperatorViews::Start(options);
+  EXPECT_THAT(views, ::sonde::testing::IsOk());
+  return views.ok() ? std::move(*views) : nullptr;
+}
+
+OperatorViewsOptions Loopback() {
+  OperatorViewsOptions o;
+  o.listen = "127.0.0.1:0";
+  return o;
+}
+
+HttpReply GetWithToken(const std::string& address, const std::string& target,
+                       const std::string& token) {
+  return HttpExchange(address, absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: x\r\n",
+                                            "Authorization: Bearer ", token, "\r\n\r\n"));
+}
+
+TEST(OperatorViewsReports, AnswersWhatTheSourceRendersWithTheRightStatus) {
+  auto views = StartViews(Loopback());
+  ASSERT_NE(views, nullptr);
+  EXPECT_TRUE(views->serves_reports());
+  const std::string http = views->address();
+  // Nothing bound yet (the store is not open).
+  HttpReply early = HttpGet(http, "/report?job=a");
+  EXPECT_EQ(early.status, 503);
+  EXPECT_THAT(early.body, HasSubstr("opening_store"));
+
+  FakeReports fake;
+  fake.Add("run-a", 1);
+  fake.render_error = absl::DataLossError("checksum mismatch in step 7");
+  views->BindReports(fake.Source());
+  HttpReply ok = HttpGet(http, "/report?job=run-a");
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.body, "<p>report of run-a</p>");
+  EXPECT_EQ(ok.headers["content-type"], "text/html; charset=utf-8");
+  EXPECT_THAT(ok.headers["content-security-policy"], HasSubstr("default-src 'none'"));
+  // Percent-encoded names decode to the same job.
+  EXPECT_EQ(HttpGet(http, "/report?job=run%2Da").status, 200);
+
+  HttpReply missing = HttpGet(http, "/report");
+  EXPECT_EQ(missing.status, 400);
+  EXPECT_THAT(missing.body, HasSubstr("missing query parameter 'job'"));
+  EXPECT_EQ(HttpGet(http, "/report?job=").status, 400);
+  HttpReply invalid = HttpGet(http, "/report?job=..%2Fetc");
+  EXPECT_EQ(invalid.status, 400);
+  EXPECT_THAT(invalid.body, HasSubstr("query parameter 'job'"));
+  EXPECT_EQ(HttpGet(http, "/report?job=%zz").status, 400);
+  HttpReply unknown = HttpGet(http, "/report?job=nope");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(unknown.body, "no job named 'nope'\n");
+  HttpReply broken = HttpGet(http, "/report?job=broken");
+  EXPECT_EQ(broken.status, 500);
+  EXPECT_THAT(broken.body, HasSubstr("DATA_LOSS: checksum mismatch in step 7"));
+  EXPECT_THAT(broken.body, HasSubstr("job 'broken'"));
+  // Invalid names never reach the source.
+  EXPECT_EQ(fake.renders.load(), 4);
+}
+
+TEST(OperatorViewsReports, IndexLinksEveryJobNewestFirstEscaped) {
+  auto views = StartViews(Loopback());
+  ASSERT_NE(views, nullptr);
+  FakeReports fake;
+  fake.Add("old-run", 1000000);
+  fake.Add("new-run", 2000000);
+  fake.Add("<b>&\"x'", 1500000);  // the store refuses such names; escaped anyway
+  views->BindReports(fake.Source());
+  HttpReply index = HttpGet(views->address(), "/reports");
+  ASSERT_EQ(index.status, 200);
+  EXPECT_EQ(index.headers["content-type"], "text/html; charset=utf-8");
+  const std::string& h = index.body;
+  EXPECT_THAT(h, HasSubstr("<a href=\"report?job=new-run\">new-run</a>"));
+  EXPECT_THAT(h, HasSubstr("<a href=\"report?job=old-run\">old-run</a>"));
+  EXPECT_THAT(h, HasSubstr("<a href=\"report?job=%3Cb%3E%26%22x%27\">&lt;b&gt;&amp;&quot;x&#39;</a>"));
+  EXPECT_THAT(h, Not(HasSubstr("<b>&")));
+  EXPECT_LT(h.find("new-run"), h.find("%3Cb%3E"));
+  EXPECT_LT(h.find("%3Cb%3E"), h.find("old-run"));
+  EXPECT_THAT(h, HasSubstr("<td>finished</td><td class=\"n\">1</td><td class=\"n\">41</td>"
+                           "<td>1970-01-01 00:00:02</td>"));
+  // No jobs at all.
+  auto empty_views = StartViews(Loopback());
+  FakeReports none;
+  empty_views->BindReports(none.Source());
+  EXPECT_THAT(HttpGet(empty_views->address(), "/reports").body, HasSubstr("No jobs."));
+}
+
+TEST(OperatorViewsReports, TokensNeedTheReadRightOnTheJob) {
+  const std::string reader = "tok-reader-0123456789";
+  const std::string writer = "tok-writer-0123456789";
+  auto tokens = TokenTable::FromJson(absl::StrCat(
+      R"({"tokens": [{"name": "a-reader", "sha256": ")", Sha256Hex(reader),
+      R"(", "project": "teamA-", "rights": ["read"]},)",
+      R"({"name": "a-writer", "sha256": ")", Sha256Hex(writer),
+      R"(", "project": "teamA-", "rights": ["write"]}]})"));
+  ASSERT_THAT(tokens, ::sonde::testing::IsOk());
+  auto views = StartViews(Loopback());
+  ASSERT_NE(views, nullptr);
+  FakeReports fake;
+  fake.Add("teamA-run", 2);
+  fake.Add("teamB-run", 1);
+  views->BindReports(fake.Source(tokens->get()));
+  const std::string http = views->address();
+
+  HttpReply anonymous = HttpGet(http, "/report?job=teamA-run");
+  EXPECT_EQ(anonymous.status, 401);
+  EXPECT_EQ(anonymous.headers["www-authenticate"], "Bearer realm=\"sonde\"");
+  EXPECT_THAT(anonymous.body, HasSubstr("Authorization: Bearer"));
+  HttpReply unknown = GetWithToken(http, "/report?job=teamA-run", "not-a-token");
+  EXPECT_EQ(unknown.status, 401);
+  EXPECT_EQ(unknown.headers["www-authenticate"], "Bearer realm=\"sonde\", error=\"invalid_token\"");
+  EXPECT_THAT(unknown.body, Not(HasSubstr("not-a-token")));
+  HttpReply basic = HttpExchange(http, "GET /report?job=teamA-run HTTP/1.1\r\n"
+                                       "Authorization: Basic dXNlcjpwYXNz\r\n\r\n");
+  EXPECT_EQ(basic.status, 401);
+  // Unauthenticated requests learn nothing else, not even that 'job' is missing.
+  EXPECT_EQ(HttpGet(http, "/report").status, 401);
+  EXPECT_EQ(HttpGet(http, "/reports").status, 401);
+
+  HttpReply other = GetWithToken(http, "/report?job=teamB-run", reader);
+  EXPECT_EQ(other.status, 403);
+  EXPECT_THAT(other.body, HasSubstr("token 'a-reader' has no read right on job 'teamB-run'"));
+  EXPECT_EQ(GetWithToken(http, "/report?job=teamA-run", writer).status, 403);
+  // The check comes before any lookup: an unknown job outside the grant is
+  // 403, inside it 404.
+  EXPECT_EQ(GetWithToken(http, "/report?job=teamB-nope", reader).status, 403);
+  EXPECT_EQ(GetWithToken(http, "/report?job=teamA-nope", reader).status, 404);
+  EXPECT_EQ(GetWithToken(http, "/report", reader).status, 400);
+  HttpReply mine = GetWithToken(http, "/report?job=teamA-run", reader);
+  EXPECT_EQ(mine.status, 200);
+  EXPECT_EQ(mine.body, "<p>report of teamA-run</p>");
+
+  HttpReply index = GetWithToken(http, "/reports", reader);
+  EXPECT_EQ(index.status, 200);
+  EXPECT_THAT(index.body, HasSubstr("report?job=teamA-run"));
+  EXPECT_THAT(index.body, Not(HasSubstr("teamB-run")));
+  EXPECT_THAT(GetWithToken(http, "/reports", writer).body,
+              HasSubstr("No jobs that this token may read."));
+}
+
+TEST(OperatorViewsReports, ProbesAnswerWhileAReportRendersAndUnbindWaitsForIt) {
+  auto views = StartViews(Loopback());
+  ASSERT_NE(views, nullptr);
+  absl::Notification started, release, unbound;
+  FakeReports fake;
+  fake.started = &started;
+  fake.release = &release;
+  views->BindReports(fake.Source());
+  const int fd = ConnectTo(views->address());
+  ASSERT_GE(fd, 0);
+  SendAll(fd, "GET /report?job=slow HTTP/1.1\r\nHost: x\r\n\r\n");
+  started.WaitForNotification();
+  // The render holds a thread; the poll thread still answers probes.
+  EXPECT_EQ(HttpGet(views->address(), "/healthz").status, 200);
+  EXPECT_EQ(HttpGet(views->address(), "/metrics").status, 200);
+  std::thread unbinder([&] {
+    views->Unbind();
+    unbound.Notify();
+  });
+  EXPECT_FALSE(unbound.HasBeenNotified()) << "Unbind returned while a report rendered";
+  release.Notify();
+  HttpReply slow = ReadReply(fd);
+  close(fd);
+  EXPECT_EQ(slow.status, 200);
+  EXPECT_EQ(slow.body, "<p>slow page</p>");
+  unbinder.join();
+  HttpReply after = HttpGet(views->address(), "/report?job=slow");
+  EXPECT_EQ(after.status, 503);
+  EXPECT_EQ(fake.renders.load(), 1);
+}
+
+TEST(OperatorViewsReports, PlainHttpBeyondLoopbackWithTlsGrpcServesNoReports) {
+  auto local_port = [](const std::string& address) {
+    return absl::StrCat("127.0.0.1", address.substr(address.rfind(':')));
+  };
+  OperatorViewsOptions options;
+  options.listen = "0.0.0.0:0";
+  options.grpc_tls = true;
+  auto refused = StartViews(options);
+  ASSERT_NE(refused, nullptr);
+  EXPECT_FALSE(refused->serves_reports());
+  FakeReports fake;
+  fake.Add("run", 1);
+  refused->BindReports(fake.Source());
+  HttpReply reply = HttpGet(local_port(refused->address()), "/report?job=run");
+  EXPECT_EQ(reply.status, 404);
+  EXPECT_THAT(reply.body, HasSubstr("--metrics_reports=on"));
+  EXPECT_EQ(HttpGet(local_port(refused->address()), "/reports").status, 404);
+  EXPECT_EQ(HttpGet(local_port(refused->address()), "/metrics").status, 200);
+
+  options.reports.serve = OperatorReportOptions::Serve::kOn;  // the operator's call
+  auto opted_in = StartViews(options);
+  EXPECT_TRUE(opted_in->serves_reports());
+  opted_in->BindReports(fake.Source());
+  EXPECT_EQ(HttpGet(local_port(opted_in->address()), "/report?job=run").status, 200);
+
+  OperatorViewsOptions loopback = Loopback();
+  loopback.grpc_tls = true;
+  EXPECT_TRUE(StartViews(loopback)->serves_reports());
+  options.grpc_tls = false;  // gRPC in clear too: nothing more to protect
+  options.reports.serve = OperatorReportOptions::Serve::kAuto;
+  EXPECT_TRUE(StartViews(options)->serves_reports());
+  loopback.reports.serve = OperatorReportOptions::Serve::kOff;
+  auto off = StartViews(loopback);
+  EXPECT_FALSE(off->serves_reports());
+  EXPECT_THAT(HttpGet(off->address(), "/report?job=run").body, HasSubstr("turned off"));
+}
+
+TEST(OperatorViewsReports, ParseReportServe) {
+  EXPECT_EQ(*ParseReportServe("auto"), OperatorReportOptions::Serve::kAuto);
+  EXPECT_EQ(*ParseReportServe("on"), OperatorReportOptions::Serve::kOn);
+  EXPECT_EQ(*ParseReportServe("off"), OperatorReportOptions::Serve::kOff);
+  EXPECT_THAT(ParseReportServe("yes"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "auto, on or off, got 'yes'"));
 }
 
 }  // namespace
