@@ -81,6 +81,10 @@ constexpr int kPatience = 10;
 constexpr int kHealthySnapshots = 3 * kPatience;
 // A firing case gives up after this (it takes 1-3 s when the rule works).
 constexpr absl::Duration kFireDeadline = absl::Seconds(20);
+// The same for the cases that depend on the machine (I/O wait, a quiet CPU)
+// and skip when it does not oblige: shorter, so that a busy machine costs
+// seconds, not minutes. 80 samples: patience is 10.
+constexpr absl::Duration kMachineDeadline = absl::Seconds(8);
 // One step of the loops: a data-starved or tiny-batch step mostly waits.
 // Kept at 50 ms so that no run reaches the 100 steps StepOutlier needs
 // before judging: ProfilerReport's verdicts name only the rules a case is
@@ -504,7 +508,7 @@ TEST(ProfilerWorkloads, IOBottleneckFiresWhenWritersWaitOnTheDiskAndTheGpuIdles)
   SONDE_ASSERT_OK(hook);
   Reader reader(collector.address(), "io-bound");
   const bool fired = Train(
-      **hook, kFireDeadline,
+      **hook, kMachineDeadline,
       [&](int, absl::Duration t) {
         PlayBoth(gpu, kIdleGpu, t);
         Sleep(kStep);
@@ -769,7 +773,7 @@ TEST(ProfilerWorkloads, BatchSizeFiresWhenCpuAndGpuAreBothUnderused) {
   SONDE_ASSERT_OK(hook);
   Reader reader(collector.address(), "small-batch");
   const bool fired = Train(
-      **hook, kFireDeadline,
+      **hook, kMachineDeadline,
       [&](int, absl::Duration t) {
         PlayBoth(gpu, kUnderusedGpu, t);
         Sleep(kStep);
