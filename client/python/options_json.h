@@ -9,7 +9,7 @@
 //    "max_spill_bytes": 4294967296, "max_block_seconds": 1,
 //    "close_timeout_seconds": 30,
 //    "profiler": {"enabled": false, "interval_seconds": 0.5, "system": true,
-//                 "framework": true},
+//                 "framework": true, "nvml_library": "libnvidia-ml.so.1"},
 //    "config_file": "debughookconfig.json",     (SageMaker's hook config)
 //    "config": {"save_config": SAVE, "reduction_config": RED | null,
 //               "include_regex": [...], "include_collections": [...],

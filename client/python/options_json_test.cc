@@ -79,8 +79,17 @@ TEST(PythonHookOptions, ProfilerOptions) {
   EXPECT_EQ(parsed->options.profiler.interval, absl::Milliseconds(100));
   EXPECT_FALSE(parsed->options.profiler.system);
   EXPECT_TRUE(parsed->options.profiler.framework);
+  EXPECT_EQ(parsed->options.profiler.nvml_library, "libnvidia-ml.so.1");
   EXPECT_THAT(ParsePythonHookOptions(R"({"profiler": {"interval": 1}})"),
               StatusIs(absl::StatusCode::kInvalidArgument, "unknown option 'interval'"));
+  auto elsewhere = ParsePythonHookOptions(
+      R"({"profiler": {"enabled": true, "nvml_library": "/opt/nvidia/libnvidia-ml.so.1"}})");
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  EXPECT_EQ(elsewhere->options.profiler.nvml_library, "/opt/nvidia/libnvidia-ml.so.1");
+  EXPECT_THAT(ParsePythonHookOptions(R"({"profiler": {"nvml_library": ""}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'nvml_library' must not be empty"));
+  EXPECT_THAT(ParsePythonHookOptions(R"({"profiler": {"nvml_library": 3}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "nvml_library"));
 }
 
 TEST(PythonHookOptions, MistakesAreRefusedWithWhatWasWrong) {

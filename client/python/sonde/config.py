@@ -161,9 +161,12 @@ class Collection:
 class ProfilerConfig:
     """The profiler (SageMaker's ProfilerConfig): system metrics every
     `system_monitor_interval_millis` (100..60000, default 500) and framework
-    timings (steps, data-loader waits, forward/backward, spans)."""
+    timings (steps, data-loader waits, forward/backward, spans).
+    nvml_library: where to dlopen NVML from (default libnvidia-ml.so.1,
+    found by the dynamic loader); without it the profiler reports no GPU."""
 
-    def __init__(self, system_monitor_interval_millis=500, system=True, framework=True):
+    def __init__(self, system_monitor_interval_millis=500, system=True, framework=True,
+                 nvml_library=None):
         millis = int(system_monitor_interval_millis)
         if not 100 <= millis <= 60000:
             raise ValueError("system_monitor_interval_millis must be in 100..60000, not %r"
@@ -171,7 +174,13 @@ class ProfilerConfig:
         self.system_monitor_interval_millis = millis
         self.system = bool(system)
         self.framework = bool(framework)
+        if nvml_library is not None and (not isinstance(nvml_library, str) or not nvml_library):
+            raise ValueError("nvml_library must be a non-empty path, not %r" % (nvml_library,))
+        self.nvml_library = nvml_library
 
     def _json(self):
-        return {"enabled": True, "interval_seconds": self.system_monitor_interval_millis / 1000.0,
-                "system": self.system, "framework": self.framework}
+        out = {"enabled": True, "interval_seconds": self.system_monitor_interval_millis / 1000.0,
+               "system": self.system, "framework": self.framework}
+        if self.nvml_library is not None:
+            out["nvml_library"] = self.nvml_library
+        return out

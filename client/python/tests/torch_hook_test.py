@@ -618,8 +618,10 @@ def test_profiler_records_system_metrics_steps_forward_backward_and_dataloader_w
 
     loader = torch.utils.data.DataLoader(SlowDataset(), batch_size=2)
     model = Net()
+    # An NVML that is not there: no GPU, and nothing else changes (strict).
     hook = smd.Hook(collector=collector.address, job="profiled", strict=True,
-                    profiler=smd.ProfilerConfig(system_monitor_interval_millis=100))
+                    profiler=smd.ProfilerConfig(system_monitor_interval_millis=100,
+                                                nvml_library="/nonexistent/libnvidia-ml.so.1"))
     hook.register_module(model)
     loss_fn = nn.CrossEntropyLoss()
     hook.register_loss(loss_fn)
@@ -660,6 +662,7 @@ def test_profiler_records_system_metrics_steps_forward_backward_and_dataloader_w
     names = set(metrics.workers[0].names)
     assert {"cpu.util_percent", "memory.used_bytes", "process.rss_bytes",
             "framework.dataloader_workers"} <= names
+    assert not any(n.startswith("gpu.") for n in names)
     workers = r.stub.ReadMetrics(query_pb2.ReadMetricsRequest(
         job="profiled", names=["framework.dataloader_workers"], worker=-1), timeout=10)
     assert set(workers.series[0].values) == {0.0}  # the loader had num_workers=0
@@ -672,6 +675,14 @@ def test_profiler_records_system_metrics_steps_forward_backward_and_dataloader_w
     hook.register_module(model2)
     assert all(not p._backward_hooks for p in model2.parameters())
     hook.close()
+
+
+def test_profiler_config_checks_the_nvml_library():
+    with pytest.raises(ValueError, match="nvml_library"):
+        smd.ProfilerConfig(nvml_library="")
+    assert smd.ProfilerConfig(nvml_library="/opt/nv/libnvidia-ml.so.1")._json()[
+        "nvml_library"] == "/opt/nv/libnvidia-ml.so.1"
+    assert "nvml_library" not in smd.ProfilerConfig()._json()
 
 
 def _in_forked_child(hook_module, address, model, results):
