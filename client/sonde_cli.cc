@@ -11,8 +11,13 @@
 //   sonde rule-catalog               every rule the collector can run
 //   sonde enable-rules --job J --rules 'Type(k=v,...);...'   before the job starts
 //   sonde delete --job J             delete a job that has ended, and all its data
+//   sonde report --job J [--out F]   the job's HTML report
+//   sonde metrics --job J [--names a,b | --regex R] [--worker W] [--start T] [--end T]
+//   sonde metrics --job J --list     the profiler's metric names per worker
+//   sonde events --job J [--kind K] [--name N] [--worker W] [--start T] [--end T]
 //
 // Every command takes --collector (default 127.0.0.1:7070) and --json.
+// Times (metrics, events) are unix microseconds or RFC3339 with a zone.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +29,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -31,9 +38,9 @@
 #include "client/format.h"
 #include "client/query_client.h"
 #include "common/channel.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "common/dtype.h"
-#include "common/grpc_status.h"
-#include "grpcpp/grpcpp.h"
 #include "proto/query.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "rules/rule_config.h"
@@ -51,12 +58,28 @@ ABSL_FLAG(std::string, token, "",
 ABSL_FLAG(std::string, job, "", "job name");
 ABSL_FLAG(std::string, tensor, "", "tensor name");
 ABSL_FLAG(std::string, collection, "", "only tensors in this collection");
-ABSL_FLAG(std::string, regex, "", "only tensors whose name matches");
+ABSL_FLAG(std::string, regex, "",
+          "tensors: only tensors whose name matches; metrics: only metrics where this "
+          "ECMAScript regex finds a match");
+ABSL_FLAG(std::string, names, "", "metrics: only these metrics, comma-separated");
+ABSL_FLAG(bool, list, false, "metrics: list the metric names per worker instead of values");
+ABSL_FLAG(std::string, kind, "",
+          "events: only this kind: step, data_wait, forward, backward, span or init "
+          "(default: every kind)");
+ABSL_FLAG(std::string, name, "", "events: only events of this name (spans)");
+ABSL_FLAG(int32_t, limit, 0,
+          "metrics/events: at most this many points/events in one answer (0: the collector's "
+          "limit, 200000 points or 100000 events)");
 ABSL_FLAG(std::string, mode, "", "TRAIN, EVAL, PREDICT or GLOBAL (default: every mode)");
 ABSL_FLAG(int64_t, step, -1, "step (a mode step with --mode TRAIN/EVAL/PREDICT, else global)");
-ABSL_FLAG(int64_t, start, 0, "first step of a series");
-ABSL_FLAG(int64_t, end, 0, "end of a series, exclusive (0: no end)");
-ABSL_FLAG(int32_t, worker, -1, "worker (default: 0 for show, every worker for series)");
+ABSL_FLAG(std::string, start, "",
+          "series: first step; metrics/events: first time, inclusive, as unix microseconds "
+          "or RFC3339 with a zone (2024-05-01T12:00:00Z) (default: from the start)");
+ABSL_FLAG(std::string, end, "",
+          "series: end step, exclusive; metrics/events: end time, exclusive, as --start "
+          "(default: no end)");
+ABSL_FLAG(int32_t, worker, -1,
+          "worker (default: 0 for show, every worker for series, metrics and events)");
 ABSL_FLAG(int32_t, max_values, 64, "values printed by show (0: all)");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
 ABSL_FLAG(std::string, out, "", "report: the HTML file to write (default: stdout)");
@@ -75,7 +98,7 @@ int Fail(const absl::Status& s) {
 int Usage(const std::string& msg) {
   std::cerr << "sonde: " << msg << "\n"
             << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|"
-               "delete|report} "
+               "delete|report|metrics|events} "
                "[flags]; "
                "sonde --help for flags\n";
   return 2;
@@ -251,11 +274,65 @@ int Show(QueryClient& q, const std::string& job, v1::Mode mode, bool json) {
   return 0;
 }
 
+// --start/--end of `series`: steps; empty means 0 (from the first step / no end).
+absl::StatusOr<int64_t> StepFlag(const std::string& flag, const std::string& text) {
+  if (text.empty()) return 0;
+  int64_t step;
+  if (!absl::SimpleAtoi(text, &step) || step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", text, "' is not a step"));
+  }
+  return step;
+}
+
+// --start/--end of `metrics` and `events`: unix microseconds or RFC3339;
+// empty means 0 (from the start / no end).
+absl::StatusOr<int64_t> TimeFlag(const std::string& flag, const std::string& text) {
+  if (text.empty()) return 0;
+  auto micros = ParseUnixMicros(text);
+  if (!micros.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", micros.status().message()));
+  }
+  if (*micros <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": '", text, "' is not after 1970-01-01T00:00:00Z"));
+  }
+  return *micros;
+}
+
+struct TimeRange {
+  int64_t start = 0;  // inclusive; 0: from the start
+  int64_t end = 0;    // exclusive; 0: no end
+};
+
+absl::StatusOr<TimeRange> TimeRangeFlags() {
+  auto start = TimeFlag("start", absl::GetFlag(FLAGS_start));
+  if (!start.ok()) return start.status();
+  auto end = TimeFlag("end", absl::GetFlag(FLAGS_end));
+  if (!end.ok()) return end.status();
+  if (*end > 0 && *end <= *start) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--end (", FormatUnixMicros(*end), ") must be after --start (",
+                     FormatUnixMicros(*start), ")"));
+  }
+  return TimeRange{*start, *end};
+}
+
+absl::StatusOr<uint32_t> LimitFlag() {
+  const int32_t limit = absl::GetFlag(FLAGS_limit);
+  if (limit < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--limit must be >= 0, got ", limit));
+  }
+  return static_cast<uint32_t>(limit);
+}
+
 int Series(QueryClient& q, const std::string& job, v1::Mode mode, bool json) {
   const std::string tensor = absl::GetFlag(FLAGS_tensor);
   if (tensor.empty()) return Usage("series needs --tensor");
-  auto points = q.ReadSeries(job, tensor, mode, absl::GetFlag(FLAGS_start),
-                             absl::GetFlag(FLAGS_end), absl::GetFlag(FLAGS_worker));
+  auto start = StepFlag("start", absl::GetFlag(FLAGS_start));
+  if (!start.ok()) return Fail(start.status());
+  auto end = StepFlag("end", absl::GetFlag(FLAGS_end));
+  if (!end.ok()) return Fail(end.status());
+  auto points = q.ReadSeries(job, tensor, mode, *start, *end, absl::GetFlag(FLAGS_worker));
   if (!points.ok()) return Fail(points.status());
   if (json) {
     nlohmann::json arr = nlohmann::json::array();
@@ -379,32 +456,98 @@ int Delete(QueryClient& q, const std::string& job, bool json) {
   return 0;
 }
 
-// The job's HTML report (Query.GetReport) into --out, or stdout. Its own
-// stub: QueryClient has no GetReport yet.
-int Report(const std::string& address, const ChannelSecurity& security, const std::string& job) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = MakeChannel(address, security, args);
-  if (!channel.ok()) return Fail(absl::InvalidArgumentError(channel.status().message()));
-  auto stub = v1::Query::NewStub(*channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
-  v1::GetReportRequest request;
-  request.set_job(job);
-  v1::GetReportResponse response;
-  absl::Status s = FromGrpcStatus(stub->GetReport(&ctx, request, &response));
-  if (!s.ok()) return Fail(s);
+// The job's HTML report (Query.GetReport) into --out, or stdout. The
+// client was connected with a longer timeout for it (Main).
+int Report(QueryClient& q, const std::string& job) {
+  auto html = q.GetReport(job);
+  if (!html.ok()) return Fail(html.status());
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty() || out == "-") {
-    std::cout << response.html();
+    std::cout << *html;
     return 0;
   }
   std::ofstream file(out, std::ios::binary | std::ios::trunc);
-  file << response.html();
+  file << *html;
   file.close();
   if (!file) return Fail(absl::UnavailableError(absl::StrCat("cannot write '", out, "'")));
-  std::cerr << "wrote the report of job '" << job << "' to " << out << " ("
-            << response.html().size() << " bytes)\n";
+  std::cerr << "wrote the report of job '" << job << "' to " << out << " (" << html->size()
+            << " bytes)\n";
+  return 0;
+}
+
+// Profiler metrics: the names per worker (--list), or the points of the
+// chosen series. A truncated answer is printed as it came, with a line on
+// stderr saying where it stops; the exit code stays 0.
+int Metrics(QueryClient& q, const std::string& job, bool json) {
+  const int32_t worker = absl::GetFlag(FLAGS_worker);
+  if (absl::GetFlag(FLAGS_list)) {
+    auto workers = q.ListMetrics(job, worker);
+    if (!workers.ok()) return Fail(workers.status());
+    std::cout << (json ? MetricNamesJson(*workers) + "\n" : MetricNamesTable(*workers));
+    return 0;
+  }
+  const std::vector<std::string> names =
+      absl::StrSplit(absl::GetFlag(FLAGS_names), ',', absl::SkipEmpty());
+  auto range = TimeRangeFlags();
+  if (!range.ok()) return Fail(range.status());
+  auto limit = LimitFlag();
+  if (!limit.ok()) return Fail(limit.status());
+  auto read = q.ReadMetrics(job, names, absl::GetFlag(FLAGS_regex), worker, range->start,
+                            range->end, *limit);
+  if (!read.ok()) return Fail(read.status());
+  std::cout << (json ? MetricsJson(read->series, read->truncated) + "\n"
+                     : MetricsTable(read->series));
+  if (read->truncated) {
+    size_t points = 0;
+    for (const auto& s : read->series) points += s.unix_micros_size();
+    std::cerr << "sonde: truncated: more points match than one answer holds (" << points
+              << " shown, by worker, then metric, then time); narrow the time range with "
+                 "--start/--end, or ask for fewer metrics (--names, --regex) or one --worker, "
+                 "for the rest";
+    if (!read->series.empty() && read->series.back().unix_micros_size() > 0) {
+      const auto& last = read->series.back();
+      std::cerr << ". The last series shown, '" << last.name() << "' of worker "
+                << last.worker() << ", stops at "
+                << FormatUnixMicros(last.unix_micros(last.unix_micros_size() - 1));
+    }
+    std::cerr << "\n";
+  }
+  return 0;
+}
+
+// Framework events (steps, data waits, forward, backward, spans,
+// initialisation), truncated like Metrics.
+int Events(QueryClient& q, const std::string& job, bool json) {
+  v1::TraceEvent::Kind kind = v1::TraceEvent::KIND_UNSPECIFIED;
+  if (const std::string k = absl::GetFlag(FLAGS_kind); !k.empty()) {
+    auto parsed = ParseEventKind(k);
+    if (!parsed.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--kind: ", parsed.status().message())));
+    }
+    kind = *parsed;
+  }
+  auto range = TimeRangeFlags();
+  if (!range.ok()) return Fail(range.status());
+  auto limit = LimitFlag();
+  if (!limit.ok()) return Fail(limit.status());
+  auto read = q.ReadEvents(job, kind, absl::GetFlag(FLAGS_name), absl::GetFlag(FLAGS_worker),
+                           range->start, range->end, *limit);
+  if (!read.ok()) return Fail(read.status());
+  std::cout << (json ? EventsJson(read->events, read->truncated) + "\n"
+                     : EventsTable(read->events));
+  if (read->truncated) {
+    std::cerr << "sonde: truncated: more events match than one answer holds ("
+              << read->events.size()
+              << " shown, by worker, then kind, then name, then start); narrow the time range "
+                 "with --start/--end, or use --kind, --name or --worker, for the rest";
+    if (!read->events.empty()) {
+      const auto& last = read->events.back();
+      std::cerr << ". The last shown is a " << EventKindName(last.event().kind())
+                << " event of worker " << last.worker() << " starting at "
+                << FormatUnixMicros(last.event().start_unix_micros());
+    }
+    std::cerr << "\n";
+  }
   return 0;
 }
 
@@ -424,7 +567,9 @@ int Main(const std::vector<char*>& args) {
   if (const char* env = std::getenv("SONDE_TOKEN"); security.token.empty() && env != nullptr) {
     security.token = env;
   }
-  auto connected = QueryClient::Connect(absl::GetFlag(FLAGS_collector), security);
+  // A large job's report takes longer to render than a query to answer.
+  const absl::Duration timeout = cmd == "report" ? absl::Minutes(2) : absl::Seconds(30);
+  auto connected = QueryClient::Connect(absl::GetFlag(FLAGS_collector), security, timeout);
   // Exit code 3 means "no such job": an unreadable PEM file is a usage error.
   if (!connected.ok()) return Fail(absl::InvalidArgumentError(connected.status().message()));
   std::unique_ptr<QueryClient> q = std::move(*connected);
@@ -433,7 +578,8 @@ int Main(const std::vector<char*>& args) {
   const std::string job = absl::GetFlag(FLAGS_job);
   const bool known = cmd == "job" || cmd == "tensors" || cmd == "steps" || cmd == "show" ||
                      cmd == "series" || cmd == "rules" || cmd == "watch" ||
-                     cmd == "enable-rules" || cmd == "delete" || cmd == "report";
+                     cmd == "enable-rules" || cmd == "delete" || cmd == "report" ||
+                     cmd == "metrics" || cmd == "events";
   if (!known) return Usage(absl::StrCat("unknown command '", cmd, "'"));
   if (job.empty()) return Usage(absl::StrCat(cmd, " needs --job"));
   if (cmd == "job") return Job(*q, job, json);
@@ -444,7 +590,9 @@ int Main(const std::vector<char*>& args) {
   if (cmd == "rules") return Rules(*q, job, json);
   if (cmd == "enable-rules") return EnableRules(*q, job, json);
   if (cmd == "delete") return Delete(*q, job, json);
-  if (cmd == "report") return Report(absl::GetFlag(FLAGS_collector), security, job);
+  if (cmd == "report") return Report(*q, job);
+  if (cmd == "metrics") return Metrics(*q, job, json);
+  if (cmd == "events") return Events(*q, job, json);
   return Watch(*q, job, json);
 }
 
@@ -453,10 +601,24 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|delete|report} "
+      "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|delete|"
+      "report|metrics|events} "
       "[--collector=host:port] [--tls_ca=ca.pem [--tls_cert=c.pem --tls_key=k.pem]] "
       "[--token=T, or SONDE_TOKEN in the environment] "
-      "[--job=J] [--json] ...");
+      "[--job=J] [--json] ...\n"
+      "  sonde metrics --job=J [--names=a,b | --regex=R] [--worker=W] [--start=T] [--end=T]\n"
+      "  sonde metrics --job=J --list\n"
+      "  sonde events --job=J [--kind=step|data_wait|forward|backward|span|init] [--name=N] "
+      "[--worker=W] [--start=T] [--end=T]\n"
+      "Times T are unix microseconds (1714564800000000) or RFC3339 with a zone "
+      "(2024-05-01T12:00:00Z, 2024-05-01T14:00:00.5+02:00); ranges are [start, end).");
+  // --help lists the flags of this file (by default only those of a file
+  // named after the program, "sonde.cc", which does not exist).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "client/sonde_cli.cc");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return sonde::Main(args);
 }
