@@ -108,6 +108,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.reports.timeout = absl::GetFlag(FLAGS_report_timeout);
+  if (options.reports.timeout <= absl::ZeroDuration()) {
+    std::cerr << "sonde-collector: --report_timeout must be positive\n";
+    return 2;
+  }
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   options.limits.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
