@@ -25,8 +25,9 @@ from sonde.exceptions import (
     TensorUnavailableForStep,
 )
 from sonde.modes import ModeKeys
+from sonde.trials import profiler
 from sonde.trials.connection import Connection
-from sonde.trials.steps import Progress, StepList, StepState, as_mode, as_step
+from sonde.trials.steps import Progress, StepList, StepState, as_mode, as_step, as_worker
 from sonde.trials.tensor import Tensor
 from sonde.v1 import query_pb2, rule_pb2, tensor_pb2
 
@@ -312,6 +313,53 @@ class Trial:
 
     def _progress(self):
         return Progress(self.job_info())
+
+    # --- profiler ---------------------------------------------------------
+
+    def metric_names(self, worker=None, regex=None):
+        """{worker: [metric names, sorted]} of the profiler's system metrics
+        (e.g. "cpu.util_percent", "gpu.0.memory_used_bytes"; docs/profiler.md).
+
+        worker: only that rank (or "worker_<rank>"). regex: a Python regular
+        expression (or a list of them) searched in the name, as in
+        tensor_names. Workers with no such metric are left out.
+        """
+        return profiler.metric_names(self._conn, self.job, as_worker(worker), regex)
+
+    def system_metrics(self, names=None, regex=None, worker=None, start=None, end=None, *,
+                       page_size=None):
+        """{(worker, name): MetricSeries(times, values)} of the metrics named
+        in `names` (a name or a list) or where `regex` (Python's re.search,
+        a pattern or a list) finds a match; neither: every metric. Only
+        series with points in [start, end) are returned.
+
+        times are numpy datetime64[us] in UTC (`.astype("int64")`: unix
+        microseconds), values float64. start and end: unix microseconds, a
+        numpy.datetime64, an aware datetime or an RFC3339 string; None: no
+        bound. Reads past the collector's per-call limit (page_size points a
+        call; None: the collector's 200000) until the range is exhausted
+        (sonde/trials/profiler.py says how).
+        """
+        return profiler.read_metrics(self._conn, self.job, names, regex, as_worker(worker),
+                                     start, end, page_size)
+
+    def framework_events(self, kind=None, name=None, worker=None, start=None, end=None, *,
+                         page_size=None):
+        """[FrameworkEvent] that start in [start, end), sorted by start time.
+
+        kind: "step", "data_wait", "forward", "backward", "span" or "init"
+        (None: every kind); name: only events of that name (spans). Each
+        FrameworkEvent has kind, name, worker, mode (ModeKeys or None),
+        step (global; -1 outside a step), mode_step, start and end
+        (datetime64[us], UTC) and duration (timedelta64[us]). Times as for
+        system_metrics; reads past the collector's per-call limit
+        (page_size events a call; None: the collector's 100000).
+        """
+        def workers():
+            return sorted(set(self.job_info().workers) | set(self.metric_names()))
+
+        return profiler.read_events(self._conn, self.job, workers, kind, name, as_worker(worker),
+                                    start, end, page_size)
 
     # --- rules ------------------------------------------------------------
 
