@@ -1,6 +1,7 @@
 #include "client/format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
@@ -93,9 +94,12 @@ constexpr v1::TraceEvent::Kind kEventKinds[] = {
     v1::TraceEvent::KIND_STEP,     v1::TraceEvent::KIND_DATA_WAIT, v1::TraceEvent::KIND_FORWARD,
     v1::TraceEvent::KIND_BACKWARD, v1::TraceEvent::KIND_SPAN,      v1::TraceEvent::KIND_INIT};
 
-// The fewest significant digits that read back as the same double, so a
-// byte count prints whole and 0.1 prints as 0.1.
+// Whole numbers (byte counts) print whole; others with the fewest
+// significant digits that read back as the same double, so 0.1 prints as 0.1.
 std::string ShortestDouble(double v) {
+  if (std::trunc(v) == v && std::fabs(v) < 9007199254740992.0) {  // 2^53: exact
+    return absl::StrFormat("%.0f", v);
+  }
   for (int precision = 6; precision < 17; ++precision) {
     std::string s = absl::StrFormat("%.*g", precision, v);
     if (std::strtod(s.c_str(), nullptr) == v) return s;

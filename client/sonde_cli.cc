@@ -61,7 +61,9 @@ ABSL_FLAG(std::string, collection, "", "only tensors in this collection");
 ABSL_FLAG(std::string, regex, "",
           "tensors: only tensors whose name matches; metrics: only metrics where this "
           "ECMAScript regex finds a match");
-ABSL_FLAG(std::string, names, "", "metrics: only these metrics, comma-separated");
+ABSL_FLAG(std::string, names, "",
+          "metrics: only these metrics, comma-separated (with --regex: these and the "
+          "matches)");
 ABSL_FLAG(bool, list, false, "metrics: list the metric names per worker instead of values");
 ABSL_FLAG(std::string, kind, "",
           "events: only this kind: step, data_wait, forward, backward, span or init "

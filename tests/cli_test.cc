@@ -260,7 +260,7 @@ class CliProfilerTest : public ::testing::Test {
       auto span = (*hook)->Span("augment");
       absl::SleepFor(absl::Milliseconds(15));
     }
-    const double values[] = {0.5, 1, 2.25, 4096, 8589934592.0};
+    const double values[] = {0.5, 1, 2.25, 250000000.0, 8589934592.0};
     v1::ProfileBatch fixed;
     for (int i = 0; i < 5; ++i) {
       v1::MetricSnapshot* snapshot = fixed.add_snapshots();
@@ -332,7 +332,7 @@ TEST_F(CliProfilerTest, MetricsTablePrintsRfc3339TimesWorkersAndExactValues) {
                 {"2024-05-01T12:00:00.000000Z", "0", "test.queue_depth", "0.5"},
                 {"2024-05-01T12:00:01.000000Z", "0", "test.queue_depth", "1"},
                 {"2024-05-01T12:00:02.000000Z", "0", "test.queue_depth", "2.25"},
-                {"2024-05-01T12:00:03.000000Z", "0", "test.queue_depth", "4096"},
+                {"2024-05-01T12:00:03.000000Z", "0", "test.queue_depth", "250000000"},
                 {"2024-05-01T12:00:04.000000Z", "0", "test.queue_depth", "8589934592"}}))
       << r.out;
 }
@@ -359,7 +359,7 @@ TEST_F(CliProfilerTest, MetricsJsonKeepsTheTimeRangeGivenAsRfc3339OrMicros) {
   ASSERT_EQ(later.exit_code, 0) << later.out;
   auto series = nlohmann::json::parse(later.out)["series"];
   ASSERT_EQ(series.size(), 1u);
-  EXPECT_EQ(series[0]["values"], nlohmann::json::array({4096.0, 8589934592.0}));
+  EXPECT_EQ(series[0]["values"], nlohmann::json::array({250000000.0, 8589934592.0}));
 }
 
 TEST_F(CliProfilerTest, MetricsRegexReadsTheSystemSamplesOfTheRun) {
