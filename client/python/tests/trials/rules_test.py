@@ -46,7 +46,9 @@ def test_rule_results_report_the_issue_and_where(rules_collector, open_trial):
         minutes=5)
     assert set(r) == {"job", "rule", "rule_type", "status", "step", "mode", "mode_step",
                       "worker", "tensors", "message", "suggestion", "observed", "threshold",
-                      "steps_evaluated", "actions_taken", "time"}
+                      "steps_evaluated", "datapoints", "times_triggered", "actions_taken",
+                      "time"}
+    assert (r["datapoints"], r["times_triggered"]) == (0, 1)  # a tensor rule: stops at its issue
 
 
 def test_rule_job_summary_is_shaped_like_sagemakers(rules_collector, open_trial):
