@@ -42,7 +42,8 @@ const RuleMetrics& Metrics() {
     auto* results = r.AddCounterFamily(
         "sonde_rule_results_total",
         "Rule results published (stored and shown to watchers), by status; InProgress ones "
-        "are progress reports.",
+        "are progress reports, and a profiler rule still finding its issue republishes its "
+        "IssuesFound verdict at most once a second.",
         {"status"});
     for (int s = v1::RULE_STATUS_IN_PROGRESS; s <= v1::RuleStatus_MAX; ++s) {
       const auto status = static_cast<v1::RuleStatus>(s);
@@ -185,7 +186,13 @@ void RuleRunner::SubmitProfile(int32_t worker, v1::ProfileBatch batch) {
 bool RuleRunner::WantsProfile() const { return wants_profile_; }
 
 void RuleRunner::Drain() {
-  for (auto& inst : instances_) inst->strand->Drain();
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    // After what is queued: a verdict the once-a-second limit held back.
+    instances_[i]->strand->Post([this, i] {
+      if (instances_[i]->unpublished) Publish(i, {});
+    });
+    instances_[i]->strand->Drain();
+  }
 }
 
 bool RuleRunner::WantsValues(const v1::TensorRecord& record) const {
@@ -210,6 +217,7 @@ std::vector<v1::RuleResult> RuleRunner::Results() const {
 
 void RuleRunner::Publish(size_t index, const std::vector<v1::Action>& actions) {
   Instance& inst = *instances_[index];
+  inst.unpublished = false;
   inst.result.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
   CountPublished(inst.result, actions);
   {
@@ -233,6 +241,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
   const bool rejudging =
       r.status() == v1::RULE_STATUS_ISSUES_FOUND && inst.rule->KeepsJudgingAfterIssue();
   if (IsFinal(r.status()) && !rejudging) return;
+  if (rejudging && inst.stopped_feeding.load()) return;  // failed after its issue
   if (step != nullptr && step->step <= inst.cursor) {
     // Evaluated before a restart: rebuild the rule's state only.
     inst.rule->OnStep(*step).IgnoreError();
@@ -247,9 +256,11 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
   inst.evaluation_seconds->ObserveDuration(took);
   if (step != nullptr) {
     r.set_steps_evaluated(r.steps_evaluated() + 1);
-    r.set_step(step->step);
-    r.set_mode(step->mode);
-    r.set_mode_step(step->mode_step);
+    if (!rejudging) {  // an IssuesFound verdict keeps the step of its issue
+      r.set_step(step->step);
+      r.set_mode(step->mode);
+      r.set_mode_step(step->mode_step);
+    }
   }
   if (profile != nullptr) {
     r.set_datapoints(r.datapoints() + profile->batch.snapshots_size() +
@@ -260,19 +271,26 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
                                                                 profile->worker)
                             : tick.has_value()   ? std::string("a clock tick")
                                                  : std::string("the end of training");
-  if (!outcome.ok()) {
-    r.set_status(v1::RULE_STATUS_ERROR);
-    r.set_message(absl::StrCat("rule failed at ", where, ": ", outcome.status().ToString()));
+  // A rule that fails after it found an issue keeps that verdict (it was
+  // acted on), says why it stopped, and is not fed again.
+  auto fail = [&](const std::string& why) {
+    if (rejudging) {
+      inst.stopped_feeding = true;
+      r.set_message(absl::StrCat(r.message(), " (then ", why, "; it is no longer fed)"));
+    } else {
+      r.set_status(v1::RULE_STATUS_ERROR);
+      r.set_message(why);
+    }
     Publish(index, {});
+  };
+  if (!outcome.ok()) {
+    fail(absl::StrCat("rule failed at ", where, ": ", outcome.status().ToString()));
     return;
   }
   if (took > budget_.max_evaluation) {
     inst.stopped_feeding = true;
-    r.set_status(v1::RULE_STATUS_ERROR);
-    r.set_message(absl::StrCat("rule took ", absl::FormatDuration(took), " at ", where,
-                               ", over its budget of ",
-                               absl::FormatDuration(budget_.max_evaluation)));
-    Publish(index, {});
+    fail(absl::StrCat("rule took ", absl::FormatDuration(took), " at ", where,
+                      ", over its budget of ", absl::FormatDuration(budget_.max_evaluation)));
     return;
   }
   const bool job_end = step == nullptr && profile == nullptr && !tick.has_value();
@@ -297,6 +315,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
                        kRepublishEvery) {
       Publish(index, {});
     } else {
+      inst.unpublished = true;  // Drain() publishes it
       absl::MutexLock lock(&mu_);
       snapshot_[index] = r;
     }

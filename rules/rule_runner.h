@@ -98,6 +98,7 @@ class RuleRunner {
     metrics::Histogram* evaluation_seconds = nullptr;  // this rule type's series
     std::atomic<bool> stopped_feeding{false};
     int64_t profile_evaluations = 0;  // on the instance's strand
+    bool unpublished = false;  // on the strand: result changed since the last Publish
   };
 
   RuleRunner(std::string job, RuleSink* sink, RuleBudget budget)

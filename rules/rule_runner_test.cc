@@ -373,6 +373,12 @@ TEST(RuleRunner, ARuleThatKeepsJudgingCountsEveryTriggerAndActsOnce) {
   EXPECT_EQ(live.times_triggered(), 3);
   EXPECT_EQ(live.observed(), 99);  // the latest issue's details
   EXPECT_EQ(live.datapoints(), 6);
+  {
+    // Drain() published what the once-a-second limit held back.
+    absl::MutexLock lock(&sink.mu_);
+    ASSERT_FALSE(sink.results.empty());
+    EXPECT_EQ(sink.results.back().times_triggered(), 3);
+  }
   (*runner)->SubmitProfile(1, CpuBatch(91));
   (*runner)->SubmitJobEnd(std::nullopt);
   (*runner)->Drain();
@@ -386,6 +392,43 @@ TEST(RuleRunner, ARuleThatKeepsJudgingCountsEveryTriggerAndActsOnce) {
   ASSERT_EQ(sink.actions.size(), 2u);  // StopTraining and Log, at the first issue only
   EXPECT_EQ(sink.actions[0].verdict().times_triggered(), 1);
   EXPECT_EQ(sink.actions[1].verdict().times_triggered(), 1);
+}
+
+// Fires over 90; fails on a negative value.
+class FailsLaterRule : public StillHotCpuRule {
+ public:
+  absl::StatusOr<std::optional<Finding>> OnProfile(const ProfileData& data) override {
+    if (data.batch.snapshots(0).samples(0).value() < 0) {
+      return absl::DataLossError("negative utilisation");
+    }
+    return StillHotCpuRule::OnProfile(data);
+  }
+};
+
+TEST(RuleRunner, ARuleThatFailsAfterItsIssueKeepsTheVerdictAndStops) {
+  RuleFactory factory;
+  SONDE_ASSERT_OK(factory.Register({"FailsLater", "cpu over 90", {}, {}, "", "test"},
+                                   [](RuleParams&) -> absl::StatusOr<std::unique_ptr<Rule>> {
+                                     return std::make_unique<FailsLaterRule>();
+                                   }));
+  ThreadPool pool(2, 16);
+  RecordingSink sink;
+  auto runner = RuleRunner::Create("job", {Spec("FailsLater")}, {}, factory, &pool, &sink);
+  SONDE_ASSERT_OK(runner);
+  (*runner)->SubmitStep(Step(7, 1, 1));
+  for (double util : {95.0, -1.0, 99.0}) (*runner)->SubmitProfile(0, CpuBatch(util));
+  (*runner)->SubmitStep(Step(8, 1, 1));
+  (*runner)->SubmitJobEnd(std::nullopt);
+  (*runner)->Drain();
+  const v1::RuleResult r = (*runner)->Results()[0];
+  EXPECT_EQ(r.status(), v1::RULE_STATUS_ISSUES_FOUND);  // not lost to the later error
+  EXPECT_EQ(r.observed(), 95);                            // 99 came after it stopped
+  EXPECT_EQ(r.times_triggered(), 1);
+  EXPECT_NE(r.message().find("cpu hot (then rule failed at profiler data of worker 0: "
+                             "DATA_LOSS: negative utilisation; it is no longer fed)"),
+            std::string::npos)
+      << r.message();
+  EXPECT_EQ(r.step(), 7);  // the step its issue was found at, not a later one
 }
 
 TEST(RuleRunner, ARuleThatStopsAtItsIssueCountsOneTrigger) {
