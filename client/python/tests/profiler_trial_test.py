@@ -269,3 +269,37 @@ def test_a_small_page_size_still_reads_everything_once(collector, monkeypatch):
         # Two events share a start: a page of one cannot get past them.
         with pytest.raises(QueryError, match="larger page_size"):
             trial.framework_events(kind="span", name="tick", page_size=1)
+
+
+def test_a_series_with_no_point_in_the_range_does_not_end_paging(collector):
+    # A gauge set halfway: before then its series exists but has no point,
+    # and the collector still sends it (empty). When a page ends exactly at
+    # the end of the series before it, the answer ends on that empty series.
+    hook = profiled_hook(collector.address, "gap")
+    model = nn.Linear(4, 2)
+    hook.register_module(model)
+    deadline = time.time() + 0.7
+    while time.time() < deadline:
+        model(torch.ones(1, 4))
+        time.sleep(0.01)
+    halfway = int(time.time() * 1e6)
+    hook._native_call("set_profiler_gauge", "framework.late", 1.0)
+    deadline = time.time() + 0.5
+    while time.time() < deadline:
+        model(torch.ones(1, 4))
+        time.sleep(0.01)
+    hook.close()
+    with create_trial(collector.address, "gap") as trial:
+        assert "framework.late" in trial.metric_names()[0]
+        early = trial.system_metrics(end=halfway)
+        assert (0, "framework.late") not in early and (0, "cpu.util_percent") in early
+        assert len(trial.system_metrics(start=halfway)[(0, "framework.late")].times) >= 1
+        # The series just before it by name; pages of about its length.
+        before = max(n for _, n in early if n < "framework.late")
+        n = len(early[(0, before)].times)
+        assert n >= 3
+        for page in (n - 1, n, n + 1):
+            paged = trial.system_metrics(end=halfway, page_size=page)
+            assert list(paged) == list(early), page
+            for key, series in early.items():
+                assert (paged[key].times == series.times).all(), (page, key)

@@ -205,10 +205,15 @@ def read_metrics(conn, job, names=None, regex=None, worker=None, start=None, end
 
     def read_on_last_series(response):
         """Reads the rest of a truncated answer's last series; its key."""
-        if not response.series or not len(response.series[-1].unix_micros):
-            raise QueryError("ReadMetrics of job '{}' was truncated without a point".format(job))
+        if not response.series:
+            raise QueryError("ReadMetrics of job '{}' was truncated without a series"
+                             .format(job))
         last = response.series[-1]
         key = (last.worker, last.name)
+        if not len(last.unix_micros):
+            # A series with no point in the range is sent whole: the limit
+            # was reached at the start of the next one.
+            return key
         while response.truncated:
             since = response.series[-1].unix_micros[-1] + 1
             response = call(key[0], [key[1]], since)
