@@ -81,6 +81,8 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   views_options.listen = options.metrics_listen;
   views_options.reports = options.reports;
   views_options.grpc_tls = options.security.tls();
+  views_options.grpc_tokens = options.security.auth();
+  views_options.allow_insecure = options.security.allow_insecure;
   auto views = OperatorViews::Start(views_options);  // probes answer from now on
   if (!views.ok()) return views.status();
   c->views_ = std::move(*views);

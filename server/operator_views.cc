@@ -232,6 +232,15 @@ absl::StatusOr<std::unique_ptr<OperatorViews>> OperatorViews::Start(
             " (not loopback) while the collector's gRPC uses TLS: bearer tokens and reports "
             "would cross the network in clear. Use `sonde report`, bind --metrics_listen to "
             "127.0.0.1, or pass --metrics_reports=on (e.g. behind a TLS proxy)");
+      } else if (!views_options.grpc_tokens && !views_options.allow_insecure &&
+                 !IsLoopbackListen(views_options.listen)) {
+        // Without tokens anyone who reaches the address reads every job,
+        // which the collector refuses for gRPC too (--allow_insecure).
+        why_not = absl::StrCat(
+            "reports are not served on ", views_options.listen,
+            " (not loopback) without --auth_tokens: anyone who reaches it could read every "
+            "job. Use `sonde report`, bind --metrics_listen to 127.0.0.1, set --auth_tokens, "
+            "or pass --metrics_reports=on (or --allow_insecure)");
       }
       break;
   }
@@ -379,8 +388,10 @@ http::HttpResponse OperatorViews::ServeReport(const http::HttpRequest& request) 
   }
   if (!html.ok()) {
     LOG(ERROR) << "report of job '" << *job << "' for " << request.peer << ": " << html.status();
-    return Text(500, absl::StrCat("cannot render the report of job '", *job,
-                                  "': ", html.status().ToString(), "\n"));
+    // The details (store paths, RocksDB's words) stay in the log.
+    return Text(500, absl::StrCat("cannot render the report of job '", *job, "' (",
+                                  absl::StatusCodeToString(html.status().code()),
+                                  "; the collector's log says why)\n"));
   }
   return Html(std::move(*html));
 }
@@ -399,7 +410,9 @@ http::HttpResponse OperatorViews::ServeReportIndex(const http::HttpRequest& requ
   auto listed = source->list_jobs();
   if (!listed.ok()) {
     LOG(ERROR) << "report index for " << request.peer << ": " << listed.status();
-    return Text(500, absl::StrCat("cannot list the jobs: ", listed.status().ToString(), "\n"));
+    return Text(500, absl::StrCat("cannot list the jobs (",
+                                  absl::StatusCodeToString(listed.status().code()),
+                                  "; the collector's log says why)\n"));
   }
   std::vector<v1::JobInfo> jobs;
   for (v1::JobInfo& job : *listed) {

@@ -96,9 +96,12 @@ struct OperatorViewsOptions {
   // host:port of the HTTP endpoint (port 0 picks one); empty: no endpoint.
   std::string listen;
   OperatorReportOptions reports;
-  // Whether the collector's gRPC serves TLS (decides Serve::kAuto).
-  // Default false.
+  // Whether the collector's gRPC serves TLS, checks bearer tokens, and was
+  // allowed to listen beyond loopback with neither (--allow_insecure): these
+  // decide Serve::kAuto. Default false.
   bool grpc_tls = false;
+  bool grpc_tokens = false;
+  bool allow_insecure = false;
 };
 
 // What /report and /reports read; the Collector binds it once the store is

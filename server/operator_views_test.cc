@@ -428,7 +428,7 @@ TEST(OperatorViewsReports, ProbesAnswerWhileAReportRendersAndUnbindWaitsForIt) {
   EXPECT_EQ(fake.renders.load(), 1);
 }
 
-TEST(OperatorViewsReports, PlainHttpBeyondLoopbackWithTlsGrpcServesNoReports) {
+TEST(OperatorViewsReports, BeyondLoopbackReportsNeedTokensAndNoTlsToProtect) {
   auto local_port = [](const std::string& address) {
     return absl::StrCat("127.0.0.1", address.substr(address.rfind(':')));
   };
@@ -456,8 +456,21 @@ TEST(OperatorViewsReports, PlainHttpBeyondLoopbackWithTlsGrpcServesNoReports) {
   OperatorViewsOptions loopback = Loopback();
   loopback.grpc_tls = true;
   EXPECT_TRUE(StartViews(loopback)->serves_reports());
-  options.grpc_tls = false;  // gRPC in clear too: nothing more to protect
+  // gRPC in clear too, but with tokens: the report routes check them.
+  options.grpc_tls = false;
+  options.grpc_tokens = true;
   options.reports.serve = OperatorReportOptions::Serve::kAuto;
+  EXPECT_TRUE(StartViews(options)->serves_reports());
+  // Neither TLS nor tokens beyond loopback: anyone could read every job.
+  options.grpc_tokens = false;
+  auto open = StartViews(options);
+  EXPECT_FALSE(open->serves_reports());
+  open->BindReports(fake.Source());
+  reply = HttpGet(local_port(open->address()), "/report?job=run");
+  EXPECT_EQ(reply.status, 404);
+  EXPECT_THAT(reply.body, HasSubstr("without --auth_tokens"));
+  EXPECT_EQ(HttpGet(local_port(open->address()), "/metrics").status, 200);
+  options.allow_insecure = true;  // as for gRPC, the operator may accept it
   EXPECT_TRUE(StartViews(options)->serves_reports());
   loopback.reports.serve = OperatorReportOptions::Serve::kOff;
   auto off = StartViews(loopback);
