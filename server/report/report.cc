@@ -490,9 +490,10 @@ absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const v1::Job
       }
     }
   }
+  // The kinds the report shows (spans and initialisation are not in it).
   constexpr v1::TraceEvent::Kind kEventKinds[] = {
-      v1::TraceEvent::KIND_STEP,    v1::TraceEvent::KIND_INIT,     v1::TraceEvent::KIND_DATA_WAIT,
-      v1::TraceEvent::KIND_FORWARD, v1::TraceEvent::KIND_BACKWARD, v1::TraceEvent::KIND_SPAN};
+      v1::TraceEvent::KIND_STEP, v1::TraceEvent::KIND_DATA_WAIT, v1::TraceEvent::KIND_FORWARD,
+      v1::TraceEvent::KIND_BACKWARD};
   std::set<int32_t> workers(job.workers().begin(), job.workers().end());
   for (const auto& [worker, names] : listed) workers.insert(worker);
   std::vector<int32_t> event_workers(workers.begin(), workers.end());
@@ -513,6 +514,14 @@ absl::StatusOr<std::string> RenderJobReport(storage::Store& store, const v1::Job
       }
       for (v1::WorkerEvent& e : read) events.push_back(std::move(e));
     }
+  }
+  if (events_cut_at > 0) {
+    // Every kind and worker over the same time, so waits and steps compare.
+    events.erase(std::remove_if(events.begin(), events.end(),
+                                [&](const v1::WorkerEvent& e) {
+                                  return e.event().start_unix_micros() > events_cut_at;
+                                }),
+                 events.end());
   }
 
   // Step timings: the profiler's step events when there are any, else the
