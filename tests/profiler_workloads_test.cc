@@ -567,6 +567,20 @@ TEST(ProfilerWorkloads, IOBottleneckIsQuietWithoutIo) {
   const std::vector<v1::RuleResult> results = reader.Verdicts();
   const v1::RuleResult* r = Find(results, "IOBottleneck");
   ASSERT_NE(r, nullptr);
+  if (r->status() == v1::RULE_STATUS_ISSUES_FOUND) {
+    // Other processes on a shared machine can wait for the disk too. The
+    // rule is right when more than half the snapshots had I/O wait above
+    // io_threshold; then this machine cannot show a quiet twin now.
+    const std::vector<double> iowait = reader.Metric("cpu.iowait_percent");
+    const auto above = std::count_if(iowait.begin(), iowait.end(),
+                                     [](double v) { return v > kIoThreshold; });
+    if (2 * above > static_cast<long>(iowait.size())) {
+      GTEST_SKIP() << absl::StrFormat(
+          "without writers of ours, other I/O on the machine kept I/O wait above %g%% in %d "
+          "of %d snapshots (median %.3g%%): the rule fired rightly",
+          kIoThreshold, above, iowait.size(), Quantile(iowait, 0.5));
+    }
+  }
   EXPECT_EQ(r->status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << r->message();
   EXPECT_GE(r->datapoints(), kHealthySnapshots);
 }
