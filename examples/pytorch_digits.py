@@ -142,11 +142,13 @@ def load_data(seed, test_fraction=0.2):
     return (x[train], y[train]), (x[test], y[test])
 
 
-def make_hook(collector, job, save_interval, rules=RULES):
+def make_hook(collector, job, save_interval, rules=RULES, profile=False):
     """The hook: weights, biases, gradients, the loss and every ReLU's input
-    and output, every `save_interval` TRAIN steps and every EVAL step."""
+    and output, every `save_interval` TRAIN steps and every EVAL step; with
+    `profile`, the profiler too (system metrics every 500 ms, step, forward
+    and backward timings)."""
     hook = smd.Hook(
-        collector=collector, job=job, rules=rules,
+        collector=collector, job=job, rules=rules, profiler=bool(profile),
         save_config=smd.SaveConfig(
             save_interval=save_interval,
             mode_save_configs={modes.EVAL: smd.SaveConfigMode(save_interval=1)}),
@@ -255,14 +257,17 @@ def judge(summary, rules, save_interval):
     return problems
 
 
-def run(collector, job, config, epochs=4, save_interval=2, seed=0, rules=RULES, log=print):
-    """Trains one configuration against `collector`; returns a summary dict."""
+def run(collector, job, config, epochs=4, save_interval=2, seed=0, rules=RULES, log=print,
+        report=None):
+    """Trains one configuration against `collector`; returns a summary dict.
+    With `report` (a path), the profiler is on and the job's HTML report is
+    written there after training."""
     lr, init, _ = CONFIGS[config]
     torch.manual_seed(seed)
     model = DigitsCNN()
     initialise(model, init)
     data = load_data(seed)
-    hook = make_hook(collector, job, save_interval, rules)
+    hook = make_hook(collector, job, save_interval, rules, profile=report is not None)
     if not hook.wait_until_connected(30):
         raise RuntimeError("the collector at %s did not accept job %r" % (collector, job))
     started = time.monotonic()
@@ -281,6 +286,15 @@ def run(collector, job, config, epochs=4, save_interval=2, seed=0, rules=RULES, 
         "rules": final_rule_results(collector, job),
     }
     summary["problems"] = judge(summary, rules, save_interval)
+    if report is not None:
+        from sonde.trials import create_trial
+        with create_trial(collector, job) as trial:
+            html = trial.report()
+        with open(report, "w", encoding="utf-8") as f:
+            f.write(html)
+        summary["report"] = report
+        if "<svg" not in html or "Step durations" not in html:
+            summary["problems"].append("the report at %s has no charts" % report)
     return summary
 
 
@@ -297,6 +311,8 @@ def print_summary(s, out=sys.stdout):
     for r in s["rules"]:
         where = " at step %d" % r["step"] if r["status"] == "IssuesFound" else ""
         print("  %-24s %-13s%s %s" % (r["rule"], r["status"], where, r["message"]), file=out)
+    if s.get("report"):
+        print("report (profiler and rules, HTML): %s" % s["report"], file=out)
     if s["problems"]:
         print("UNEXPECTED: " + "; ".join(s["problems"]), file=out)
     else:
@@ -317,6 +333,8 @@ def parse_args(argv=None):
                    "any of the three rules may stop it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rules", default=RULES, help="rules to ask for (default: %(default)s)")
+    p.add_argument("--report", metavar="PATH",
+                   help="turn the profiler on and write the job's HTML report to PATH")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1 keeps the numbers, and so the outcome, reproducible)")
     args = p.parse_args(argv)
@@ -330,7 +348,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     job = args.job or "digits-%s-%d" % (args.config, int(time.time()))
     options = dict(epochs=args.epochs, save_interval=args.save_interval, seed=args.seed,
-                   rules=args.rules)
+                   rules=args.rules, report=args.report)
     if args.embedded:
         with Collector() as collector:
             print("collector on %s" % collector.address)

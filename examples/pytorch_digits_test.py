@@ -49,15 +49,18 @@ def stored(address, job):
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
     """One healthy run, shared by the tests that read it."""
-    collector = Collector(tmp_path_factory.mktemp("healthy"), rules="")
+    tmp = tmp_path_factory.mktemp("healthy")
+    collector = Collector(tmp / "db", rules="")
     try:
-        yield collector.address, digits(collector.address, "healthy", "healthy")
+        report = tmp / "report.html"
+        out = digits(collector.address, "healthy", "healthy", "--report", str(report))
+        yield collector.address, out, report
     finally:
         collector.stop()
 
 
 def test_healthy_run_trains_to_the_end_and_every_rule_finds_no_issues(healthy):
-    address, out = healthy
+    address, out, _ = healthy
     results, status, steps = stored(address, "healthy")
     assert set(results) == RULES
     assert {r: results[r]["status"] for r in RULES} == {r: "NoIssuesFound" for r in RULES}
@@ -66,6 +69,21 @@ def test_healthy_run_trains_to_the_end_and_every_rule_finds_no_issues(healthy):
     assert "not stopped" in out
     accuracy = float(out.split("final test accuracy: ")[1].split()[0])
     assert accuracy >= 0.9
+
+
+def test_a_profiled_run_writes_its_report(healthy):
+    address, out, report = healthy
+    assert "report (profiler and rules, HTML): %s" % report in out
+    html = report.read_text(encoding="utf-8")
+    assert '<span id="job-name">healthy</span>' in html
+    # Step timings from the profiler: every TRAIN step of the run.
+    assert "from profiler step events" in html
+    assert '<td>train</td><td class="n">%d</td>' % (EPOCHS * STEPS_PER_EPOCH) in html
+    assert ">CPU utilisation<" in html and "<svg" in html
+    for rule in RULES:
+        assert "<td>%s</td>" % rule in html
+    with create_trial(address, "healthy") as trial:
+        assert trial.report().split("Generated")[0] == html.split("Generated")[0]
 
 
 # config, rules asked for (None: the example's), the rule that must stop it,
@@ -98,7 +116,7 @@ def test_broken_run_is_stopped_early_by_the_rule_that_sees_it_first(
 
 def test_analysis_plots_loss_and_gradient_norm_to_a_png_and_prints_the_summary(
         healthy, tmp_path):
-    address, _ = healthy
+    address, _, _ = healthy
     png = tmp_path / "digits.png"
     p = run_python(ANALYZE, "--collector", address, "--job", "healthy", "--out", str(png))
     assert p.returncode == 0, p.stdout + p.stderr

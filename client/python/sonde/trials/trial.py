@@ -395,6 +395,12 @@ class Trial:
             })
         return out
 
+    def report(self):
+        """The job's self-contained HTML report (docs/profiler.md, "Report"),
+        as a str: the page `sonde report` writes."""
+        return self._conn.call("GetReport", query_pb2.GetReportRequest(job=self.job),
+                               job=self.job).html
+
     def rule_job_summary(self):
         """The rules' state shaped like SageMaker's estimator.rule_job_summary()."""
         out = []
