@@ -387,7 +387,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     Publish(index, {});
   } else if (step == nullptr) {
     r.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
-    r.set_message(r.datapoints() > 0 && r.steps_evaluated() == 0
+    r.set_message(r.datapoints() > 0
                       ? absl::StrCat("no issues found in ", r.datapoints(), " profiler data points")
                       : absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));
     const std::string summary = inst.rule->Summary();

@@ -938,6 +938,9 @@ class ProfilerReport : public ProfilerRule {
     return Fire(std::move(f));
   }
 
+  // A quiet report still says what the system did.
+  std::string Summary() const override { return usage_.Summary(); }
+
  private:
   std::vector<Member> members_;
   OverallSystemUsage usage_;

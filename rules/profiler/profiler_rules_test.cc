@@ -487,6 +487,9 @@ TEST(ProfilerReport, AHealthyJobHasNoIssues) {
   }
   Judged j = Judge("ProfilerReport", batches);
   EXPECT_EQ(j.result.status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << j.result.message();
+  // Counted in profiler data points, with the system usage it saw.
+  EXPECT_THAT(j.result.message(), HasSubstr("no issues found in 1800 profiler data points; "
+                                            "worker 0: CPU p50"));
 }
 
 TEST(ProfilerRules, CatalogueHasSageMakersParametersAndEveryDefaultIsAccepted) {
