@@ -145,6 +145,33 @@ absl::StatusOr<const TokenGrant*> Authenticate(const ReportSource& source,
   return grant.status();
 }
 
+// The job a /report request names, if it is valid and the grant (null: no
+// tokens) may read it; else `refusal` says why (400 or 403).
+absl::StatusOr<std::string> CheckReportRequest(const http::HttpRequest& request,
+                                               const TokenGrant* grant,
+                                               http::HttpResponse* refusal) {
+  const std::string* job = request.QueryParam("job");
+  if (job == nullptr || job->empty()) {
+    *refusal = Text(
+        400, "missing query parameter 'job': ask /report?job=NAME; /reports lists the jobs\n");
+    return absl::InvalidArgumentError("no job");
+  }
+  if (absl::Status valid = ValidateJobName(*job); !valid.ok()) {
+    *refusal = Text(400, absl::StrCat("query parameter 'job': ", valid.message(), "\n"));
+    return valid;
+  }
+  if (grant != nullptr) {
+    absl::Status allowed = TokenTable::Check(*grant, *job, Right::kRead);
+    if (!allowed.ok()) {
+      LOG(WARNING) << "refused " << request.path << " from " << request.peer
+                   << " (token fingerprint " << grant->fingerprint << "): " << allowed.message();
+      *refusal = Text(403, absl::StrCat(allowed.message(), "\n"));
+      return allowed;
+    }
+  }
+  return *job;
+}
+
 }  // namespace
 
 absl::StatusOr<OperatorReportOptions::Serve> ParseReportServe(absl::string_view text) {
@@ -245,10 +272,13 @@ absl::StatusOr<std::unique_ptr<OperatorViews>> OperatorViews::Start(
       break;
   }
   if (why_not.empty()) {
+    // Refusals are answered on the poll thread, so requests without the
+    // right never hold a place in the render queue.
+    auto admit = [v](const http::HttpRequest& r) { return v->AdmitReport(r); };
     routes["/report"] = {[v](const http::HttpRequest& r) { return v->ServeReport(r); },
-                         /*blocking=*/true};
+                         /*blocking=*/true, admit};
     routes["/reports"] = {[v](const http::HttpRequest& r) { return v->ServeReportIndex(r); },
-                          /*blocking=*/true};
+                          /*blocking=*/true, admit};
   } else {
     for (const char* path : {"/report", "/reports"}) {
       routes[path].handler = [why_not](const http::HttpRequest&) {
@@ -355,6 +385,21 @@ void OperatorViews::ReleaseReports() {
   --reports_in_use_;
 }
 
+std::optional<http::HttpResponse> OperatorViews::AdmitReport(const http::HttpRequest& request) {
+  http::HttpResponse refusal;
+  std::shared_ptr<const ReportSource> source = AcquireReports(&refusal);
+  if (source == nullptr) return refusal;
+  struct Release {
+    OperatorViews* v;
+    ~Release() { v->ReleaseReports(); }
+  } release{this};
+  auto grant = Authenticate(*source, request, &refusal);
+  if (!grant.ok()) return refusal;
+  if (request.path != "/report") return std::nullopt;  // the index filters by the grant
+  if (!CheckReportRequest(request, *grant, &refusal).ok()) return refusal;
+  return std::nullopt;
+}
+
 http::HttpResponse OperatorViews::ServeReport(const http::HttpRequest& request) {
   http::HttpResponse refusal;
   std::shared_ptr<const ReportSource> source = AcquireReports(&refusal);
@@ -366,22 +411,9 @@ http::HttpResponse OperatorViews::ServeReport(const http::HttpRequest& request) 
 
   auto grant = Authenticate(*source, request, &refusal);
   if (!grant.ok()) return refusal;
-  const std::string* job = request.QueryParam("job");
-  if (job == nullptr || job->empty()) {
-    return Text(400,
-                "missing query parameter 'job': ask /report?job=NAME; /reports lists the jobs\n");
-  }
-  if (absl::Status valid = ValidateJobName(*job); !valid.ok()) {
-    return Text(400, absl::StrCat("query parameter 'job': ", valid.message(), "\n"));
-  }
-  if (*grant != nullptr) {
-    absl::Status allowed = TokenTable::Check(**grant, *job, Right::kRead);
-    if (!allowed.ok()) {
-      LOG(WARNING) << "refused " << request.path << " from " << request.peer
-                   << " (token fingerprint " << (*grant)->fingerprint << "): " << allowed.message();
-      return Text(403, absl::StrCat(allowed.message(), "\n"));
-    }
-  }
+  // Checked again: the source may have been bound anew since admission.
+  auto job = CheckReportRequest(request, *grant, &refusal);
+  if (!job.ok()) return refusal;
   auto html = source->render(*job);
   if (absl::IsNotFound(html.status())) {
     return Text(404, absl::StrCat("no job named '", *job, "'\n"));

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,8 +66,9 @@ struct OperatorReportOptions {
     // listens beyond loopback: the endpoint is plain HTTP, so bearer tokens
     // (which may also carry write or admin rights over gRPC) and the reports
     // would cross the network in clear where the operator asked gRPC not
-    // to. There the routes answer 404 saying why. Without TLS nothing is
-    // lost that gRPC does not already send in clear.
+    // to. Nor beyond loopback when the collector checks no tokens (anyone
+    // who reaches the address would read every job), unless allow_insecure.
+    // There the routes answer 404 saying why.
     kAuto,
     // Always served (e.g. behind a TLS-terminating proxy on the same host).
     kOn,
@@ -80,7 +82,9 @@ struct OperatorReportOptions {
   // comes first.
   int render_threads = 1;
   // Report requests that may wait for a render thread; more are answered
-  // 503 with Retry-After. 0 to 1024. Default 4.
+  // 503 with Retry-After. Requests refused anyway (no or a bad token, no
+  // right, a bad name) are answered at once and never wait. 0 to 1024.
+  // Default 4.
   int max_queued = 4;
   // How long a report request may wait for a thread and render before the
   // client gets 503 (the render still finishes; its page is dropped).
@@ -173,6 +177,9 @@ class OperatorViews {
   OperatorViews();
   void SetHealth(bool serving) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The report routes' handlers (on the endpoint's render threads).
+  // Before a report request is queued: the answer to a request that would
+  // be refused (no source, no or a bad token, no right, a bad job name).
+  std::optional<http::HttpResponse> AdmitReport(const http::HttpRequest& request);
   http::HttpResponse ServeReport(const http::HttpRequest& request);
   http::HttpResponse ServeReportIndex(const http::HttpRequest& request);
   // The bound source, counted as in use until ReleaseReports(); null (with

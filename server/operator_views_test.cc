@@ -243,7 +243,7 @@ struct FakeReports {
     source.render = [this](const std::string& job) -> absl::StatusOr<std::string> {
       renders.fetch_add(1);
       if (job == "slow") {
-        started->Notify();
+        if (!started->HasBeenNotified()) started->Notify();
         release->WaitForNotification();
         return std::string("<p>slow page</p>");
       }
@@ -396,6 +396,49 @@ TEST(OperatorViewsReports, TokensNeedTheReadRightOnTheJob) {
   EXPECT_THAT(index.body, Not(HasSubstr("teamB-run")));
   EXPECT_THAT(GetWithToken(http, "/reports", writer).body,
               HasSubstr("No jobs that this token may read."));
+}
+
+TEST(OperatorViewsReports, RefusedRequestsAreAnsweredAtOnceAndNeverFillTheQueue) {
+  const std::string reader = "tok-reader-0123456789";
+  auto tokens = TokenTable::FromJson(absl::StrCat(
+      R"({"tokens": [{"name": "s-reader", "sha256": ")", Sha256Hex(reader),
+      R"(", "project": "s", "rights": ["read"]}]})"));
+  ASSERT_THAT(tokens, ::sonde::testing::IsOk());
+  OperatorViewsOptions options = Loopback();
+  options.reports.max_queued = 1;
+  auto views = StartViews(options);
+  ASSERT_NE(views, nullptr);
+  absl::Notification started, release;
+  FakeReports fake;
+  fake.started = &started;
+  fake.release = &release;
+  views->BindReports(fake.Source(tokens->get()));
+  const std::string http = views->address();
+  const std::string slow =
+      absl::StrCat("GET /report?job=slow HTTP/1.1\r\nAuthorization: Bearer ", reader, "\r\n\r\n");
+  // The pool full: one render running, one queued.
+  const int first = ConnectTo(http);
+  ASSERT_GE(first, 0);
+  SendAll(first, slow);
+  started.WaitForNotification();
+  const int second = ConnectTo(http);
+  ASSERT_GE(second, 0);
+  SendAll(second, slow);
+  // The server takes connections in the order they came, so the second is
+  // queued before this one is read.
+  EXPECT_EQ(HttpExchange(http, slow).status, 503);
+  // Requests that would be refused are answered at once, not with 503.
+  EXPECT_EQ(HttpGet(http, "/report?job=slow").status, 401);
+  EXPECT_EQ(GetWithToken(http, "/report?job=other", reader).status, 403);
+  EXPECT_EQ(GetWithToken(http, "/report", reader).status, 400);
+  EXPECT_EQ(GetWithToken(http, "/report?job=..", reader).status, 400);
+  EXPECT_EQ(HttpGet(http, "/reports").status, 401);
+  release.Notify();
+  EXPECT_EQ(ReadReply(first).status, 200);
+  EXPECT_EQ(ReadReply(second).status, 200);
+  close(first);
+  close(second);
+  EXPECT_EQ(fake.renders.load(), 2);  // none of the refused ones rendered
 }
 
 TEST(OperatorViewsReports, ProbesAnswerWhileAReportRendersAndUnbindWaitsForIt) {

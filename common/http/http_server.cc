@@ -438,6 +438,11 @@ void HttpServer::Respond(Connection& c, size_t head_end) {
   }
   request.peer = c.peer;
   if (!route->second.blocking) return finish(route->second.handler(request));
+  if (route->second.admit) {
+    if (std::optional<HttpResponse> refused = route->second.admit(request)) {
+      return finish(*refused);
+    }
+  }
 
   bool busy = false;
   {

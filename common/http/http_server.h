@@ -40,6 +40,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -93,6 +94,11 @@ struct HttpRoute {
   // false (default): runs on the poll thread; keep it to a scrape's cost.
   // true: runs on the blocking pool under blocking_timeout (see above).
   bool blocking = false;
+  // Blocking routes only: runs on the poll thread before the request is
+  // queued. An answer it returns is sent at once (e.g. a refused token), so
+  // requests that would be refused never hold a place in the queue. Keep it
+  // to a lookup. Empty: every request is queued.
+  std::function<std::optional<HttpResponse>(const HttpRequest&)> admit;
 };
 
 struct HttpServerOptions {
