@@ -269,16 +269,16 @@ def read_events(conn, job, workers, kind=None, name=None, worker=None, start=Non
                 max_events if max_events else "the collector's limit"))
 
     events = []
-    todo = [(-1 if worker is None else worker, wire_kind, start_us, end_us)]
-    while todo:
-        w, k, since, until = todo.pop()
+    reads = [(-1 if worker is None else worker, wire_kind, start_us, end_us)]
+    while reads:
+        w, k, since, until = reads.pop()
         response = call(w, k, since, until)
         if not response.truncated:
             events.extend(response.events)
         elif w < 0:
-            todo.extend((rank, k, since, until) for rank in workers())
+            reads.extend((rank, k, since, until) for rank in workers())
         elif k == _Kind.KIND_UNSPECIFIED:
-            todo.extend((w, each, since, until) for each in KINDS.values())
+            reads.extend((w, each, since, until) for each in KINDS.values())
         elif name:
             # One group, in (start, end) order: read on from the last start.
             events.extend(response.events)
@@ -296,8 +296,8 @@ def read_events(conn, job, workers, kind=None, name=None, worker=None, start=Non
             middle = max(response.events[-1].event.start_unix_micros, since + 1)
             if until and middle >= until:
                 raise too_many(w, k, since)
-            todo.append((w, k, middle, until))
-            todo.append((w, k, since, middle))
+            reads.append((w, k, middle, until))
+            reads.append((w, k, since, middle))
     events.sort(key=lambda e: (e.event.start_unix_micros, e.worker, e.event.kind, e.event.name,
                                e.event.end_unix_micros))
     return [_event(e) for e in events]
