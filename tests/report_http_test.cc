@@ -28,6 +28,7 @@
 #include "server/auth.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/in_process_collector.h"
+#include "tests/testing/profiled_loop.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -40,33 +41,18 @@ using ::sonde::testing::InProcessCollector;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr int kSteps = 110;  // StepOutlier judges a mode after 100 steps
-constexpr int kSlowStep = 7;
-constexpr char kRules[] = "LossNotDecreasing;StepOutlier(n_outliers=0)";
+constexpr int kSteps = testing::kProfiledLoopSteps;
+constexpr const char* kRules = testing::kProfiledLoopRules;
 
-// A profiled training loop: data waits, ~5 ms steps with one of ~200 ms, a
-// decreasing loss; real system metrics from the profiler.
+// The profiled loop of tests/testing/profiled_loop.h, `steps` steps of it,
+// streamed as `job` (with `token`, when given).
 void StreamProfiledJob(const std::string& address, const std::string& job, int steps,
                        const std::string& token = "") {
-  HookOptions o;
-  o.collector = address;
-  o.job = job;
+  HookOptions o = testing::ProfiledLoopOptions(address, job);
   o.security.token = token;
-  o.config.save_config = SaveConfig::Every(1);
-  o.profiler.enabled = true;
-  o.profiler.interval = absl::Milliseconds(100);
   auto hook = Hook::Create(o);
   SONDE_ASSERT_OK(hook);
-  (*hook)->SetMode(v1::MODE_TRAIN);
-  for (int step = 0; step < steps; ++step) {
-    {
-      auto wait = (*hook)->DataWait();
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    (*hook)->StartStep();
-    absl::SleepFor(absl::Milliseconds(step == kSlowStep ? 200 : 5));
-    SONDE_ASSERT_OK((*hook)->SaveScalar("loss", 2.0 / (step + 1), {"losses"}));
-  }
+  SONDE_ASSERT_OK(testing::RunProfiledLoop(**hook, steps));
   SONDE_ASSERT_OK((*hook)->Close());
 }
 

@@ -28,6 +28,7 @@
 #include "proto/query.grpc.pb.h"
 #include "server/auth.h"
 #include "tests/testing/in_process_collector.h"
+#include "tests/testing/profiled_loop.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -38,36 +39,18 @@ using ::sonde::testing::InProcessCollector;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// StepOutlier judges a mode only after 100 steps (smdebug's minimum).
-constexpr int kSteps = 110;
-constexpr int kSlowStep = 7;
-// The collector's rules: one tensor rule, and StepOutlier told to fire on
-// a single outlier (the slow step).
-constexpr char kRules[] = "LossNotDecreasing;StepOutlier(n_outliers=0)";
+constexpr int kSteps = testing::kProfiledLoopSteps;
+constexpr int kSlowStep = testing::kProfiledLoopSlowStep;
+constexpr const char* kRules = testing::kProfiledLoopRules;
 
-// Streams a profiled training loop: 110 train steps of ~5 ms after a 2 ms
-// data wait each, step 7 taking ~200 ms; a decreasing loss every step; and
-// GPU readings every 100 ms over the run (synthetic: no GPU here).
+// Streams the profiled loop (tests/testing/profiled_loop.h: 110 train steps
+// of ~5 ms after a 2 ms data wait each, step 7 taking ~200 ms, a decreasing
+// loss) and GPU readings every 100 ms over the run (synthetic: no GPU here).
 void StreamProfiledJob(const std::string& address, const std::string& job) {
-  HookOptions o;
-  o.collector = address;
-  o.job = job;
-  o.config.save_config = SaveConfig::Every(1);
-  o.profiler.enabled = true;
-  o.profiler.interval = absl::Milliseconds(100);
-  auto hook = Hook::Create(o);
+  auto hook = Hook::Create(testing::ProfiledLoopOptions(address, job));
   SONDE_ASSERT_OK(hook);
   const int64_t begin = absl::ToUnixMicros(absl::Now());
-  (*hook)->SetMode(v1::MODE_TRAIN);
-  for (int step = 0; step < kSteps; ++step) {
-    {
-      auto wait = (*hook)->DataWait();
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    (*hook)->StartStep();
-    absl::SleepFor(absl::Milliseconds(step == kSlowStep ? 200 : 5));
-    SONDE_ASSERT_OK((*hook)->SaveScalar("loss", 2.0 / (step + 1), {"losses"}));
-  }
+  SONDE_ASSERT_OK(testing::RunProfiledLoop(**hook, kSteps));
   const int64_t end = absl::ToUnixMicros(absl::Now());
   v1::ProfileBatch gpu;
   for (int64_t t = begin, i = 0; t < end; t += 100000, ++i) {
