@@ -7,7 +7,6 @@
 #include <curl/curl.h>
 
 #include <atomic>
-#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -20,11 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/hook.h"
-#include "common/channel.h"
+#include "client/query_client.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
-#include "proto/query.grpc.pb.h"
 #include "server/auth.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/in_process_collector.h"
@@ -56,21 +53,9 @@ void StreamProfiledJob(const std::string& address, const std::string& job, int s
   SONDE_ASSERT_OK((*hook)->Close());
 }
 
+// The report through QueryClient (Query.GetReport).
 absl::StatusOr<std::string> GrpcReport(const std::string& address, const std::string& job) {
-  ChannelSecurity security;
-  grpc::ChannelArguments args;
-  auto channel = MakeChannel(address, security, args);
-  if (!channel.ok()) return channel.status();
-  auto stub = v1::Query::NewStub(*channel);
-  grpc::ClientContext ctx;
-  v1::GetReportRequest req;
-  req.set_job(job);
-  v1::GetReportResponse resp;
-  grpc::Status s = stub->GetReport(&ctx, req, &resp);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  }
-  return resp.html();
+  return QueryClient::Connect(address)->GetReport(job);
 }
 
 // ------------------------------------------------------------------ curl

@@ -5,7 +5,7 @@
 // through Query.GetReport, the `sonde report` CLI, and a real browser
 // (Debian's chromium, headless) that must render its tables and charts.
 
-#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -17,15 +17,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/hook.h"
+#include "client/query_client.h"
 #include "common/channel.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/query.grpc.pb.h"
 #include "server/auth.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/profiled_loop.h"
@@ -67,23 +64,14 @@ void StreamProfiledJob(const std::string& address, const std::string& job) {
   SONDE_ASSERT_OK((*hook)->Close());
 }
 
+// The report through QueryClient (Query.GetReport), with `token` when given.
 absl::StatusOr<std::string> GetReport(const std::string& address, const std::string& job,
                                       const std::string& token = "") {
   ChannelSecurity security;
   security.token = token;
-  grpc::ChannelArguments args;
-  auto channel = MakeChannel(address, security, args);
-  if (!channel.ok()) return channel.status();
-  auto stub = v1::Query::NewStub(*channel);
-  grpc::ClientContext ctx;
-  v1::GetReportRequest req;
-  req.set_job(job);
-  v1::GetReportResponse resp;
-  grpc::Status s = stub->GetReport(&ctx, req, &resp);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  }
-  return resp.html();
+  auto query = QueryClient::Connect(address, security);
+  if (!query.ok()) return query.status();
+  return (*query)->GetReport(job);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -152,18 +140,10 @@ TEST(JobReport, RealProfiledJobThroughTheRpcAndTheCli) {
   ASSERT_LT(row, tensor) << h.substr(profiler, tensor - profiler);
   const std::string cells = h.substr(row, h.find("</tr>", row) - row);
   int64_t triggered = 0;
-  {
-    grpc::ChannelArguments args;
-    auto channel = MakeChannel(collector.address(), ChannelSecurity(), args);
-    SONDE_ASSERT_OK(channel);
-    grpc::ClientContext ctx;
-    v1::GetRuleResultsRequest req;
-    req.set_job("report-e2e");
-    v1::GetRuleResultsResponse resp;
-    ASSERT_TRUE(v1::Query::NewStub(*channel)->GetRuleResults(&ctx, req, &resp).ok());
-    for (const v1::RuleResult& r : resp.results()) {
-      if (r.rule() == "StepOutlier") triggered = r.times_triggered();
-    }
+  auto results = QueryClient::Connect(collector.address())->RuleResults("report-e2e");
+  SONDE_ASSERT_OK(results);
+  for (const v1::RuleResult& r : *results) {
+    if (r.rule() == "StepOutlier") triggered = r.times_triggered();
   }
   EXPECT_GE(triggered, 1);
   EXPECT_THAT(cells, HasSubstr(absl::StrCat("<td class=\"n\">", triggered, "</td>")));
