@@ -160,7 +160,8 @@ void Hook::StartStepLocked() {
   if (!fresh) ++it->second;
   step_open_ = true;
   step_started_ = absl::Now();
-  if (profiler_ != nullptr) profiler_->StepStarted(step_started_, mode_);
+  // Only the first step ends the initialisation: no profiler call on the others.
+  if (profiler_ != nullptr && step_ == 0) profiler_->RecordInit(step_started_, mode_);
 }
 
 void Hook::EndStepLocked() {

@@ -108,18 +108,13 @@ void HookProfiler::SetGauge(const std::string& name, double value) {
   gauges_[name] = value;
 }
 
-void HookProfiler::StepStarted(absl::Time now, v1::Mode mode) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (first_step_seen_) return;
-    first_step_seen_ = true;
-  }
+void HookProfiler::RecordInit(absl::Time first_step_start, v1::Mode mode) {
   v1::TraceEvent init;
   init.set_kind(v1::TraceEvent::KIND_INIT);
   init.set_mode(mode);
   init.set_step(-1);
-  init.set_start_unix_micros(absl::ToUnixMicros(std::min(process_start_, now)));
-  init.set_end_unix_micros(absl::ToUnixMicros(now));
+  init.set_start_unix_micros(absl::ToUnixMicros(std::min(process_start_, first_step_start)));
+  init.set_end_unix_micros(absl::ToUnixMicros(first_step_start));
   Record(std::move(init));
 }
 

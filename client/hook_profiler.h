@@ -67,9 +67,9 @@ class HookProfiler {
   // A framework gauge (e.g. framework.dataloader_workers): its latest value
   // goes with every system sample from now on. Checked like Record's events.
   void SetGauge(const std::string& name, double value);
-  // The hook's step started: the first one ends the initialisation event,
-  // which starts when the process did.
-  void StepStarted(absl::Time now, v1::Mode mode);
+  // Records the initialisation event: from when the process started until
+  // `first_step_start`. The hook calls it once, when step 0 starts.
+  void RecordInit(absl::Time first_step_start, v1::Mode mode);
 
   // Stops the sampler and sends what is left, once. Idempotent; nothing
   // recorded after it is sent.
@@ -89,7 +89,6 @@ class HookProfiler {
   std::vector<v1::TraceEvent> events_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, double> gauges_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  bool first_step_seen_ ABSL_GUARDED_BY(mu_) = false;
   bool logged_drop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
