@@ -1,7 +1,5 @@
 #include "client/hook_profiler.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -65,7 +63,8 @@ absl::StatusOr<std::unique_ptr<HookProfiler>> HookProfiler::Start(const Profiler
 HookProfiler::HookProfiler(ProfilerOptions options, Sink sink)
     : options_(std::move(options)),
       sink_(std::move(sink)),
-      process_start_(ProcessStartTime(absl::Now())) {}
+      // Where /proc cannot tell, the initialisation is timed from here.
+      process_start_(profiler::ProcessStartTime().value_or(absl::Now())) {}
 
 HookProfiler::~HookProfiler() { Stop(); }
 
@@ -152,19 +151,6 @@ void HookProfiler::Stop() {
   }
   if (sampler_ != nullptr) sampler_->Stop();  // no callback runs after this
   Flush(std::nullopt);
-}
-
-absl::Time ProcessStartTime(absl::Time fallback) {
-  std::string self, stat;
-  if (!profiler::ReadProcFile("/proc/self/stat", self).ok() ||
-      !profiler::ReadProcFile("/proc/stat", stat).ok()) {
-    return fallback;
-  }
-  absl::StatusOr<uint64_t> ticks = profiler::ParseStartTicks(self);
-  absl::StatusOr<int64_t> boot = profiler::ParseBootTime(stat);
-  const long hz = sysconf(_SC_CLK_TCK);
-  if (!ticks.ok() || !boot.ok() || hz <= 0) return fallback;
-  return absl::FromUnixSeconds(*boot) + absl::Milliseconds(static_cast<int64_t>(*ticks) * 1000 / hz);
 }
 
 }  // namespace sonde

@@ -92,11 +92,6 @@ class HookProfiler {
   bool logged_drop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// When this process started (from /proc/self/stat and the boot time in
-// /proc/stat), for the initialisation event; `fallback` where /proc cannot
-// tell.
-absl::Time ProcessStartTime(absl::Time fallback);
-
 }  // namespace sonde
 
 #endif  // SONDE_CLIENT_HOOK_PROFILER_H_

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 namespace sonde::profiler {
 namespace {
@@ -225,6 +226,18 @@ absl::StatusOr<int64_t> ParseBootTime(absl::string_view stat_text) {
     return absl::InvalidArgumentError(absl::StrCat("stat line 'btime ", line, "' has no number"));
   }
   return absl::NotFoundError("stat has no btime line");
+}
+
+absl::StatusOr<absl::Time> ProcessStartTime() {
+  std::string self, stat;
+  SONDE_RETURN_IF_ERROR(ReadProcFile("/proc/self/stat", self));
+  SONDE_RETURN_IF_ERROR(ReadProcFile("/proc/stat", stat));
+  SONDE_ASSIGN_OR_RETURN(const uint64_t ticks, ParseStartTicks(self));
+  SONDE_ASSIGN_OR_RETURN(const int64_t boot, ParseBootTime(stat));
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (hz <= 0) return absl::InternalError("sysconf(_SC_CLK_TCK) gave no clock tick rate");
+  return absl::FromUnixSeconds(boot) +
+         absl::Milliseconds(static_cast<int64_t>(ticks) * 1000 / hz);
 }
 
 absl::StatusOr<uint64_t> ParseVmRssBytes(absl::string_view status_text) {

@@ -1,7 +1,8 @@
 // Parsers for the Linux /proc files the system metrics sampler reads, and the
 // arithmetic that turns two readings of monotonic counters into rates and
-// percentages. Pure functions of their text (no I/O except ReadProcFile), so
-// every kernel's format is tested from fixtures. Thread-compatible.
+// percentages. Pure functions of their text (no I/O except ReadProcFile and
+// ProcessStartTime), so every kernel's format is tested from fixtures.
+// Thread-compatible.
 #ifndef SONDE_CLIENT_PROFILER_PROC_STATS_H_
 #define SONDE_CLIENT_PROFILER_PROC_STATS_H_
 
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace sonde::profiler {
 
@@ -106,6 +108,10 @@ absl::StatusOr<uint64_t> ParseStartTicks(absl::string_view pid_stat_text);
 
 // The boot time in seconds since the epoch: the "btime" line of /proc/stat.
 absl::StatusOr<int64_t> ParseBootTime(absl::string_view stat_text);
+
+// When this process started: the boot time plus its starttime, read from
+// /proc/stat and /proc/self/stat. The errors of reading or parsing either.
+absl::StatusOr<absl::Time> ProcessStartTime();
 
 }  // namespace sonde::profiler
 
