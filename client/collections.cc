@@ -109,19 +109,22 @@ void CollectionSet::Include(const std::string& collection) {
   included_.insert(collection);
 }
 
-bool CollectionSet::DueAt(const std::string& c, v1::Mode mode, int64_t mode_step) const {
-  if (included_.count(c) == 0) return false;
-  if (c == "gradients" && (mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT)) return false;
+const CollectionSet::Collection* CollectionSet::Find(const std::string& c) const {
   auto it = collections_.find(c);
-  const SaveConfig& sc = it != collections_.end() && it->second.save_config.has_value()
-                             ? *it->second.save_config
-                             : config_.save_config;
+  return it == collections_.end() ? nullptr : &it->second;
+}
+
+bool CollectionSet::DueAt(const std::string& c, const Collection* coll, v1::Mode mode,
+                          int64_t mode_step) const {
+  if (c == "gradients" && (mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT)) return false;
+  const SaveConfig& sc =
+      coll != nullptr && coll->save_config.has_value() ? *coll->save_config : config_.save_config;
   return sc.ShouldSave(mode, mode_step);
 }
 
 bool CollectionSet::AnyDue(v1::Mode mode, int64_t mode_step) const {
   for (const std::string& c : included_) {
-    if (DueAt(c, mode, mode_step)) return true;
+    if (DueAt(c, Find(c), mode, mode_step)) return true;
   }
   return false;
 }
@@ -156,9 +159,9 @@ SaveDecision CollectionSet::Decide(const std::string& tensor,
   if (config_.save_all) candidates.push_back("all");
   bool any_values = false;
   for (const std::string& c : candidates) {
-    if (!DueAt(c, mode, mode_step)) continue;
-    auto it = collections_.find(c);
-    const Collection* coll = it == collections_.end() ? nullptr : &it->second;
+    if (included_.count(c) == 0) continue;
+    const Collection* coll = Find(c);
+    if (!DueAt(c, coll, mode, mode_step)) continue;
     d.save = true;
     if (coll != nullptr && coll->save_histogram) d.histogram = true;
     const std::optional<ReductionConfig>& rc =

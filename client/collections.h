@@ -91,9 +91,13 @@ class CollectionSet {
     std::set<std::string> requested_patterns;  // regexes added by Require
   };
   Collection& Get(const std::string& name);
-  // Is collection `c` included and due at this mode step by its save config
-  // (else the hook's)? Gradients are never due in EVAL or PREDICT.
-  bool DueAt(const std::string& c, v1::Mode mode, int64_t mode_step) const;
+  // The settings of collection `c`; null when it has none.
+  const Collection* Find(const std::string& c) const;
+  // Is collection `c` (settings `coll`, from Find) due at this mode step by
+  // its save config, else the hook's? Gradients are never due in EVAL or
+  // PREDICT. Whether `c` is included is the caller's to check.
+  bool DueAt(const std::string& c, const Collection* coll, v1::Mode mode,
+             int64_t mode_step) const;
   const std::vector<std::string>& Members(const std::string& tensor);
 
   HookConfig config_;
