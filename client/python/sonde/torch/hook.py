@@ -490,7 +490,7 @@ class Hook:
                 self._unhook_all()  # disabled: leave the model as it was
             return
         if self._profiling():
-            self._profile_step_start(h)
+            self._forward_start = _now_micros()  # this step's forward begins
         if self.raise_on_stop and not self._stop_raised and self.should_stop():
             self._stop_raised = True
             raise StopTrainingRequested(self.stop_action())
@@ -570,16 +570,12 @@ class Hook:
         if h is None or not self._profiling():
             return
         try:
-            h.record_event(kind, name, start, max(start, end))
+            h.record_event(kind, name, start, end)  # the C++ hook clamps end >= start
         except Exception as e:  # noqa: BLE001
             self._fail("recording a profiler event", e)
 
-    def _profile_step_start(self, h):
-        """At a step's start: this step's forward begins."""
-        self._forward_start = _now_micros()
-
     def _profile_forward_end(self, module, inputs, outputs):
-        if self._forward_start and self._profiling():
+        if self._forward_start:
             self._record(_KIND.KIND_FORWARD, "", self._forward_start, _now_micros())
             self._forward_start = 0
 
