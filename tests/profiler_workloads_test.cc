@@ -39,7 +39,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -58,8 +57,6 @@
 #include "client/profiler/fake_nvml.h"
 #include "client/query_client.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/query.grpc.pb.h"
 #include "tests/testing/in_process_collector.h"
@@ -154,15 +151,12 @@ bool Train(Hook& hook, absl::Duration limit,
 
 void Sleep(absl::Duration d) { absl::SleepFor(d); }
 
-// The collector's view of a job: rule verdicts (QueryClient) and stored
-// metric series (the Query service's ReadMetrics).
+// The collector's view of a job through QueryClient: rule verdicts and
+// stored metric series.
 class Reader {
  public:
   Reader(const std::string& address, std::string job)
-      : job_(std::move(job)),
-        stub_(v1::Query::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
-        query_(QueryClient::Connect(address)) {}
+      : job_(std::move(job)), query_(QueryClient::Connect(address)) {}
 
   // The rule's current result, if the collector has one.
   std::optional<v1::RuleResult> Result(const std::string& rule) {
@@ -180,15 +174,9 @@ class Reader {
 
   // Worker 0's stored values of `metric`, oldest first.
   std::vector<double> Metric(const std::string& metric) {
-    v1::ReadMetricsRequest request;
-    request.set_job(job_);
-    request.add_names(metric);
-    request.set_worker(0);
-    v1::ReadMetricsResponse response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    if (!stub_->ReadMetrics(&ctx, request, &response).ok()) return {};
-    for (const v1::MetricSeries& s : response.series()) {
+    auto read = query_->ReadMetrics(job_, {metric}, "", /*worker=*/0);
+    if (!read.ok()) return {};
+    for (const v1::MetricSeries& s : read->series) {
       if (s.name() == metric) return {s.values().begin(), s.values().end()};
     }
     return {};
@@ -204,7 +192,6 @@ class Reader {
 
  private:
   std::string job_;
-  std::unique_ptr<v1::Query::Stub> stub_;
   std::unique_ptr<QueryClient> query_;
 };
 
