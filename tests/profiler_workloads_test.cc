@@ -49,6 +49,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/memory/memory.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -200,6 +202,71 @@ const v1::RuleResult* Find(const std::vector<v1::RuleResult>& results, const std
     if (r.rule() == rule) return &r;
   }
   return nullptr;
+}
+
+// One case of a rule on a workload: its own collector judging with
+// `rules`, the fake GPUs, and a profiled hook of job `job` whose training
+// loop runs `step` each step (the step's work and the GPUs' readings
+// `elapsed` into the run), then sleeps kStep. `step` also runs once before
+// the hook starts, at elapsed zero, so the first sample has the case's
+// readings. Load on the machine (spinners, writers) is the test's, started
+// before the case and stopped before Close.
+class ProfiledCase {
+ public:
+  using Step = std::function<void(Control& gpu, absl::Duration elapsed)>;
+
+  static absl::StatusOr<std::unique_ptr<ProfiledCase>> Start(const std::string& rules,
+                                                             const std::string& job, Step step) {
+    auto c = absl::WrapUnique(new ProfiledCase(rules, job, std::move(step)));
+    if (!c->gpu_.loaded()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("fake NVML not loaded from ", profiler::fake_nvml::LibraryPath()));
+    }
+    c->step_(c->gpu_, absl::ZeroDuration());
+    auto hook = Hook::Create(Profiled(c->collector_.address(), job));
+    if (!hook.ok()) return hook.status();
+    c->hook_ = std::move(*hook);
+    return c;
+  }
+
+  // Trains until `rule`'s verdict is IssuesFound or `deadline` passes;
+  // whether it fired.
+  bool TrainUntilFired(const std::string& rule, absl::Duration deadline) {
+    return Train(*hook_, deadline, Body(), [&] { return reader_.Fired(rule); });
+  }
+  // Trains until the collector stored kHealthySnapshots values of `metric`
+  // (30 s at most); whether it did.
+  bool TrainUntilStored(const std::string& metric) {
+    return Train(*hook_, absl::Seconds(30), Body(),
+                 [&] { return reader_.Stored(metric, kHealthySnapshots); });
+  }
+  // Ends the job.
+  absl::Status Close() { return hook_->Close(); }
+  // After Close: every rule's final verdict.
+  std::vector<v1::RuleResult> Verdicts() { return reader_.Verdicts(); }
+  Reader& reader() { return reader_; }
+
+ private:
+  ProfiledCase(const std::string& rules, const std::string& job, Step step)
+      : step_(std::move(step)), collector_(rules), reader_(collector_.address(), job) {}
+
+  std::function<void(int, absl::Duration)> Body() {
+    return [this](int, absl::Duration t) {
+      step_(gpu_, t);
+      Sleep(kStep);
+    };
+  }
+
+  Step step_;
+  Control gpu_;
+  InProcessCollector collector_;
+  Reader reader_;
+  std::unique_ptr<Hook> hook_;
+};
+
+// `series` on both GPUs, as a case's step.
+ProfiledCase::Step Both(const std::vector<unsigned>& series) {
+  return [&series](Control& gpu, absl::Duration t) { PlayBoth(gpu, series, t); };
 }
 
 double Quantile(std::vector<double> v, double q) {
@@ -379,26 +446,15 @@ constexpr char kCpuRules[] =
     "OverallSystemUsage";
 
 TEST(ProfilerWorkloads, CPUBottleneckFiresWhenBusyCoresStarveAnIdleGpu) {
-  Control gpu;
-  ASSERT_TRUE(gpu.loaded()) << profiler::fake_nvml::LibraryPath();
-  PlayBoth(gpu, kIdleGpu, absl::ZeroDuration());
-  InProcessCollector collector(kCpuRules);
   Spinners spinners(Cores());
-  auto hook = Hook::Create(Profiled(collector.address(), "cpu-bound"));
-  SONDE_ASSERT_OK(hook);
-  Reader reader(collector.address(), "cpu-bound");
-  const bool fired = Train(
-      **hook, kFireDeadline,
-      [&](int, absl::Duration t) {
-        PlayBoth(gpu, kIdleGpu, t);
-        Sleep(kStep);  // the step waits for its input
-      },
-      [&] { return reader.Fired("CPUBottleneck"); });
+  auto run = ProfiledCase::Start(kCpuRules, "cpu-bound", Both(kIdleGpu));  // input-starved steps
+  SONDE_ASSERT_OK(run);
+  const bool fired = (*run)->TrainUntilFired("CPUBottleneck", kFireDeadline);
   spinners.Stop();
-  SONDE_ASSERT_OK((*hook)->Close());
+  SONDE_ASSERT_OK((*run)->Close());
   EXPECT_TRUE(fired);
 
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, "CPUBottleneck");
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND) << r->message();
@@ -429,25 +485,14 @@ TEST(ProfilerWorkloads, CPUBottleneckFiresWhenBusyCoresStarveAnIdleGpu) {
 TEST(ProfilerWorkloads, CPUBottleneckIsQuietWhileTheGpuIsBusy) {
   // The same spinning CPU, but the GPU keeps up: no snapshot has an idle
   // GPU, so whatever the CPU does nothing is a bottleneck.
-  Control gpu;
-  ASSERT_TRUE(gpu.loaded());
-  PlayBoth(gpu, kBusyGpu, absl::ZeroDuration());
-  InProcessCollector collector(kCpuRules);
   Spinners spinners(Cores());
-  auto hook = Hook::Create(Profiled(collector.address(), "cpu-busy-gpu-busy"));
-  SONDE_ASSERT_OK(hook);
-  Reader reader(collector.address(), "cpu-busy-gpu-busy");
-  EXPECT_TRUE(Train(
-      **hook, absl::Seconds(30),
-      [&](int, absl::Duration t) {
-        PlayBoth(gpu, kBusyGpu, t);
-        Sleep(kStep);
-      },
-      [&] { return reader.Stored("gpu.0.util_percent", kHealthySnapshots); }));
+  auto run = ProfiledCase::Start(kCpuRules, "cpu-busy-gpu-busy", Both(kBusyGpu));
+  SONDE_ASSERT_OK(run);
+  EXPECT_TRUE((*run)->TrainUntilStored("gpu.0.util_percent"));
   spinners.Stop();
-  SONDE_ASSERT_OK((*hook)->Close());
+  SONDE_ASSERT_OK((*run)->Close());
 
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, "CPUBottleneck");
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << r->message();
@@ -466,7 +511,7 @@ TEST(ProfilerWorkloads, CPUBottleneckIsQuietWhileTheGpuIsBusy) {
   // The cores really were busy: quiet because of the GPU, not the CPU.
   double busiest = 0;
   for (int core = 0; core < Cores(); ++core) {
-    for (double v : reader.Metric(absl::StrCat("cpu.", core, ".util_percent"))) {
+    for (double v : (*run)->reader().Metric(absl::StrCat("cpu.", core, ".util_percent"))) {
       busiest = std::max(busiest, v);
     }
   }
@@ -486,23 +531,13 @@ constexpr double kIoThreshold = 5;
 constexpr int kWriters = 4;
 
 TEST(ProfilerWorkloads, IOBottleneckFiresWhenWritersWaitOnTheDiskAndTheGpuIdles) {
-  Control gpu;
-  ASSERT_TRUE(gpu.loaded());
-  PlayBoth(gpu, kIdleGpu, absl::ZeroDuration());
-  InProcessCollector collector(kIoRules);
   DiskWriters writers(TestTmpDir(), kWriters);
-  auto hook = Hook::Create(Profiled(collector.address(), "io-bound"));
-  SONDE_ASSERT_OK(hook);
-  Reader reader(collector.address(), "io-bound");
-  const bool fired = Train(
-      **hook, kMachineDeadline,
-      [&](int, absl::Duration t) {
-        PlayBoth(gpu, kIdleGpu, t);
-        Sleep(kStep);
-      },
-      [&] { return reader.Fired("IOBottleneck"); });
+  auto run = ProfiledCase::Start(kIoRules, "io-bound", Both(kIdleGpu));
+  SONDE_ASSERT_OK(run);
+  const bool fired = (*run)->TrainUntilFired("IOBottleneck", kMachineDeadline);
   writers.Stop();
-  SONDE_ASSERT_OK((*hook)->Close());
+  SONDE_ASSERT_OK((*run)->Close());
+  Reader& reader = (*run)->reader();
   ASSERT_EQ(writers.error(), "");
   EXPECT_GT(writers.writes(), 0);
 
@@ -524,7 +559,7 @@ TEST(ProfilerWorkloads, IOBottleneckFiresWhenWritersWaitOnTheDiskAndTheGpuIdles)
     }
   }
   EXPECT_TRUE(fired);
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, "IOBottleneck");
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND) << r->message();
@@ -536,29 +571,18 @@ TEST(ProfilerWorkloads, IOBottleneckFiresWhenWritersWaitOnTheDiskAndTheGpuIdles)
 
 TEST(ProfilerWorkloads, IOBottleneckIsQuietWithoutIo) {
   // The same idle GPU and loop, no writers.
-  Control gpu;
-  ASSERT_TRUE(gpu.loaded());
-  PlayBoth(gpu, kIdleGpu, absl::ZeroDuration());
-  InProcessCollector collector(kIoRules);
-  auto hook = Hook::Create(Profiled(collector.address(), "no-io"));
-  SONDE_ASSERT_OK(hook);
-  Reader reader(collector.address(), "no-io");
-  EXPECT_TRUE(Train(
-      **hook, absl::Seconds(30),
-      [&](int, absl::Duration t) {
-        PlayBoth(gpu, kIdleGpu, t);
-        Sleep(kStep);
-      },
-      [&] { return reader.Stored("cpu.iowait_percent", kHealthySnapshots); }));
-  SONDE_ASSERT_OK((*hook)->Close());
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+  auto run = ProfiledCase::Start(kIoRules, "no-io", Both(kIdleGpu));
+  SONDE_ASSERT_OK(run);
+  EXPECT_TRUE((*run)->TrainUntilStored("cpu.iowait_percent"));
+  SONDE_ASSERT_OK((*run)->Close());
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, "IOBottleneck");
   ASSERT_NE(r, nullptr);
   if (r->status() == v1::RULE_STATUS_ISSUES_FOUND) {
     // Other processes on a shared machine can wait for the disk too. The
     // rule is right when more than half the snapshots had I/O wait above
     // io_threshold; then this machine cannot show a quiet twin now.
-    const std::vector<double> iowait = reader.Metric("cpu.iowait_percent");
+    const std::vector<double> iowait = (*run)->reader().Metric("cpu.iowait_percent");
     const auto above = std::count_if(iowait.begin(), iowait.end(),
                                      [](double v) { return v > kIoThreshold; });
     if (2 * above > static_cast<long>(iowait.size())) {
@@ -588,35 +612,23 @@ constexpr size_t kStepBytes = 1280 * 1024;
 constexpr char kMemoryRules[] = "GPUMemoryIncrease(patience=10,increase=0.5)";
 
 TEST(ProfilerWorkloads, GPUMemoryIncreaseFiresOnAGrowingLeak) {
-  Control gpu;
-  ASSERT_TRUE(gpu.loaded());
   std::vector<std::unique_ptr<char[]>> leaked;  // never freed while training
   unsigned long long held = 0;
-  auto play = [&](absl::Duration t) {
+  auto run = ProfiledCase::Start(kMemoryRules, "leak", [&](Control& gpu, absl::Duration t) {
+    if (kModelBytes + held + kStepBytes <= kGpuMemory) {
+      leaked.emplace_back(new char[kStepBytes]);
+      std::memset(leaked.back().get(), 1, kStepBytes);  // resident, not just reserved
+      held += kStepBytes;
+    }
     SetGpu(gpu, 0, At(kBusyGpu, t), kModelBytes + held, kGpuMemory);
     SetGpu(gpu, 1, At(kBusyGpu, t), kModelBytes + held, kGpuMemory);
-  };
-  play(absl::ZeroDuration());
-  InProcessCollector collector(kMemoryRules);
-  auto hook = Hook::Create(Profiled(collector.address(), "leak"));
-  SONDE_ASSERT_OK(hook);
-  Reader reader(collector.address(), "leak");
-  const bool fired = Train(
-      **hook, kFireDeadline,
-      [&](int, absl::Duration t) {
-        if (kModelBytes + held + kStepBytes <= kGpuMemory) {
-          leaked.emplace_back(new char[kStepBytes]);
-          std::memset(leaked.back().get(), 1, kStepBytes);  // resident, not just reserved
-          held += kStepBytes;
-        }
-        play(t);
-        Sleep(kStep);
-      },
-      [&] { return reader.Fired("GPUMemoryIncrease"); });
-  SONDE_ASSERT_OK((*hook)->Close());
+  });
+  SONDE_ASSERT_OK(run);
+  const bool fired = (*run)->TrainUntilFired("GPUMemoryIncrease", kFireDeadline);
+  SONDE_ASSERT_OK((*run)->Close());
   EXPECT_TRUE(fired);
 
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, "GPUMemoryIncrease");
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND) << r->message();
@@ -626,7 +638,7 @@ TEST(ProfilerWorkloads, GPUMemoryIncreaseFiresOnAGrowingLeak) {
   EXPECT_THAT(r->message(), HasSubstr("moving average over window=10 values rose by"));
   EXPECT_THAT(r->message(), HasSubstr("more than increase=0.5"));
   // The leak was real: the process's resident memory grew with it.
-  const std::vector<double> rss = reader.Metric("process.rss_bytes");
+  const std::vector<double> rss = (*run)->reader().Metric("process.rss_bytes");
   ASSERT_GE(rss.size(), 2u);
   EXPECT_GT(*std::max_element(rss.begin(), rss.end()) - rss.front(), 0.5 * held)
       << "held " << held << " bytes";
@@ -635,29 +647,17 @@ TEST(ProfilerWorkloads, GPUMemoryIncreaseFiresOnAGrowingLeak) {
 TEST(ProfilerWorkloads, GPUMemoryIncreaseIsQuietOnSteadyMemory) {
   // Each step allocates and touches the same amount, and frees the last
   // step's: what it holds does not grow.
-  Control gpu;
-  ASSERT_TRUE(gpu.loaded());
   std::unique_ptr<char[]> batch;
-  auto play = [&](absl::Duration t) {
+  auto run = ProfiledCase::Start(kMemoryRules, "steady", [&](Control& gpu, absl::Duration t) {
+    batch.reset(new char[kStepBytes]);
+    std::memset(batch.get(), 1, kStepBytes);
     SetGpu(gpu, 0, At(kBusyGpu, t), kModelBytes + kStepBytes, kGpuMemory);
     SetGpu(gpu, 1, At(kBusyGpu, t), kModelBytes + kStepBytes, kGpuMemory);
-  };
-  play(absl::ZeroDuration());
-  InProcessCollector collector(kMemoryRules);
-  auto hook = Hook::Create(Profiled(collector.address(), "steady"));
-  SONDE_ASSERT_OK(hook);
-  Reader reader(collector.address(), "steady");
-  EXPECT_TRUE(Train(
-      **hook, absl::Seconds(30),
-      [&](int, absl::Duration t) {
-        batch.reset(new char[kStepBytes]);
-        std::memset(batch.get(), 1, kStepBytes);
-        play(t);
-        Sleep(kStep);
-      },
-      [&] { return reader.Stored("gpu.0.memory_used_bytes", kHealthySnapshots); }));
-  SONDE_ASSERT_OK((*hook)->Close());
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+  });
+  SONDE_ASSERT_OK(run);
+  EXPECT_TRUE((*run)->TrainUntilStored("gpu.0.memory_used_bytes"));
+  SONDE_ASSERT_OK((*run)->Close());
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, "GPUMemoryIncrease");
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->status(), v1::RULE_STATUS_NO_ISSUES_FOUND) << r->message();
@@ -670,64 +670,34 @@ TEST(ProfilerWorkloads, GPUMemoryIncreaseIsQuietOnSteadyMemory) {
 // threshold_p95 and threshold_p5 keep 70 and 10.
 constexpr char kLowGpuRules[] = "LowGPUUtilization(patience=10,window=10)";
 
-// Plays `series` on both GPUs in a loop of sleeping steps until the rule
-// fires; returns its verdict after the job ended.
+// A case whose step only plays GPU readings: trains until `rule` fires;
+// its verdict after the job ended.
 std::optional<v1::RuleResult> FireWithSeries(const std::string& rules, const std::string& rule,
-                                             const std::string& job,
-                                             const std::function<void(Control&, absl::Duration)>& play) {
-  Control gpu;
-  EXPECT_TRUE(gpu.loaded());
-  if (!gpu.loaded()) return std::nullopt;
-  play(gpu, absl::ZeroDuration());
-  InProcessCollector collector(rules);
-  auto hook = Hook::Create(Profiled(collector.address(), job));
-  EXPECT_TRUE(hook.ok()) << hook.status();
-  if (!hook.ok()) return std::nullopt;
-  Reader reader(collector.address(), job);
-  const bool fired = Train(
-      **hook, kFireDeadline,
-      [&](int, absl::Duration t) {
-        play(gpu, t);
-        Sleep(kStep);
-      },
-      [&] { return reader.Fired(rule); });
-  SONDE_EXPECT_OK((*hook)->Close());
+                                             const std::string& job, ProfiledCase::Step play) {
+  auto run = ProfiledCase::Start(rules, job, std::move(play));
+  EXPECT_TRUE(run.ok()) << run.status();
+  if (!run.ok()) return std::nullopt;
+  const bool fired = (*run)->TrainUntilFired(rule, kFireDeadline);
+  SONDE_EXPECT_OK((*run)->Close());
   EXPECT_TRUE(fired) << rule;
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, rule);
   if (r == nullptr) return std::nullopt;
   return *r;
 }
 
 // The same, training until kHealthySnapshots GPU samples are stored.
-std::optional<v1::RuleResult> HealthyWithSeries(
-    const std::string& rules, const std::string& rule, const std::string& job,
-    const std::function<void(Control&, absl::Duration)>& play) {
-  Control gpu;
-  EXPECT_TRUE(gpu.loaded());
-  if (!gpu.loaded()) return std::nullopt;
-  play(gpu, absl::ZeroDuration());
-  InProcessCollector collector(rules);
-  auto hook = Hook::Create(Profiled(collector.address(), job));
-  EXPECT_TRUE(hook.ok()) << hook.status();
-  if (!hook.ok()) return std::nullopt;
-  Reader reader(collector.address(), job);
-  EXPECT_TRUE(Train(
-      **hook, absl::Seconds(30),
-      [&](int, absl::Duration t) {
-        play(gpu, t);
-        Sleep(kStep);
-      },
-      [&] { return reader.Stored("gpu.1.util_percent", kHealthySnapshots); }));
-  SONDE_EXPECT_OK((*hook)->Close());
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+std::optional<v1::RuleResult> HealthyWithSeries(const std::string& rules, const std::string& rule,
+                                                const std::string& job, ProfiledCase::Step play) {
+  auto run = ProfiledCase::Start(rules, job, std::move(play));
+  EXPECT_TRUE(run.ok()) << run.status();
+  if (!run.ok()) return std::nullopt;
+  EXPECT_TRUE((*run)->TrainUntilStored("gpu.1.util_percent"));
+  SONDE_EXPECT_OK((*run)->Close());
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, rule);
   if (r == nullptr) return std::nullopt;
   return *r;
-}
-
-auto Both(const std::vector<unsigned>& series) {
-  return [&series](Control& gpu, absl::Duration t) { PlayBoth(gpu, series, t); };
 }
 
 TEST(ProfilerWorkloads, LowGPUUtilizationFiresOnAnUnderusedGpu) {
@@ -766,24 +736,13 @@ constexpr char kBatchRules[] = "BatchSize(patience=10,window=10)";
 TEST(ProfilerWorkloads, BatchSizeFiresWhenCpuAndGpuAreBothUnderused) {
   // A tiny batch: the loop sleeps through most of its step (a quiet CPU),
   // the GPU is under-used and holds 2 of its 16 GiB.
-  Control gpu;
-  ASSERT_TRUE(gpu.loaded());
-  PlayBoth(gpu, kUnderusedGpu, absl::ZeroDuration());
-  InProcessCollector collector(kBatchRules);
-  auto hook = Hook::Create(Profiled(collector.address(), "small-batch"));
-  SONDE_ASSERT_OK(hook);
-  Reader reader(collector.address(), "small-batch");
-  const bool fired = Train(
-      **hook, kMachineDeadline,
-      [&](int, absl::Duration t) {
-        PlayBoth(gpu, kUnderusedGpu, t);
-        Sleep(kStep);
-      },
-      [&] { return reader.Fired("BatchSize"); });
-  SONDE_ASSERT_OK((*hook)->Close());
+  auto run = ProfiledCase::Start(kBatchRules, "small-batch", Both(kUnderusedGpu));
+  SONDE_ASSERT_OK(run);
+  const bool fired = (*run)->TrainUntilFired("BatchSize", kMachineDeadline);
+  SONDE_ASSERT_OK((*run)->Close());
   if (!fired) {
     // The CPU is the machine's, shared with whatever else runs here.
-    const std::vector<double> cpu = reader.Metric("cpu.util_percent");
+    const std::vector<double> cpu = (*run)->reader().Metric("cpu.util_percent");
     const std::vector<double> last(cpu.end() - std::min<size_t>(cpu.size(), 10), cpu.end());
     if (Quantile(last, 0.95) >= 70) {
       GTEST_SKIP() << absl::StrFormat(
@@ -793,7 +752,7 @@ TEST(ProfilerWorkloads, BatchSizeFiresWhenCpuAndGpuAreBothUnderused) {
     }
   }
   EXPECT_TRUE(fired);
-  const std::vector<v1::RuleResult> results = reader.Verdicts();
+  const std::vector<v1::RuleResult> results = (*run)->Verdicts();
   const v1::RuleResult* r = Find(results, "BatchSize");
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND) << r->message();
