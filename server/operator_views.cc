@@ -367,17 +367,17 @@ void OperatorViews::BindReports(ReportSource source) {
   reports_ = std::move(shared);
 }
 
-std::shared_ptr<const ReportSource> OperatorViews::AcquireReports(http::HttpResponse* refusal) {
+OperatorViews::ReportsInUse OperatorViews::AcquireReports(http::HttpResponse* refusal) {
   {
     absl::MutexLock lock(&reports_mu_);
     if (reports_ != nullptr) {
       ++reports_in_use_;
-      return reports_;
+      return ReportsInUse(this, reports_);
     }
   }
   *refusal = Text(503, absl::StrCat("reports are not available: ", PhaseName(phase()), "\n"));
   refusal->headers.emplace_back("Retry-After", "5");
-  return nullptr;
+  return ReportsInUse(this, nullptr);
 }
 
 void OperatorViews::ReleaseReports() {
@@ -387,12 +387,8 @@ void OperatorViews::ReleaseReports() {
 
 std::optional<http::HttpResponse> OperatorViews::AdmitReport(const http::HttpRequest& request) {
   http::HttpResponse refusal;
-  std::shared_ptr<const ReportSource> source = AcquireReports(&refusal);
-  if (source == nullptr) return refusal;
-  struct Release {
-    OperatorViews* v;
-    ~Release() { v->ReleaseReports(); }
-  } release{this};
+  ReportsInUse source = AcquireReports(&refusal);
+  if (!source) return refusal;
   auto grant = Authenticate(*source, request, &refusal);
   if (!grant.ok()) return refusal;
   if (request.path != "/report") return std::nullopt;  // the index filters by the grant
@@ -402,13 +398,8 @@ std::optional<http::HttpResponse> OperatorViews::AdmitReport(const http::HttpReq
 
 http::HttpResponse OperatorViews::ServeReport(const http::HttpRequest& request) {
   http::HttpResponse refusal;
-  std::shared_ptr<const ReportSource> source = AcquireReports(&refusal);
-  if (source == nullptr) return refusal;
-  struct Release {
-    OperatorViews* v;
-    ~Release() { v->ReleaseReports(); }
-  } release{this};
-
+  ReportsInUse source = AcquireReports(&refusal);
+  if (!source) return refusal;
   auto grant = Authenticate(*source, request, &refusal);
   if (!grant.ok()) return refusal;
   // Checked again: the source may have been bound anew since admission.
@@ -430,13 +421,8 @@ http::HttpResponse OperatorViews::ServeReport(const http::HttpRequest& request) 
 
 http::HttpResponse OperatorViews::ServeReportIndex(const http::HttpRequest& request) {
   http::HttpResponse refusal;
-  std::shared_ptr<const ReportSource> source = AcquireReports(&refusal);
-  if (source == nullptr) return refusal;
-  struct Release {
-    OperatorViews* v;
-    ~Release() { v->ReleaseReports(); }
-  } release{this};
-
+  ReportsInUse source = AcquireReports(&refusal);
+  if (!source) return refusal;
   auto grant = Authenticate(*source, request, &refusal);
   if (!grant.ok()) return refusal;
   auto listed = source->list_jobs();

@@ -182,9 +182,29 @@ class OperatorViews {
   std::optional<http::HttpResponse> AdmitReport(const http::HttpRequest& request);
   http::HttpResponse ServeReport(const http::HttpRequest& request);
   http::HttpResponse ServeReportIndex(const http::HttpRequest& request);
-  // The bound source, counted as in use until ReleaseReports(); null (with
-  // the 503 to send in *refusal) when none is bound.
-  std::shared_ptr<const ReportSource> AcquireReports(http::HttpResponse* refusal);
+  // The bound report source, counted as in use (Unbind waits for it) for
+  // as long as this holder lives. Empty when none was bound.
+  class ReportsInUse {
+   public:
+    ReportsInUse(OperatorViews* views, std::shared_ptr<const ReportSource> source)
+        : views_(views), source_(std::move(source)) {}
+    ~ReportsInUse() {
+      if (source_ != nullptr) views_->ReleaseReports();
+    }
+    ReportsInUse(const ReportsInUse&) = delete;
+    ReportsInUse& operator=(const ReportsInUse&) = delete;
+
+    explicit operator bool() const { return source_ != nullptr; }
+    const ReportSource& operator*() const { return *source_; }
+    const ReportSource* operator->() const { return source_.get(); }
+
+   private:
+    OperatorViews* const views_;
+    const std::shared_ptr<const ReportSource> source_;
+  };
+  // The bound source; empty (with the 503 to send in *refusal) when none is
+  // bound.
+  ReportsInUse AcquireReports(http::HttpResponse* refusal);
   void ReleaseReports();
   bool ReportsIdle() const ABSL_SHARED_LOCKS_REQUIRED(reports_mu_) {
     return reports_in_use_ == 0;
