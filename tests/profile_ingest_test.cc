@@ -13,10 +13,10 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "client/hook.h"
+#include "client/query_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/collector.grpc.pb.h"
-#include "proto/query.grpc.pb.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tcp_proxy.h"
@@ -79,58 +79,43 @@ void RunSteps(Hook& hook, int steps) {
   hook.EndStep();
 }
 
+// Profiler reads through QueryClient, every worker; a failed read is a
+// test failure and reads as nothing.
 struct Query {
-  explicit Query(const std::string& address)
-      : stub(v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
-  v1::ReadMetricsResponse Metrics(const std::string& job, std::vector<std::string> names,
-                                  int64_t start = 0, int64_t end = 0, uint32_t max_points = 0) {
-    grpc::ClientContext ctx;
-    v1::ReadMetricsRequest req;
-    req.set_job(job);
-    for (auto& n : names) req.add_names(n);
-    req.set_worker(-1);
-    req.set_start_unix_micros(start);
-    req.set_end_unix_micros(end);
-    req.set_max_points(max_points);
-    v1::ReadMetricsResponse resp;
-    grpc::Status s = stub->ReadMetrics(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp;
+  explicit Query(const std::string& address) : client(QueryClient::Connect(address)) {}
+  MetricsRead Metrics(const std::string& job, std::vector<std::string> names, int64_t start = 0,
+                      int64_t end = 0, uint32_t max_points = 0) {
+    auto read = client->ReadMetrics(job, names, "", -1, start, end, max_points);
+    EXPECT_TRUE(read.ok()) << read.status();
+    return read.ok() ? *std::move(read) : MetricsRead();
   }
-  v1::ReadEventsResponse Events(const std::string& job, v1::TraceEvent::Kind kind,
-                                uint32_t max_events = 0) {
-    grpc::ClientContext ctx;
-    v1::ReadEventsRequest req;
-    req.set_job(job);
-    req.set_kind(kind);
-    req.set_worker(-1);
-    req.set_max_events(max_events);
-    v1::ReadEventsResponse resp;
-    grpc::Status s = stub->ReadEvents(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp;
+  EventsRead Events(const std::string& job, v1::TraceEvent::Kind kind, uint32_t max_events = 0) {
+    auto read = client->ReadEvents(job, kind, "", -1, 0, 0, max_events);
+    EXPECT_TRUE(read.ok()) << read.status();
+    return read.ok() ? *std::move(read) : EventsRead();
   }
-  std::unique_ptr<v1::Query::Stub> stub;
+  std::unique_ptr<QueryClient> client;
 };
 
 // Batches 0 .. batches-1 (as RunSteps sends them) are stored exactly once.
 void ExpectStored(Query& q, const std::string& job, int batches) {
-  v1::ReadMetricsResponse cpu = q.Metrics(job, {"cpu.util"});
-  ASSERT_EQ(cpu.series_size(), 1);
-  ASSERT_EQ(cpu.series(0).values_size(), 2 * batches);
+  MetricsRead cpu = q.Metrics(job, {"cpu.util"});
+  ASSERT_EQ(cpu.series.size(), 1u);
+  ASSERT_EQ(cpu.series[0].values_size(), 2 * batches);
   for (int i = 0; i < 2 * batches; ++i) {
-    EXPECT_EQ(cpu.series(0).unix_micros(i), kT0 + i * 100000);
-    EXPECT_EQ(cpu.series(0).values(i), i);
+    EXPECT_EQ(cpu.series[0].unix_micros(i), kT0 + i * 100000);
+    EXPECT_EQ(cpu.series[0].values(i), i);
   }
-  v1::ReadEventsResponse spans = q.Events(job, v1::TraceEvent::KIND_SPAN);
-  ASSERT_EQ(spans.events_size(), batches);
+  EventsRead spans = q.Events(job, v1::TraceEvent::KIND_SPAN);
+  ASSERT_EQ(spans.events.size(), static_cast<size_t>(batches));
   for (int b = 0; b < batches; ++b) {
-    EXPECT_EQ(spans.events(b).event().name(), "augment");
-    EXPECT_EQ(spans.events(b).event().step(), b / 2);
-    EXPECT_EQ(spans.events(b).event().end_unix_micros() - spans.events(b).event().start_unix_micros(),
+    EXPECT_EQ(spans.events[b].event().name(), "augment");
+    EXPECT_EQ(spans.events[b].event().step(), b / 2);
+    EXPECT_EQ(spans.events[b].event().end_unix_micros() - spans.events[b].event().start_unix_micros(),
               3000);
   }
-  EXPECT_EQ(q.Events(job, v1::TraceEvent::KIND_DATA_WAIT).events_size(), batches);
+  EXPECT_EQ(q.Events(job, v1::TraceEvent::KIND_DATA_WAIT).events.size(),
+            static_cast<size_t>(batches));
 }
 
 // A hook of `job` that ran RunSteps(steps) and had every batch acknowledged.
@@ -150,24 +135,24 @@ TEST(ProfileIngest, ReadsOverTheirLimitReturnTheFirstPointsAndSayTruncated) {
   ASSERT_NE(hook, nullptr);
   Query q(collector.address());
   // The default limits are far above what 3 steps send.
-  v1::ReadMetricsResponse all = q.Metrics("limited", {"cpu.util"});
-  EXPECT_FALSE(all.truncated());
-  ASSERT_EQ(all.series_size(), 1);
-  ASSERT_GT(all.series(0).values_size(), 5);
-  v1::ReadMetricsResponse five = q.Metrics("limited", {"cpu.util"}, 0, 0, 5);
-  EXPECT_TRUE(five.truncated());
-  ASSERT_EQ(five.series_size(), 1);
-  ASSERT_EQ(five.series(0).values_size(), 5);
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(five.series(0).values(i), all.series(0).values(i));
-  EXPECT_FALSE(q.Metrics("limited", {"cpu.util"}, 0, 0, all.series(0).values_size()).truncated());
+  MetricsRead all = q.Metrics("limited", {"cpu.util"});
+  EXPECT_FALSE(all.truncated);
+  ASSERT_EQ(all.series.size(), 1u);
+  ASSERT_GT(all.series[0].values_size(), 5);
+  MetricsRead five = q.Metrics("limited", {"cpu.util"}, 0, 0, 5);
+  EXPECT_TRUE(five.truncated);
+  ASSERT_EQ(five.series.size(), 1u);
+  ASSERT_EQ(five.series[0].values_size(), 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(five.series[0].values(i), all.series[0].values(i));
+  EXPECT_FALSE(q.Metrics("limited", {"cpu.util"}, 0, 0, all.series[0].values_size()).truncated);
 
-  v1::ReadEventsResponse spans = q.Events("limited", v1::TraceEvent::KIND_SPAN);
-  EXPECT_FALSE(spans.truncated());
-  ASSERT_EQ(spans.events_size(), 6);
-  v1::ReadEventsResponse two = q.Events("limited", v1::TraceEvent::KIND_SPAN, 2);
-  EXPECT_TRUE(two.truncated());
-  ASSERT_EQ(two.events_size(), 2);
-  EXPECT_EQ(two.events(1).SerializeAsString(), spans.events(1).SerializeAsString());
+  EventsRead spans = q.Events("limited", v1::TraceEvent::KIND_SPAN);
+  EXPECT_FALSE(spans.truncated);
+  ASSERT_EQ(spans.events.size(), 6u);
+  EventsRead two = q.Events("limited", v1::TraceEvent::KIND_SPAN, 2);
+  EXPECT_TRUE(two.truncated);
+  ASSERT_EQ(two.events.size(), 2u);
+  EXPECT_EQ(two.events[1].SerializeAsString(), spans.events[1].SerializeAsString());
   SONDE_ASSERT_OK(hook->Close());
 }
 
@@ -175,21 +160,13 @@ TEST(ProfileIngest, ARegexThatDoesNotCompileIsInvalidArgumentNamingIt) {
   InProcessCollector collector;
   std::unique_ptr<Hook> hook = RunAndFlush(collector, "regex", 1);
   ASSERT_NE(hook, nullptr);
-  Query q(collector.address());
-  grpc::ClientContext ctx;
-  v1::ReadMetricsRequest req;
-  req.set_job("regex");
-  req.set_regex("cpu.(");
-  req.set_worker(-1);
-  v1::ReadMetricsResponse resp;
-  grpc::Status s = q.stub->ReadMetrics(&ctx, req, &resp);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("regex 'cpu.('"));
-  grpc::ClientContext ok_ctx;
-  req.set_regex("^cpu\\.");
-  ASSERT_TRUE(q.stub->ReadMetrics(&ok_ctx, req, &resp).ok());
-  ASSERT_EQ(resp.series_size(), 1);
-  EXPECT_EQ(resp.series(0).name(), "cpu.util");
+  auto query = QueryClient::Connect(collector.address());
+  EXPECT_THAT(query->ReadMetrics("regex", {}, "cpu.(").status(),
+              ::sonde::testing::StatusIs(absl::StatusCode::kInvalidArgument, "regex 'cpu.('"));
+  auto read = query->ReadMetrics("regex", {}, "^cpu\\.");
+  SONDE_ASSERT_OK(read);
+  ASSERT_EQ(read->series.size(), 1u);
+  EXPECT_EQ(read->series[0].name(), "cpu.util");
   SONDE_ASSERT_OK(hook->Close());
 }
 
@@ -203,34 +180,28 @@ TEST(ProfileIngest, BatchesBetweenAndWithinStepsAreStoredAndReadBackByNameAndTim
   Query q(collector.address());
   ExpectStored(q, "prof", 2 * 5);
   // A time range and a second metric.
-  v1::ReadMetricsResponse rss =
+  MetricsRead rss =
       q.Metrics("prof", {"process.rss_bytes"}, kT0 + 300000, kT0 + 700000);
-  ASSERT_EQ(rss.series_size(), 1);
-  ASSERT_EQ(rss.series(0).values_size(), 4);
-  EXPECT_EQ(rss.series(0).values(0), 3e6);
-  EXPECT_EQ(rss.series(0).worker(), 0);
-  grpc::ClientContext ctx;
-  v1::ListMetricsRequest req;
-  req.set_job("prof");
-  v1::ListMetricsResponse listed;
-  ASSERT_TRUE(q.stub->ListMetrics(&ctx, req, &listed).ok());
-  ASSERT_EQ(listed.workers_size(), 1);
-  EXPECT_EQ(std::vector<std::string>(listed.workers(0).names().begin(),
-                                     listed.workers(0).names().end()),
+  ASSERT_EQ(rss.series.size(), 1u);
+  ASSERT_EQ(rss.series[0].values_size(), 4);
+  EXPECT_EQ(rss.series[0].values(0), 3e6);
+  EXPECT_EQ(rss.series[0].worker(), 0);
+  auto listed = q.client->ListMetrics("prof");
+  SONDE_ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ(std::vector<std::string>((*listed)[0].names().begin(), (*listed)[0].names().end()),
             (std::vector<std::string>{"cpu.util", "process.rss_bytes"}));
   SONDE_ASSERT_OK((*hook)->Close());
 }
 
 // What a rule judged, from its stored result.
 int64_t Datapoints(const std::string& address, const std::string& job, const std::string& rule) {
-  auto stub = v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  v1::GetRuleResultsRequest req;
-  req.set_job(job);
-  v1::GetRuleResultsResponse resp;
-  EXPECT_TRUE(stub->GetRuleResults(&ctx, req, &resp).ok());
-  for (const v1::RuleResult& r : resp.results()) {
-    if (r.rule() == rule) return r.datapoints();
+  auto results = QueryClient::Connect(address)->RuleResults(job);
+  EXPECT_TRUE(results.ok()) << results.status();
+  if (results.ok()) {
+    for (const v1::RuleResult& r : *results) {
+      if (r.rule() == rule) return r.datapoints();
+    }
   }
   ADD_FAILURE() << "no result of " << rule;
   return -1;
@@ -252,7 +223,7 @@ TEST(ProfileIngest, LostAcksAndACutConnectionStillStoreEveryBatchOnce) {
   Query q(collector.address());
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (absl::Now() < deadline &&
-         q.Events("prof-cut", v1::TraceEvent::KIND_SPAN).events_size() < 9) {
+         q.Events("prof-cut", v1::TraceEvent::KIND_SPAN).events.size() < 9) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_GT((*hook)->counters().memory_bytes, 0u);  // still held: never acknowledged
@@ -323,11 +294,13 @@ TEST(ProfileIngest, BadBatchesAreRefusedWithWhatWasWrongAndNothingOfThemIsStored
         << c.why << " not in: " << s.error_message();
   }
   Query q(collector.address());
-  EXPECT_EQ(q.Metrics("raw", {}).series_size(), 0);
-  EXPECT_EQ(q.Events("raw", v1::TraceEvent::KIND_UNSPECIFIED).events_size(), 0);
+  EXPECT_EQ(q.Metrics("raw", {}).series.size(), 0u);
+  EXPECT_EQ(q.Events("raw", v1::TraceEvent::KIND_UNSPECIFIED).events.size(), 0u);
   // A good batch on the same job is stored and acknowledged at once.
   EXPECT_TRUE(SendRaw(collector.address(), Batch(0, 0)).ok());
-  EXPECT_EQ(q.Metrics("raw", {"cpu.util"}).series(0).values_size(), 2);
+  MetricsRead good = q.Metrics("raw", {"cpu.util"});
+  ASSERT_EQ(good.series.size(), 1u);
+  EXPECT_EQ(good.series[0].values_size(), 2);
 }
 
 }  // namespace
