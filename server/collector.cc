@@ -15,7 +15,6 @@
 #include "server/job_registry.h"
 #include "server/operator_views.h"
 #include "server/query_service.h"
-#include "server/report/report.h"
 #include "server/store_rule_environment.h"
 #include "server/webhook_notifier.h"
 #include "rules/plugin_loader.h"
@@ -27,23 +26,6 @@ namespace {
 
 // Room for a chunk's payload plus its descriptive fields.
 constexpr int kMessageOverhead = 1 << 20;
-
-// The page Query.GetReport returns (QueryService::GetReport): the job, then
-// its report with the rule catalogue. NotFound only for an unknown job.
-absl::StatusOr<std::string> RenderReportPage(storage::Store& store,
-                                             const rules::RuleFactory& factory,
-                                             const std::string& job) {
-  auto info = store.GetJob(job);
-  if (!info.ok()) return info.status();
-  std::vector<v1::RuleCatalogEntry> catalogue;
-  for (const rules::RuleInfo& rule : factory.Catalog()) catalogue.push_back(rules::ToProto(rule));
-  auto html = report::RenderJobReport(store, *info, catalogue);
-  if (absl::IsNotFound(html.status())) {  // the job exists: something under it is missing
-    return absl::InternalError(
-        absl::StrCat("report of job '", job, "': ", html.status().message()));
-  }
-  return html;
-}
 
 }  // namespace
 
@@ -134,7 +116,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
     storage::Store* store = c->store_.get();
     const rules::RuleFactory* factory = c->rule_factory_.get();
     reports.render = [store, factory](const std::string& job) {
-      return RenderReportPage(*store, *factory, job);
+      return RenderReportPage(*store, factory, job);
     };
     reports.list_jobs = [store] { return store->ListJobs(); };
     reports.tokens = c->tokens_.get();

@@ -195,17 +195,27 @@ grpc::Status QueryService::ReadEvents(grpc::ServerContext*, const v1::ReadEvents
   return grpc::Status::OK;
 }
 
-grpc::Status QueryService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request,
-                                     v1::GetReportResponse* response) {
+absl::StatusOr<std::string> RenderReportPage(storage::Store& store,
+                                             const rules::RuleFactory* rule_factory,
+                                             const std::string& job) {
+  SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, FindJob(&store, job));
   std::vector<v1::RuleCatalogEntry> catalogue;
-  if (rule_factory_ != nullptr) {
-    for (const rules::RuleInfo& info : rule_factory_->Catalog()) {
-      catalogue.push_back(rules::ToProto(info));
+  if (rule_factory != nullptr) {
+    for (const rules::RuleInfo& rule : rule_factory->Catalog()) {
+      catalogue.push_back(rules::ToProto(rule));
     }
   }
-  auto job = FindJob(store_, request->job());
-  if (!job.ok()) return ToGrpcStatus(job.status());
-  auto html = report::RenderJobReport(*store_, *job, catalogue);
+  auto html = report::RenderJobReport(store, info, catalogue);
+  if (absl::IsNotFound(html.status())) {  // the job exists: something under it is missing
+    return absl::InternalError(
+        absl::StrCat("report of job '", job, "': ", html.status().message()));
+  }
+  return html;
+}
+
+grpc::Status QueryService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request,
+                                     v1::GetReportResponse* response) {
+  auto html = RenderReportPage(*store_, rule_factory_, request->job());
   if (!html.ok()) return ToGrpcStatus(html.status());
   response->set_html(std::move(*html));
   return grpc::Status::OK;

@@ -5,13 +5,24 @@
 #define SONDE_SERVER_QUERY_SERVICE_H_
 
 #include <atomic>
+#include <string>
 
+#include "absl/status/statusor.h"
 #include "proto/query.grpc.pb.h"
 #include "rules/rule_factory.h"
 #include "server/job_registry.h"
 #include "storage/store.h"
 
 namespace sonde::server {
+
+// The job's report page with the rule catalogue of `rule_factory` (null: no
+// catalogue): what Query.GetReport returns and the HTTP endpoint's /report
+// serves, so both answer alike. InvalidArgument for an empty name, NotFound
+// only for an unknown job (something missing under a known job is Internal),
+// storage errors as the Store returns them.
+absl::StatusOr<std::string> RenderReportPage(storage::Store& store,
+                                             const rules::RuleFactory* rule_factory,
+                                             const std::string& job);
 
 class QueryService final : public v1::Query::Service {
  public:
