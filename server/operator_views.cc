@@ -15,6 +15,7 @@
 #include "proto/collector.grpc.pb.h"
 #include "proto/query.grpc.pb.h"
 #include "server/auth.h"
+#include "server/report/svg.h"
 #include "server/rpc_metrics.h"
 #include "server/security.h"
 #include "server/webhook_notifier.h"
@@ -22,6 +23,8 @@
 
 namespace sonde::server {
 namespace {
+
+using report::EscapeHtml;
 
 struct PropertyGauge {
   const char* property;
@@ -81,34 +84,6 @@ http::HttpResponse Html(std::string body) {
   r.body = std::move(body);
   r.headers.emplace_back("Content-Security-Policy", kHtmlPolicy);
   return r;
-}
-
-// & < > " ' escaped: safe in text and in quoted attributes.
-std::string EscapeHtml(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char ch : text) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
 }
 
 // "running" for JOB_STATUS_RUNNING.
