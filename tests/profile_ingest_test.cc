@@ -109,10 +109,10 @@ void ExpectStored(Query& q, const std::string& job, int batches) {
   EventsRead spans = q.Events(job, v1::TraceEvent::KIND_SPAN);
   ASSERT_EQ(spans.events.size(), static_cast<size_t>(batches));
   for (int b = 0; b < batches; ++b) {
-    EXPECT_EQ(spans.events[b].event().name(), "augment");
-    EXPECT_EQ(spans.events[b].event().step(), b / 2);
-    EXPECT_EQ(spans.events[b].event().end_unix_micros() - spans.events[b].event().start_unix_micros(),
-              3000);
+    const v1::TraceEvent& e = spans.events[b].event();
+    EXPECT_EQ(e.name(), "augment");
+    EXPECT_EQ(e.step(), b / 2);
+    EXPECT_EQ(e.end_unix_micros() - e.start_unix_micros(), 3000);
   }
   EXPECT_EQ(q.Events(job, v1::TraceEvent::KIND_DATA_WAIT).events.size(),
             static_cast<size_t>(batches));

@@ -10,10 +10,8 @@
 
 #include "absl/time/clock.h"
 #include "client/hook.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
+#include "client/query_client.h"
 #include "gtest/gtest.h"
-#include "proto/query.grpc.pb.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
 
@@ -22,20 +20,13 @@ namespace {
 
 using ::sonde::testing::InProcessCollector;
 
-std::unique_ptr<v1::Query::Stub> QueryStub(const std::string& address) {
-  return v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-}
-
-v1::ReadEventsResponse Events(v1::Query::Stub& q, const std::string& job,
-                              v1::TraceEvent::Kind kind) {
-  grpc::ClientContext ctx;
-  v1::ReadEventsRequest req;
-  req.set_job(job);
-  req.set_kind(kind);
-  req.set_worker(-1);
-  v1::ReadEventsResponse resp;
-  EXPECT_TRUE(q.ReadEvents(&ctx, req, &resp).ok());
-  return resp;
+// Every worker's events of `kind`; a failed read is a test failure and reads
+// as none.
+std::vector<v1::WorkerEvent> Events(QueryClient& q, const std::string& job,
+                                    v1::TraceEvent::Kind kind) {
+  auto read = q.ReadEvents(job, kind);
+  EXPECT_TRUE(read.ok()) << read.status();
+  return read.ok() ? read->events : std::vector<v1::WorkerEvent>();
 }
 
 TEST(ProfilerHook, StreamsSystemMetricsAndStepTimingsOfARealLoop) {
@@ -63,19 +54,13 @@ TEST(ProfilerHook, StreamsSystemMetricsAndStepTimingsOfARealLoop) {
   SONDE_ASSERT_OK((*hook)->Close());
   const absl::Duration elapsed = absl::Now() - begin;
 
-  auto q = QueryStub(collector.address());
+  auto q = QueryClient::Connect(collector.address());
   // System metrics at ~100 ms over the run (loose: a shared 2-core machine).
-  grpc::ClientContext ctx;
-  v1::ReadMetricsRequest req;
-  req.set_job("profiled");
-  req.add_names("cpu.util_percent");
-  req.add_names("process.rss_bytes");
-  req.set_worker(-1);
-  v1::ReadMetricsResponse metrics;
-  ASSERT_TRUE(q->ReadMetrics(&ctx, req, &metrics).ok());
-  ASSERT_EQ(metrics.series_size(), 2);
+  auto metrics = q->ReadMetrics("profiled", {"cpu.util_percent", "process.rss_bytes"});
+  SONDE_ASSERT_OK(metrics);
+  ASSERT_EQ(metrics->series.size(), 2u);
   const int expected = static_cast<int>(elapsed / absl::Milliseconds(100));
-  for (const v1::MetricSeries& s : metrics.series()) {
+  for (const v1::MetricSeries& s : metrics->series) {
     EXPECT_GE(s.values_size(), expected / 3) << s.name();
     EXPECT_LE(s.values_size(), expected + 2) << s.name();
     for (int i = 0; i < s.values_size(); ++i) {
@@ -85,36 +70,38 @@ TEST(ProfilerHook, StreamsSystemMetricsAndStepTimingsOfARealLoop) {
       } else {
         EXPECT_GT(s.values(i), 1 << 20);  // this test's own RSS: more than 1 MiB
       }
-      if (i > 0) EXPECT_GT(s.unix_micros(i), s.unix_micros(i - 1));
+      if (i > 0) {
+        EXPECT_GT(s.unix_micros(i), s.unix_micros(i - 1));
+      }
     }
   }
 
-  v1::ReadEventsResponse steps = Events(*q, "profiled", v1::TraceEvent::KIND_STEP);
-  ASSERT_EQ(steps.events_size(), 12);
+  const std::vector<v1::WorkerEvent> steps = Events(*q, "profiled", v1::TraceEvent::KIND_STEP);
+  ASSERT_EQ(steps.size(), 12u);
   for (int i = 0; i < 12; ++i) {
-    const v1::TraceEvent& e = steps.events(i).event();
+    const v1::TraceEvent& e = steps[i].event();
     EXPECT_EQ(e.step(), i);
     EXPECT_EQ(e.mode(), v1::MODE_TRAIN);
     EXPECT_EQ(e.mode_step(), i);
     const int64_t micros = e.end_unix_micros() - e.start_unix_micros();
     EXPECT_GE(micros, i == 7 ? 80000 : 20000) << "step " << i;
   }
-  v1::ReadEventsResponse init = Events(*q, "profiled", v1::TraceEvent::KIND_INIT);
-  ASSERT_EQ(init.events_size(), 1);
-  EXPECT_EQ(init.events(0).event().end_unix_micros(), steps.events(0).event().start_unix_micros());
-  EXPECT_LT(init.events(0).event().start_unix_micros(), absl::ToUnixMicros(begin));
+  const std::vector<v1::WorkerEvent> init = Events(*q, "profiled", v1::TraceEvent::KIND_INIT);
+  ASSERT_EQ(init.size(), 1u);
+  EXPECT_EQ(init[0].event().end_unix_micros(), steps[0].event().start_unix_micros());
+  EXPECT_LT(init[0].event().start_unix_micros(), absl::ToUnixMicros(begin));
 
-  v1::ReadEventsResponse spans = Events(*q, "profiled", v1::TraceEvent::KIND_SPAN);
-  ASSERT_EQ(spans.events_size(), 12);
+  const std::vector<v1::WorkerEvent> spans = Events(*q, "profiled", v1::TraceEvent::KIND_SPAN);
+  ASSERT_EQ(spans.size(), 12u);
   for (int i = 0; i < 12; ++i) {
-    EXPECT_EQ(spans.events(i).event().name(), "augment");
-    EXPECT_EQ(spans.events(i).event().step(), i);  // recorded within step i
+    EXPECT_EQ(spans[i].event().name(), "augment");
+    EXPECT_EQ(spans[i].event().step(), i);  // recorded within step i
   }
-  v1::ReadEventsResponse waits = Events(*q, "profiled", v1::TraceEvent::KIND_DATA_WAIT);
-  ASSERT_EQ(waits.events_size(), 12);
-  EXPECT_EQ(waits.events(0).event().step(), -1);  // before the first step
-  EXPECT_EQ(waits.events(1).event().step(), 0);   // between steps 0 and 1: step 0 is open
-  for (const v1::WorkerEvent& w : waits.events()) {
+  const std::vector<v1::WorkerEvent> waits = Events(*q, "profiled", v1::TraceEvent::KIND_DATA_WAIT);
+  ASSERT_EQ(waits.size(), 12u);
+  EXPECT_EQ(waits[0].event().step(), -1);  // before the first step
+  EXPECT_EQ(waits[1].event().step(), 0);   // between steps 0 and 1: step 0 is open
+  for (const v1::WorkerEvent& w : waits) {
     EXPECT_GE(w.event().end_unix_micros() - w.event().start_unix_micros(), 5000);
   }
 }
@@ -141,18 +128,15 @@ TEST(ProfilerHook, EventsTheCollectorWouldRefuseAreDroppedAndTheStreamGoesOn) {
   SONDE_ASSERT_OK((*hook)->Close());
   EXPECT_EQ((*hook)->counters().reconnects, 0u);
   EXPECT_EQ((*hook)->counters().tensors_dropped, 0u);
-  auto q = QueryStub(collector.address());
-  v1::ReadEventsResponse spans = Events(*q, "bad-events", v1::TraceEvent::KIND_SPAN);
-  ASSERT_EQ(spans.events_size(), 5);
-  for (const v1::WorkerEvent& e : spans.events()) EXPECT_EQ(e.event().name(), "good");
-  EXPECT_EQ(Events(*q, "bad-events", v1::TraceEvent::KIND_STEP).events_size(), 5);
-  grpc::ClientContext ctx;
-  v1::ListMetricsRequest req;
-  req.set_job("bad-events");
-  v1::ListMetricsResponse listed;
-  ASSERT_TRUE(q->ListMetrics(&ctx, req, &listed).ok());
-  ASSERT_EQ(listed.workers_size(), 1);
-  for (const std::string& name : listed.workers(0).names()) EXPECT_NE(name, "framework.nan");
+  auto q = QueryClient::Connect(collector.address());
+  const std::vector<v1::WorkerEvent> spans = Events(*q, "bad-events", v1::TraceEvent::KIND_SPAN);
+  ASSERT_EQ(spans.size(), 5u);
+  for (const v1::WorkerEvent& e : spans) EXPECT_EQ(e.event().name(), "good");
+  EXPECT_EQ(Events(*q, "bad-events", v1::TraceEvent::KIND_STEP).size(), 5u);
+  auto listed = q->ListMetrics("bad-events");
+  SONDE_ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  for (const std::string& name : (*listed)[0].names()) EXPECT_NE(name, "framework.nan");
 }
 
 TEST(ProfilerHook, OffByDefaultSendsNothing) {
@@ -169,14 +153,11 @@ TEST(ProfilerHook, OffByDefaultSendsNothing) {
     SONDE_ASSERT_OK((*hook)->SaveScalar("loss", step, {"losses"}));
   }
   SONDE_ASSERT_OK((*hook)->Close());
-  auto q = QueryStub(collector.address());
-  EXPECT_EQ(Events(*q, "quiet", v1::TraceEvent::KIND_UNSPECIFIED).events_size(), 0);
-  grpc::ClientContext ctx;
-  v1::ListMetricsRequest req;
-  req.set_job("quiet");
-  v1::ListMetricsResponse listed;
-  ASSERT_TRUE(q->ListMetrics(&ctx, req, &listed).ok());
-  EXPECT_EQ(listed.workers_size(), 0);
+  auto q = QueryClient::Connect(collector.address());
+  EXPECT_EQ(Events(*q, "quiet", v1::TraceEvent::KIND_UNSPECIFIED).size(), 0u);
+  auto listed = q->ListMetrics("quiet");
+  SONDE_ASSERT_OK(listed);
+  EXPECT_EQ(listed->size(), 0u);
 }
 
 TEST(ProfilerHook, AnIntervalOutOfRangeIsRefused) {
