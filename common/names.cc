@@ -28,16 +28,20 @@ absl::Status ValidateJobName(absl::string_view job) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateTensorName(absl::string_view name) {
+absl::Status ValidateDataName(absl::string_view what, absl::string_view name) {
   if (name.empty() || name.size() > 1024) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor name must be 1 to 1024 bytes, got ", name.size()));
+        absl::StrCat(what, " must be 1 to 1024 bytes, got ", name.size()));
   }
   if (name.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError("tensor name contains a NUL byte");
+    return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte"));
   }
-  if (!IsValidUtf8(name)) return absl::InvalidArgumentError("tensor name is not valid UTF-8");
+  if (!IsValidUtf8(name)) return absl::InvalidArgumentError(absl::StrCat(what, " is not valid UTF-8"));
   return absl::OkStatus();
+}
+
+absl::Status ValidateTensorName(absl::string_view name) {
+  return ValidateDataName("tensor name", name);
 }
 
 absl::string_view RuleStatusName(v1::RuleStatus status) {

@@ -14,7 +14,10 @@ namespace sonde {
 // name is a directory name in exports).
 absl::Status ValidateJobName(absl::string_view job);
 
-// Tensor names: 1 to 1024 bytes, any bytes but NUL.
+// Names of recorded data (tensors, profiler metrics and events): 1 to 1024
+// bytes of valid UTF-8 without NUL. `what` ("tensor name") starts the message.
+absl::Status ValidateDataName(absl::string_view what, absl::string_view name);
+// ValidateDataName("tensor name", name).
 absl::Status ValidateTensorName(absl::string_view name);
 
 // SageMaker's spellings of rule statuses: "InProgress", "IssuesFound",

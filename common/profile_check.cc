@@ -3,25 +3,13 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 #include "common/status_macros.h"
-#include "common/utf8.h"
 
 namespace sonde {
 
-absl::Status ValidateProfileName(absl::string_view what, absl::string_view name) {
-  if (name.empty() || name.size() > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " must be 1 to 1024 bytes, got ", name.size()));
-  }
-  if (name.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte"));
-  }
-  if (!IsValidUtf8(name)) return absl::InvalidArgumentError(absl::StrCat(what, " is not valid UTF-8"));
-  return absl::OkStatus();
-}
-
 absl::Status ValidateMetricSample(const v1::MetricSample& sample) {
-  SONDE_RETURN_IF_ERROR(ValidateProfileName("metric name", sample.name()));
+  SONDE_RETURN_IF_ERROR(ValidateDataName("metric name", sample.name()));
   if (!std::isfinite(sample.value())) {
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", sample.name(), "' has the value ", sample.value(),
@@ -46,7 +34,7 @@ absl::Status ValidateTraceEvent(const v1::TraceEvent& event) {
         " (times must be > 0 and end >= start)"));
   }
   if (event.kind() == v1::TraceEvent::KIND_SPAN || !event.name().empty()) {
-    SONDE_RETURN_IF_ERROR(ValidateProfileName("event name", event.name()));
+    SONDE_RETURN_IF_ERROR(ValidateDataName("event name", event.name()));
   }
   return absl::OkStatus();
 }

@@ -7,14 +7,12 @@
 #define SONDE_COMMON_PROFILE_CHECK_H_
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "proto/profile.pb.h"
 
 namespace sonde {
 
-// Metric and event names: 1 to 1024 bytes of UTF-8 without NUL.
-absl::Status ValidateProfileName(absl::string_view what, absl::string_view name);
-// A sample: a valid name and a finite value.
+// A sample: a valid name (ValidateDataName, common/names.h) and a finite
+// value.
 absl::Status ValidateMetricSample(const v1::MetricSample& sample);
 // An event: a known kind (not UNSPECIFIED) and mode, times > 0 with
 // end >= start, and a valid name (required for spans).
