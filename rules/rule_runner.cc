@@ -266,11 +266,12 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     r.set_datapoints(r.datapoints() + profile->batch.snapshots_size() +
                      profile->batch.events_size());
   }
-  const std::string where = step != nullptr      ? absl::StrCat("step ", step->step)
-                            : profile != nullptr ? absl::StrCat("profiler data of worker ",
-                                                                profile->worker)
-                            : tick.has_value()   ? std::string("a clock tick")
-                                                 : std::string("the end of training");
+  // Only failures name where they happened: not built for every evaluation.
+  auto where = [&]() -> std::string {
+    if (step != nullptr) return absl::StrCat("step ", step->step);
+    if (profile != nullptr) return absl::StrCat("profiler data of worker ", profile->worker);
+    return tick.has_value() ? "a clock tick" : "the end of training";
+  };
   // A rule that fails after it found an issue keeps that verdict (it was
   // acted on), says why it stopped, and is not fed again.
   auto fail = [&](const std::string& why) {
@@ -284,12 +285,12 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     Publish(index, {});
   };
   if (!outcome.ok()) {
-    fail(absl::StrCat("rule failed at ", where, ": ", outcome.status().ToString()));
+    fail(absl::StrCat("rule failed at ", where(), ": ", outcome.status().ToString()));
     return;
   }
   if (took > budget_.max_evaluation) {
     inst.stopped_feeding = true;
-    fail(absl::StrCat("rule took ", absl::FormatDuration(took), " at ", where,
+    fail(absl::StrCat("rule took ", absl::FormatDuration(took), " at ", where(),
                       ", over its budget of ", absl::FormatDuration(budget_.max_evaluation)));
     return;
   }
