@@ -73,6 +73,19 @@ void CountPublished(const v1::RuleResult& result, const std::vector<v1::Action>&
   }
 }
 
+// An evaluation found `f`: it counts, and its details replace the verdict's
+// (the first issue's, and each later one of a rule that keeps judging).
+void RecordFinding(const Finding& f, v1::RuleResult& r) {
+  r.set_times_triggered(r.times_triggered() + 1);
+  r.set_message(f.message);
+  r.set_worker(f.worker);
+  if (f.step.has_value()) r.set_step(*f.step);
+  r.set_observed(f.observed);
+  r.set_threshold(f.threshold);
+  r.clear_tensors();
+  for (const auto& t : f.tensors) r.add_tensors(t);
+}
+
 }  // namespace
 
 bool IsFinal(v1::RuleStatus status) {
@@ -298,15 +311,8 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
   if (rejudging) {
     if (outcome->has_value()) {
       const Finding& f = **outcome;
-      r.set_times_triggered(r.times_triggered() + 1);
-      r.set_message(f.message);
+      RecordFinding(f, r);
       if (!f.suggestion.empty()) r.set_suggestion(f.suggestion);
-      r.set_worker(f.worker);
-      if (f.step.has_value()) r.set_step(*f.step);
-      r.set_observed(f.observed);
-      r.set_threshold(f.threshold);
-      r.clear_tensors();
-      for (const auto& t : f.tensors) r.add_tensors(t);
     }
     // The first issue's actions were taken; later ones only update the
     // verdict. Results() sees every update; the sink (the store, watchers)
@@ -324,9 +330,8 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
   }
   if (outcome->has_value()) {
     const Finding& f = **outcome;
-    r.set_times_triggered(r.times_triggered() + 1);
+    RecordFinding(f, r);
     r.set_status(v1::RULE_STATUS_ISSUES_FOUND);
-    r.set_message(f.message);
     if (step != nullptr && !step->missing_workers.empty()) {
       r.set_message(absl::StrCat(f.message, " (step judged without worker",
                                  step->missing_workers.size() > 1 ? "s " : " ",
@@ -334,12 +339,6 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
                                  ", which had not sent it within the step wait)"));
     }
     r.set_suggestion(f.suggestion.empty() ? inst.suggestion : f.suggestion);
-    r.set_worker(f.worker);
-    if (f.step.has_value()) r.set_step(*f.step);
-    r.set_observed(f.observed);
-    r.set_threshold(f.threshold);
-    r.clear_tensors();
-    for (const auto& t : f.tensors) r.add_tensors(t);
     for (const std::string& action : inst.spec.actions()) r.add_actions_taken(action);
     r.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
     std::vector<v1::Action> actions;
