@@ -1,8 +1,8 @@
 // The `sonde` CLI binary run as a user would, against a real collector.
 #include <sys/wait.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/hook.h"
+#include "client/query_client.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/in_process_collector.h"
@@ -278,8 +279,17 @@ class CliProfilerTest : public ::testing::Test {
       e->set_end_unix_micros(kT0 + i * kSecond + 250000);
     }
     ASSERT_TRUE((*hook)->SaveProfile(fixed));
-    // Time for several system samples at 100 ms.
-    absl::SleepFor(absl::FromUnixMicros(begin_micros_) + absl::Milliseconds(700) - absl::Now());
+    // MetricsRegexReadsTheSystemSamplesOfTheRun needs two system samples:
+    // the job stays open until the collector has stored them.
+    auto query = QueryClient::Connect(collector_->address());
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (;;) {
+      auto read = query->ReadMetrics("profiled-job", {"cpu.util_percent"});
+      if (read.ok() && !read->series.empty() && read->series[0].values_size() >= 2) break;
+      ASSERT_LT(absl::Now(), deadline) << "two cpu.util_percent samples never arrived: "
+                                       << (read.ok() ? "" : read.status().ToString());
+      absl::SleepFor(absl::Milliseconds(20));
+    }
     absl::Status closed = (*hook)->Close();
     ASSERT_TRUE(closed.ok()) << closed;
     end_micros_ = absl::ToUnixMicros(absl::Now());
@@ -370,7 +380,7 @@ TEST_F(CliProfilerTest, MetricsRegexReadsTheSystemSamplesOfTheRun) {
   EXPECT_EQ(series[0]["metric"], "cpu.util_percent");
   const auto times = series[0]["unix_micros"].get<std::vector<int64_t>>();
   const auto values = series[0]["values"].get<std::vector<double>>();
-  ASSERT_GE(times.size(), 2u) << "700 ms at 100 ms: " << r.out;
+  ASSERT_GE(times.size(), 2u) << "set-up waited for two samples: " << r.out;
   ASSERT_EQ(times.size(), values.size());
   for (size_t i = 0; i < times.size(); ++i) {
     EXPECT_GE(values[i], 0);
