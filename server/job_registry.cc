@@ -408,6 +408,16 @@ void JobRegistry::DeliverCompleteSteps(LiveJob& job) {
   }
 }
 
+absl::Status JobRegistry::CheckStreamOwnerLocked(const LiveJob& job, const std::string& job_name,
+                                                  int32_t worker, const StreamHandle* stream) {
+  auto owner = job.streams.find(worker);
+  if (owner == job.streams.end() || owner->second != stream) {
+    return absl::AbortedError(absl::StrCat("worker ", worker, " of job '", job_name,
+                                           "' is now streamed by a newer stream"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobRegistry::StoreProfile(const std::string& job_name, int32_t worker,
                                        const StreamHandle* stream, v1::ProfileBatch batch) {
   LiveJob* job;
@@ -423,11 +433,7 @@ absl::Status JobRegistry::StoreProfile(const std::string& job_name, int32_t work
   uint64_t client;
   {
     absl::MutexLock lock(&mu_);
-    auto owner = job->streams.find(worker);
-    if (owner == job->streams.end() || owner->second != stream) {
-      return absl::AbortedError(absl::StrCat("worker ", worker, " of job '", job_name,
-                                             "' is now streamed by a newer stream"));
-    }
+    SONDE_RETURN_IF_ERROR(CheckStreamOwnerLocked(*job, job_name, worker, stream));
     job_id = job->info.job_id();
     client = job->stream_client[worker];
   }
@@ -460,11 +466,7 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
   v1::JobInfo info;
   {
     absl::MutexLock lock(&mu_);
-    auto owner = job->streams.find(worker);
-    if (owner == job->streams.end() || owner->second != stream) {
-      return absl::AbortedError(absl::StrCat("worker ", worker, " of job '", job_name,
-                                             "' is now streamed by a newer stream"));
-    }
+    SONDE_RETURN_IF_ERROR(CheckStreamOwnerLocked(*job, job_name, worker, stream));
     info = job->info;
   }
   const v1::StepInfo& step = write.step;

@@ -143,6 +143,11 @@ class JobRegistry {
   class Sink;
 
   LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK while `stream` still streams `worker` of `job`; else Aborted (a newer
+  // stream took the worker over), so the old stream writes nothing more.
+  absl::Status CheckStreamOwnerLocked(const LiveJob& job, const std::string& job_name,
+                                      int32_t worker, const StreamHandle* stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a collector restart: feeds the job's stored steps to its new rule
   // runner (complete ones; see RuleRunner::Create for what rules do with
   // them) and returns the steps some worker has not committed yet.
