@@ -409,10 +409,11 @@ absl::StatusOr<std::vector<v1::SeriesPoint>> Store::ReadSeries(
 absl::Status Store::WriteProfile(uint64_t job_id, int32_t worker, const v1::ProfileBatch& batch) {
   rocksdb::WriteBatch wb;
   rocksdb::ColumnFamilyHandle* family = handles_[kProfile];
-  std::set<std::string> names;
+  // A batch repeats each metric name in every snapshot: each distinct name
+  // is checked and gets its name key once, below, before anything is written.
+  std::set<absl::string_view> names;
   for (const v1::MetricSnapshot& snapshot : batch.snapshots()) {
     for (const v1::MetricSample& sample : snapshot.samples()) {
-      SONDE_RETURN_IF_ERROR(ValidateKeyName("metric name", sample.name()));
       uint64_t bits;
       const double value = sample.value();
       std::memcpy(&bits, &value, sizeof bits);
@@ -425,7 +426,8 @@ absl::Status Store::WriteProfile(uint64_t job_id, int32_t worker, const v1::Prof
       names.insert(sample.name());
     }
   }
-  for (const std::string& name : names) {
+  for (absl::string_view name : names) {
+    SONDE_RETURN_IF_ERROR(ValidateKeyName("metric name", name));
     SONDE_RETURN_IF_ERROR(
         FromRocks(wb.Put(family, MetricNameKey(job_id, worker, name), ""), "batching a name"));
   }
