@@ -135,11 +135,11 @@ class Store {
                                                           v1::Mode mode, int64_t from,
                                                           int64_t to, int32_t worker);
 
-  // Rule results (latest per rule instance) and opaque per-rule state.
   // Profiler data (proto/profile.proto) of one worker, written at once.
   // Keys are (worker, metric, time) and (worker, event kind, name, start,
-  // end), so writing a batch again stores nothing twice. Names must be valid key
-  // names; events need end >= start.
+  // end), so writing a batch again stores nothing twice. InvalidArgument for
+  // a metric or event name that is not a valid key name; other fields are
+  // stored as given (ingest checks them first: common/profile_check.h).
   absl::Status WriteProfile(uint64_t job_id, int32_t worker, const v1::ProfileBatch& batch);
   // The metric names each worker sent (of `worker` only when >= 0), by worker.
   absl::StatusOr<std::vector<std::pair<int32_t, std::vector<std::string>>>> ListMetrics(
@@ -165,6 +165,7 @@ class Store {
                                                           size_t max_events = 0,
                                                           bool* truncated = nullptr);
 
+  // Rule results (latest per rule instance) and opaque per-rule state.
   absl::Status PutRuleResult(uint64_t job_id, const v1::RuleResult& result,
                              std::optional<std::string> state = std::nullopt);
   absl::StatusOr<std::vector<v1::RuleResult>> RuleResults(uint64_t job_id);
