@@ -125,10 +125,19 @@ TEST(ProfilerHook, EventsTheCollectorWouldRefuseAreDroppedAndTheStreamGoesOn) {
     SONDE_ASSERT_OK((*hook)->SaveScalar("loss", step, {"losses"}));
     absl::SleepFor(absl::Milliseconds(30));
   }
+  // A system sample taken after the refused gauges were offered, so that the
+  // metric names read below show what became of them: the job stays open
+  // until the collector has stored one.
+  auto q = QueryClient::Connect(collector.address());
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30);;) {
+    auto listed = q->ListMetrics("bad-events");
+    if (listed.ok() && !listed->empty()) break;
+    ASSERT_LT(absl::Now(), deadline) << "no system sample arrived";
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   SONDE_ASSERT_OK((*hook)->Close());
   EXPECT_EQ((*hook)->counters().reconnects, 0u);
   EXPECT_EQ((*hook)->counters().tensors_dropped, 0u);
-  auto q = QueryClient::Connect(collector.address());
   const std::vector<v1::WorkerEvent> spans = Events(*q, "bad-events", v1::TraceEvent::KIND_SPAN);
   ASSERT_EQ(spans.size(), 5u);
   for (const v1::WorkerEvent& e : spans) EXPECT_EQ(e.event().name(), "good");
