@@ -683,8 +683,7 @@ class LoadBalancing : public ProfilerRule {
       for (const auto& [gpu, v] : ReadSample(snapshot).gpu_util) {
         Gpu& g = gpus[gpu];
         if (g.histogram.empty()) g.histogram.assign(kBins, 0);
-        const std::vector<double> one = PercentHistogram({v}, kBins);
-        for (size_t b = 0; b < kBins; ++b) g.histogram[b] += one[b];
+        if (auto bin = PercentBin(v, kBins)) g.histogram[*bin] += 1;
         g.sum += v;
         ++g.count;
       }

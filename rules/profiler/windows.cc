@@ -83,13 +83,18 @@ std::optional<double> MovingAverageIncrease(const SlidingWindow& values, size_t 
   return (now - before) / static_cast<double>(window);
 }
 
+std::optional<size_t> PercentBin(double value, size_t bins) {
+  if (std::isnan(value)) return std::nullopt;
+  if (bins == 0) bins = 1;
+  const double width = 100.0 / static_cast<double>(bins);
+  const double b = std::floor(std::clamp(value, 0.0, 100.0) / width);
+  return std::min(static_cast<size_t>(b), bins - 1);
+}
+
 std::vector<double> PercentHistogram(const std::vector<double>& values, size_t bins) {
   std::vector<double> h(bins == 0 ? 1 : bins, 0.0);
-  const double width = 100.0 / static_cast<double>(h.size());
   for (double v : values) {
-    if (std::isnan(v)) continue;
-    const double b = std::floor(std::clamp(v, 0.0, 100.0) / width);
-    h[std::min(static_cast<size_t>(b), h.size() - 1)] += 1;
+    if (auto b = PercentBin(v, h.size())) h[*b] += 1;
   }
   return h;
 }

@@ -74,6 +74,9 @@ std::optional<double> MovingAverageIncrease(const SlidingWindow& values, size_t 
 // A histogram of percentages in `bins` equal bins over [0, 100] (values
 // outside are clamped into the first or last bin).
 std::vector<double> PercentHistogram(const std::vector<double>& values, size_t bins);
+// The bin PercentHistogram counts `value` in (bins 0 counts as 1); nullopt
+// for NaN, which it skips. For adding one value to a running histogram.
+std::optional<size_t> PercentBin(double value, size_t bins);
 
 // Jensen-Shannon distance (natural log; 0 = same, at most sqrt(ln 2) ~ 0.83)
 // between two histograms, each normalised to sum 1 first (scipy's
