@@ -151,8 +151,6 @@ bool Train(Hook& hook, absl::Duration limit,
   }
 }
 
-void Sleep(absl::Duration d) { absl::SleepFor(d); }
-
 // The collector's view of a job through QueryClient: rule verdicts and
 // stored metric series.
 class Reader {
@@ -253,7 +251,7 @@ class ProfiledCase {
   std::function<void(int, absl::Duration)> Body() {
     return [this](int, absl::Duration t) {
       step_(gpu_, t);
-      Sleep(kStep);
+      absl::SleepFor(kStep);
     };
   }
 
@@ -396,7 +394,7 @@ TEST(ProfilerWorkloads, TheHookSamplesTheNvmlLibraryItIsGivenAndTheSeriesPlayed)
       **hook, absl::Seconds(30),
       [&](int step, absl::Duration) {
         if (step == 10) SetGpu(gpu, 0, 42, 5 * kGiB, 16 * kGiB);  // one change, mid-run
-        Sleep(kStep);
+        absl::SleepFor(kStep);
       },
       [&] {
         const std::vector<double> util = reader.Metric("gpu.0.util_percent");
@@ -420,7 +418,7 @@ TEST(ProfilerWorkloads, TheHookSamplesTheNvmlLibraryItIsGivenAndTheSeriesPlayed)
   SONDE_ASSERT_OK(without);
   Reader no_gpu(collector.address(), "no-nvml");
   EXPECT_TRUE(Train(
-      **without, absl::Seconds(30), [](int, absl::Duration) { Sleep(kStep); },
+      **without, absl::Seconds(30), [](int, absl::Duration) { absl::SleepFor(kStep); },
       [&] { return no_gpu.Stored("cpu.util_percent", 3); }));
   SONDE_ASSERT_OK((*without)->Close());
   EXPECT_TRUE(no_gpu.Metric("gpu.0.util_percent").empty());
