@@ -25,9 +25,10 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "/healthz, /readyz, job reports on /reports and /report?job=NAME), e.g. "
           "127.0.0.1:9464; port 0 picks a free port. Empty: off");
 ABSL_FLAG(std::string, metrics_reports, "auto",
-          "serve job reports on --metrics_listen: auto (yes, unless gRPC uses TLS and "
-          "--metrics_listen is not loopback: the endpoint is plain HTTP and bearer tokens "
-          "would cross in clear), on, off");
+          "serve job reports on --metrics_listen: auto (yes, unless --metrics_listen is not "
+          "loopback and either gRPC uses TLS, since the endpoint is plain HTTP and bearer "
+          "tokens would cross in clear, or no --auth_tokens are set and --allow_insecure is "
+          "not), on, off");
 ABSL_FLAG(absl::Duration, report_timeout, absl::Seconds(60),
           "how long a report asked over HTTP may wait for and take to render before the "
           "client gets 503");

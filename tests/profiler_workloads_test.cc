@@ -519,10 +519,11 @@ TEST(ProfilerWorkloads, CPUBottleneckIsQuietWhileTheGpuIsBusy) {
 // --- IOBottleneck -----------------------------------------------------------
 
 // patience=10 instead of 1000; io_threshold=5 instead of 50: SageMaker's 50
-// is half of every core waiting for I/O. On this 2-core machine 1 to 4
-// O_DIRECT|O_SYNC writers measured 20-45% I/O wait of the whole machine at
-// best, and less while other processes use the CPU (a CPU that runs
-// something is not idle, so not waiting for I/O). threshold and
+// is half of every core waiting for I/O. On this 2-core machine one
+// O_DIRECT|O_SYNC writer gave about 24% I/O wait of the whole machine and
+// four about 52-55% (dd, 23 November 2026), and less while other processes
+// use the CPU (a CPU that runs something is not idle, so not waiting for
+// I/O). threshold and
 // gpu_threshold keep 50 and 10.
 constexpr char kIoRules[] = "IOBottleneck(patience=10,io_threshold=5)";
 constexpr double kIoThreshold = 5;
