@@ -1,95 +1,315 @@
 #include "client/device_capture.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace sonde {
+namespace {
+
+// After Close, how long the pump goes on finishing device work in flight.
+constexpr absl::Duration kStopGrace = absl::Seconds(10);
+// How often the pump looks again when only snapshots waiting for the host
+// budget are left (the sender frees budget as the collector acknowledges).
+constexpr absl::Duration kBudgetPoll = absl::Milliseconds(1);
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceCapture>> DeviceCapture::Create(
-    const DeviceStatsOptions& options) {
-  absl::StatusOr<std::unique_ptr<DeviceStats>> engine = DeviceStats::Create(options);
+    DeviceCaptureOptions options) {
+  absl::StatusOr<std::unique_ptr<DeviceStats>> engine =
+      options.factory ? options.factory(options.engine) : DeviceStats::Create(options.engine);
   if (!engine.ok()) return engine.status();
-  return std::unique_ptr<DeviceCapture>(new DeviceCapture(std::move(*engine)));
+  return std::unique_ptr<DeviceCapture>(new DeviceCapture(std::move(options), std::move(*engine)));
 }
 
-absl::StatusOr<std::vector<std::shared_ptr<PendingDeviceTensor>>> DeviceCapture::Enqueue(
-    absl::Span<const Request> requests, void* stream) {
-  std::vector<DeviceTensorRef> refs;
-  std::vector<std::shared_ptr<PendingDeviceTensor>> pending;
-  for (const Request& r : requests) {
-    refs.push_back(r.ref);
-    auto p = std::make_shared<PendingDeviceTensor>();
-    p->want_histogram = r.ref.histogram;
-    pending.push_back(std::move(p));
+DeviceCapture::DeviceCapture(DeviceCaptureOptions options, std::unique_ptr<DeviceStats> engine)
+    : options_(std::move(options)), engine_(std::move(engine)) {
+  pump_ = std::thread([this] { Pump(); });
+}
+
+DeviceCapture::~DeviceCapture() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    // Snapshots nobody will download give their memory back now.
+    for (auto& [ticket, p] : snapshots_) {
+      engine_->Discard(ticket);
+      LoseValuesLocked(*p, absl::CancelledError("the hook closed before the values were sent"));
+    }
+    snapshots_.clear();
   }
+  pump_.join();
+}
+
+void DeviceCapture::LoseValuesLocked(PendingDeviceTensor& p, absl::Status why) {
+  p.values_status = std::move(why);
+  p.values_done = true;
+  p.values.reset();
+  ++counters_.values_dropped;
+}
+
+template <typename T, typename F>
+absl::StatusOr<T> DeviceCapture::WithRoom(F attempt, absl::Time deadline, bool* stalled) {
+  absl::StatusOr<T> result = attempt();
+  if (result.ok() || result.status().code() != absl::StatusCode::kResourceExhausted ||
+      options_.policy == BackpressurePolicy::kDrop || *stalled) {
+    return result;
+  }
+  const absl::Time start = absl::Now();
+  ++counters_.waits;
+  while (!result.ok() && result.status().code() == absl::StatusCode::kResourceExhausted) {
+    // Room comes back when the pump delivers finished work.
+    const uint64_t seen = generation_;
+    auto delivered = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return generation_ != seen || stop_;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&delivered), deadline) || stop_) {
+      result = attempt();
+      if (!result.ok()) *stalled = true;
+      break;
+    }
+    result = attempt();
+  }
+  counters_.waited += absl::Now() - start;
+  return result;
+}
+
+DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> requests,
+                                               void* stream, const Ready& ready) {
+  Enqueued out;
+  out.pending.resize(requests.size());
+  const DeviceStatsOptions& eo = options_.engine;
+  const absl::Time deadline = absl::Now() + options_.max_block;
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<uint64_t> ticket = engine_->EnqueueStats(refs, stream);
-  if (!ticket.ok()) return ticket.status();
-  stats_waiters_[*ticket] = pending;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (!requests[i].copy) continue;
-    absl::StatusOr<uint64_t> copy =
-        engine_->EnqueueCopy(requests[i].ref, requests[i].transfer_dtype, stream);
-    if (!copy.ok()) {
-      ++copies_dropped_;
+  if (stop_) {
+    out.dropped = static_cast<uint32_t>(requests.size());
+    out.status = absl::FailedPreconditionError("the device capture is closing");
+    return out;
+  }
+  // Statistics: as many tensors per batch as one slot holds.
+  size_t i = 0;
+  while (i < requests.size()) {
+    size_t j = i;
+    uint64_t chunks = 0, histograms = 0;
+    while (j < requests.size()) {
+      const uint64_t c = chunks + StatsChunks(requests[j].ref.count, eo);
+      const uint64_t h = histograms + (requests[j].ref.histogram ? 1 : 0);
+      if (j > i && StatsBatchBytes(j - i + 1, c, h, eo) > eo.slot_bytes) break;
+      chunks = c;
+      histograms = h;
+      ++j;
+    }
+    std::vector<DeviceTensorRef> refs;
+    refs.reserve(j - i);
+    for (size_t k = i; k < j; ++k) refs.push_back(requests[k].ref);
+    absl::StatusOr<uint64_t> ticket = WithRoom<uint64_t>(
+        [&]() { return engine_->EnqueueStats(refs, stream); }, deadline, &stats_stalled_);
+    if (!ticket.ok()) {
+      out.dropped += static_cast<uint32_t>(j - i);
+      counters_.tensors_dropped += j - i;
+      out.status.Update(ticket.status());
+      i = j;
       continue;
     }
-    pending[i]->want_copy = true;
-    copy_waiters_[*copy] = pending[i];
+    ++counters_.batches;
+    std::vector<std::shared_ptr<PendingDeviceTensor>>& waiters = stats_waiters_[*ticket];
+    for (size_t k = i; k < j; ++k) {
+      auto p = std::make_shared<PendingDeviceTensor>();
+      p->want_histogram = requests[k].ref.histogram;
+      out.pending[k] = p;
+      waiters.push_back(p);
+      if (!requests[k].values && ready) ready(k, p);
+    }
+    i = j;
   }
-  return pending;
+  // Values: a snapshot each, taken now at device speed, downloaded later.
+  for (size_t k = 0; k < requests.size(); ++k) {
+    const Request& r = requests[k];
+    if (!r.values || out.pending[k] == nullptr) continue;
+    PendingDeviceTensor& p = *out.pending[k];
+    const bool convertible = r.ref.dtype == v1::DTYPE_F32 || r.ref.dtype == v1::DTYPE_F64;
+    const v1::DType transfer =
+        convertible && r.transfer_dtype != v1::DTYPE_UNSPECIFIED ? r.transfer_dtype : r.ref.dtype;
+    p.want_values = true;
+    p.values_dtype = transfer;
+    p.values_bytes = r.ref.count * SnapshotElementSize(r.ref.dtype, transfer);
+    if (p.values_bytes > engine_->snapshot_capacity()) {
+      LoseValuesLocked(p, absl::ResourceExhaustedError(absl::StrCat(
+                              "its values (", p.values_bytes,
+                              " bytes) are larger than all snapshot memory (",
+                              engine_->snapshot_capacity(),
+                              " bytes; raise HookOptions::device.snapshot_bytes)")));
+    } else {
+      absl::StatusOr<uint64_t> ticket = WithRoom<uint64_t>(
+          [&]() { return engine_->EnqueueSnapshot(r.ref, transfer, stream); }, deadline,
+          &snapshots_stalled_);
+      if (ticket.ok()) {
+        snapshots_.emplace_back(*ticket, out.pending[k]);
+      } else {
+        LoseValuesLocked(p, ticket.status());
+      }
+    }
+    if (ready) ready(k, out.pending[k]);
+  }
+  counters_.snapshot_bytes_peak =
+      std::max(counters_.snapshot_bytes_peak, engine_->snapshot_bytes_used());
+  return out;
 }
 
-void DeviceCapture::Pump() {
-  for (DeviceCompletion& c : engine_->Collect()) {
-    auto s = stats_waiters_.find(c.ticket);
-    if (s != stats_waiters_.end()) {
-      for (size_t i = 0; i < s->second.size(); ++i) {
-        PendingDeviceTensor& p = *s->second[i];
-        p.status.Update(c.status);
-        if (c.status.ok() && i < c.stats.size()) {
+void DeviceCapture::GrantDownloadsLocked() {
+  // Oldest first while the host budget has room; past the first refusal,
+  // only the tensors the sender waits for (which always go).
+  bool refused = false;
+  for (auto it = snapshots_.begin(); it != snapshots_.end();) {
+    PendingDeviceTensor* p = it->second.get();
+    const bool awaited = std::find(awaited_.begin(), awaited_.end(), p) != awaited_.end();
+    if (refused && !awaited) {
+      ++it;
+      continue;
+    }
+    if (options_.reserve_host && !options_.reserve_host(p->values_bytes, awaited)) {
+      refused = true;
+      ++it;
+      continue;
+    }
+    if (options_.reserve_host) p->host_reserved = p->values_bytes;
+    p->values.reset(new char[std::max<uint64_t>(p->values_bytes, 1)]);
+    absl::Status s = engine_->Download(it->first, p->values.get());
+    if (s.ok()) {
+      downloading_[it->first] = std::move(it->second);
+    } else {
+      engine_->Discard(it->first);
+      LoseValuesLocked(*p, s);
+    }
+    it = snapshots_.erase(it);
+  }
+}
+
+bool DeviceCapture::PumpOnce() {
+  std::vector<DeviceCompletion> done = engine_->Collect();
+  absl::MutexLock lock(&mu_);
+  for (DeviceCompletion& c : done) {
+    if (c.kind == DeviceCompletion::kStats) {
+      auto it = stats_waiters_.find(c.ticket);
+      if (it == stats_waiters_.end()) continue;
+      for (size_t i = 0; i < it->second.size(); ++i) {
+        PendingDeviceTensor& p = *it->second[i];
+        if (!c.status.ok() || i >= c.stats.size()) {
+          p.status = c.status.ok() ? absl::InternalError("the device returned too few records")
+                                   : c.status;
+        } else {
           p.stats = c.stats[i];
-          if (p.want_histogram) p.histogram = std::move(c.histograms[i]);
+          if (p.want_histogram && i < c.histograms.size()) {
+            p.histogram = std::move(c.histograms[i]);
+          }
         }
         p.stats_done = true;
       }
-      stats_waiters_.erase(s);
-      continue;
+      stats_waiters_.erase(it);
+      stats_stalled_ = false;  // a batch slot came back
+    } else {
+      auto it = downloading_.find(c.ticket);
+      if (it == downloading_.end()) continue;
+      PendingDeviceTensor& p = *it->second;
+      if (p.abandoned) {
+        if (options_.release_host && p.host_reserved > 0) options_.release_host(p.host_reserved);
+        p.host_reserved = 0;
+        p.values.reset();
+      } else if (c.status.ok()) {
+        p.values_done = true;
+        counters_.bytes_downloaded += p.values_bytes;
+      } else {
+        LoseValuesLocked(p, c.status);
+      }
+      downloading_.erase(it);
+      snapshots_stalled_ = false;  // snapshot memory came back
     }
-    auto k = copy_waiters_.find(c.ticket);
-    if (k != copy_waiters_.end()) {
-      PendingDeviceTensor& p = *k->second;
-      p.status.Update(c.status);
-      p.bytes = std::move(c.bytes);
-      p.bytes_dtype = c.copy_dtype;
-      p.copy_done = true;
-      copy_waiters_.erase(k);
+  }
+  GrantDownloadsLocked();
+  ++generation_;
+  return DeviceBusyLocked();
+}
+
+void DeviceCapture::Pump() {
+  absl::Time stop_deadline = absl::InfiniteFuture();
+  while (true) {
+    bool device_busy;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_ && stop_deadline == absl::InfiniteFuture()) stop_deadline = absl::Now() + kStopGrace;
+      if (stop_ && (!InFlightLocked() || absl::Now() > stop_deadline)) {
+        // Whatever is left will not come: wake its waiters with a reason.
+        const absl::Status gone = absl::UnavailableError(
+            "the device did not finish this tensor's work before the hook closed");
+        for (auto& [ticket, batch] : stats_waiters_) {
+          for (auto& p : batch) {
+            p->status = gone;
+            p->stats_done = true;
+          }
+        }
+        for (auto& [ticket, p] : downloading_) LoseValuesLocked(*p, gone);
+        stats_waiters_.clear();
+        downloading_.clear();
+        ++generation_;
+        return;
+      }
+      if (!InFlightLocked()) {
+        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || InFlightLocked();
+        };
+        mu_.Await(absl::Condition(&work));
+        continue;
+      }
+      device_busy = DeviceBusyLocked();
+      if (!device_busy) {
+        // Only snapshots waiting for the host budget: look again when the
+        // sender starts waiting for one, or a little later.
+        const size_t awaited = awaited_.size();
+        auto changed = [this, awaited]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || awaited_.size() != awaited || DeviceBusyLocked();
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&changed), kBudgetPoll);
+      }
     }
+    if (PumpOnce()) absl::SleepFor(options_.poll);
   }
 }
 
 absl::Status DeviceCapture::Await(const std::shared_ptr<PendingDeviceTensor>& pending,
                                   absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      Pump();
-      if (pending->stats_done && (!pending->want_copy || pending->copy_done)) {
-        return pending->status;
-      }
+  absl::MutexLock lock(&mu_);
+  awaited_.push_back(pending.get());
+  PendingDeviceTensor* p = pending.get();
+  auto complete = [this, p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (p->stats_done && (!p->want_values || p->values_done)) || (stop_ && !InFlightLocked());
+  };
+  const bool ok = mu_.AwaitWithTimeout(absl::Condition(&complete), timeout);
+  awaited_.erase(std::find(awaited_.begin(), awaited_.end(), p));
+  if (!ok) {
+    return absl::DeadlineExceededError(absl::StrCat("device results not ready after ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  if (!p->stats_done) return absl::UnavailableError("the device capture stopped");
+  return p->status;
+}
+
+void DeviceCapture::Abandon(const std::shared_ptr<PendingDeviceTensor>& pending) {
+  absl::MutexLock lock(&mu_);
+  pending->abandoned = true;
+  for (auto it = snapshots_.begin(); it != snapshots_.end(); ++it) {
+    if (it->second == pending) {
+      engine_->Discard(it->first);
+      snapshots_.erase(it);
+      break;
     }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "device results not ready after ", absl::FormatDuration(timeout)));
-    }
-    absl::SleepFor(absl::Microseconds(200));
   }
 }
 
-uint64_t DeviceCapture::copies_dropped() const {
+DeviceCapture::Counters DeviceCapture::counters() const {
   absl::MutexLock lock(&mu_);
-  return copies_dropped_;
+  return counters_;
 }
 
 }  // namespace sonde

@@ -1,15 +1,35 @@
-// The client's side of the device path: turns device tensors the training
-// thread saves into queued work on a DeviceStats engine, and lets the
-// sender thread wait for each tensor's results. The training thread never
-// waits here; the sender thread does.
-// Thread-safe. Internal to client/.
+// The client's side of the device path: turns the device tensors the
+// training thread saves into work on a DeviceStats engine, and brings the
+// results to the sender thread, whatever the model's size.
+//
+//   training thread   Enqueue: one statistics batch per slot's worth of
+//                     tensors (two kernel launches each) and a device
+//                     snapshot per tensor whose values are wanted; returns
+//                     without waiting for the device, except where the
+//                     backpressure policy says to wait for device work
+//                     (a free batch slot, snapshot memory) for at most
+//                     max_block.
+//   pump thread       collects finished work, and downloads snapshots to
+//                     host memory through the engine's pinned ring, oldest
+//                     first, while the sender's memory budget has room (the
+//                     tensor the sender waits for always goes).
+//   sender thread     Await: blocks until a tensor's results are in.
+//
+// Nothing is lost silently: a tensor whose statistics cannot be taken is
+// reported back to the caller as dropped; a tensor whose values cannot be
+// kept keeps its statistics and says why in `values_status`.
+// Thread-safe. Lock order: DeviceCapture, then the sender's (reserve_host).
+// Internal to client/.
 #ifndef SONDE_CLIENT_DEVICE_CAPTURE_H_
 #define SONDE_CLIENT_DEVICE_CAPTURE_H_
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -17,56 +37,153 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/backpressure.h"
 #include "cuda/device_stats.h"
 
 namespace sonde {
 
-// One saved device tensor's results, filled in when the device is done.
+// One saved device tensor's results, written by the pump thread under the
+// capture's lock and final once Await has returned.
 struct PendingDeviceTensor {
-  bool want_copy = false;
+  // Fixed at enqueue.
   bool want_histogram = false;
+  bool want_values = false;
+  v1::DType values_dtype = v1::DTYPE_UNSPECIFIED;  // of the bytes that arrive
+  uint64_t values_bytes = 0;
+  // Results.
   bool stats_done = false;
-  bool copy_done = false;
-  absl::Status status;
+  bool values_done = false;
+  absl::Status status;         // statistics failed: the tensor is lost
+  absl::Status values_status;  // values lost (statistics kept), and why
   StatsAccumulator stats;
   HistogramCounts histogram;
-  std::string bytes;
-  v1::DType bytes_dtype = v1::DTYPE_UNSPECIFIED;
+  // The values (values_bytes of them), once values_ok(). Not zeroed when
+  // allocated: the download writes every byte.
+  std::unique_ptr<char[]> values;
+  // Bytes charged to the sender's memory budget for `bytes` (the sender
+  // gives them back when it has taken the values).
+  uint64_t host_reserved = 0;
+  bool abandoned = false;  // DeviceCapture::Abandon
+
+  bool values_ok() const { return want_values && values_done && values_status.ok(); }
+};
+
+struct DeviceCaptureOptions {
+  DeviceStatsOptions engine;
+  // Engine factory; default DeviceStats::Create. Tests pass an emulated one.
+  std::function<absl::StatusOr<std::unique_ptr<DeviceStats>>(const DeviceStatsOptions&)> factory;
+  // What happens when batch slots or snapshot memory are all in use:
+  // kDrop gives up at once; kBlock and kSpill wait up to max_block for the
+  // device to finish work, then give up (counted).
+  BackpressurePolicy policy = BackpressurePolicy::kSpill;
+  absl::Duration max_block = absl::Seconds(1);
+  // Charges `bytes` of downloaded values to the sender's memory budget:
+  // true if charged. `force`: charge even past the budget (the sender is
+  // waiting for this tensor). Unset: always charged. release_host gives
+  // back the charge of a tensor the sender will never take.
+  std::function<bool(uint64_t bytes, bool force)> reserve_host;
+  std::function<void(uint64_t bytes)> release_host;
+  // How often the pump looks at the device while work is in flight.
+  absl::Duration poll = absl::Microseconds(50);
 };
 
 class DeviceCapture {
  public:
   struct Request {
     DeviceTensorRef ref;
-    bool copy = false;                           // values wanted, not only statistics
-    v1::DType transfer_dtype = v1::DTYPE_UNSPECIFIED;  // F16/BF16 to halve the transfer
+    bool values = false;                               // values wanted, not only statistics
+    v1::DType transfer_dtype = v1::DTYPE_UNSPECIFIED;  // F16/BF16 halves F32's transfer
+  };
+
+  // What Enqueue did: one entry per request, null where the tensor is
+  // dropped (its statistics could not be enqueued; `dropped` counts them
+  // and `status` says why).
+  struct Enqueued {
+    std::vector<std::shared_ptr<PendingDeviceTensor>> pending;
+    uint32_t dropped = 0;
+    absl::Status status;
   };
 
   // Unavailable (with the reason) where there is no usable device.
-  static absl::StatusOr<std::unique_ptr<DeviceCapture>> Create(const DeviceStatsOptions& options);
+  static absl::StatusOr<std::unique_ptr<DeviceCapture>> Create(DeviceCaptureOptions options);
+  ~DeviceCapture();  // stops the pump; the device work in flight is finished first
 
-  // One statistics batch for all requests (two kernel launches) plus one
-  // copy per request that wants values. A copy that finds no free staging
-  // buffer is dropped and counted: the tensor's statistics still go out.
-  absl::StatusOr<std::vector<std::shared_ptr<PendingDeviceTensor>>> Enqueue(
-      absl::Span<const Request> requests, void* stream);
+  // `ready(i, pending)` is called (under the capture's lock; it may take
+  // the sender's) as soon as request i's pending is final on the host side:
+  // after its statistics batch for a tensor without values, after its
+  // snapshot (or the loss of its values) otherwise. Queue it to the sender
+  // then: while Enqueue waits for snapshot memory, the sender must be able
+  // to wait for, and so download, what came before.
+  using Ready = std::function<void(size_t, const std::shared_ptr<PendingDeviceTensor>&)>;
+  Enqueued Enqueue(absl::Span<const Request> requests, void* stream, const Ready& ready = nullptr);
 
-  // Waits (polling the device) until `pending` is complete, up to `timeout`.
+  // Waits until `pending` is complete (statistics in, and values in or
+  // lost), up to `timeout`; the pump downloads it ahead of others.
+  // The pending's status; DeadlineExceeded after `timeout`.
   absl::Status Await(const std::shared_ptr<PendingDeviceTensor>& pending, absl::Duration timeout);
 
-  uint64_t copies_dropped() const;
+  // The tensor will not be sent (the sender could not queue it): its
+  // snapshot is freed, or its download's charge given back when it lands.
+  void Abandon(const std::shared_ptr<PendingDeviceTensor>& pending);
+
+  struct Counters {
+    uint64_t batches = 0;          // statistics batches enqueued
+    uint64_t tensors_dropped = 0;  // statistics not enqueued
+    uint64_t values_dropped = 0;   // values lost, statistics kept
+    uint64_t waits = 0;            // enqueues that waited for the device
+    absl::Duration waited;         // their total time
+    uint64_t snapshot_bytes_peak = 0;
+    uint64_t bytes_downloaded = 0;
+  };
+  Counters counters() const;
   int last_batch_launches() const { return engine_->LastBatchLaunches(); }
+  uint64_t snapshot_capacity() const { return engine_->snapshot_capacity(); }
 
  private:
-  explicit DeviceCapture(std::unique_ptr<DeviceStats> engine) : engine_(std::move(engine)) {}
-  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  DeviceCapture(DeviceCaptureOptions options, std::unique_ptr<DeviceStats> engine);
+  void Pump();
+  // One round of the pump: collect, deliver, grant downloads. True while
+  // work is in flight.
+  bool PumpOnce() ABSL_LOCKS_EXCLUDED(mu_);
+  void GrantDownloadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Work on the device (batches, downloads), and snapshots waiting for the
+  // host budget.
+  bool DeviceBusyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !stats_waiters_.empty() || !downloading_.empty();
+  }
+  bool InFlightLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return DeviceBusyLocked() || !snapshots_.empty();
+  }
+  // Retries `attempt` while it fails with ResourceExhausted and the policy
+  // lets the caller wait for device work, until `deadline`.
+  template <typename T, typename F>
+  absl::StatusOr<T> WithRoom(F attempt, absl::Time deadline, bool* stalled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseValuesLocked(PendingDeviceTensor& p, absl::Status why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const DeviceCaptureOptions options_;
   const std::unique_ptr<DeviceStats> engine_;
+
   mutable absl::Mutex mu_;
+  // Statistics tickets and the tensors of their batch, in order.
   std::map<uint64_t, std::vector<std::shared_ptr<PendingDeviceTensor>>> stats_waiters_
       ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::shared_ptr<PendingDeviceTensor>> copy_waiters_ ABSL_GUARDED_BY(mu_);
-  uint64_t copies_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  // Snapshots taken and not yet downloading, oldest first.
+  std::deque<std::pair<uint64_t, std::shared_ptr<PendingDeviceTensor>>> snapshots_
+      ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<PendingDeviceTensor>> downloading_ ABSL_GUARDED_BY(mu_);
+  // Tensors the sender waits for: their downloads go first, past the budget.
+  std::vector<PendingDeviceTensor*> awaited_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // A wait for a batch slot (snapshot memory) timed out: until the pump
+  // frees one, enqueues give up at once instead of waiting again, so a
+  // backlog costs training one max_block, not one per step.
+  bool stats_stalled_ ABSL_GUARDED_BY(mu_) = false;
+  bool snapshots_stalled_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped whenever the pump delivers
+  Counters counters_ ABSL_GUARDED_BY(mu_);
+  std::thread pump_;
 };
 
 }  // namespace sonde

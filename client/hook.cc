@@ -1,7 +1,5 @@
 #include "client/hook.h"
 
-#include "client/device_capture.h"
-
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -156,6 +154,7 @@ void Hook::ApplyHelloAck(const v1::HelloAck& ack) {
 void Hook::StartStepLocked() {
   EndStepLocked();
   ++step_;
+  step_names_.clear();
   auto [it, fresh] = mode_steps_.emplace(mode_, 0);
   if (!fresh) ++it->second;
   step_open_ = true;
@@ -252,13 +251,6 @@ absl::StatusOr<uint64_t> Hook::CheckTensor(const std::string& name, const Tensor
   if (*bytes > 0 && tensor.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has no data"));
   }
-  if (*bytes > options_.max_queue_bytes) {
-    absl::Status s = absl::ResourceExhaustedError(
-        absl::StrCat("tensor '", name, "' has ", *bytes, " bytes, more than max_queue_bytes ",
-                     options_.max_queue_bytes));
-    LogOnce(absl::StrCat("too-big:", name), std::string(s.message()));
-    return s;
-  }
   return *bytes;
 }
 
@@ -276,6 +268,16 @@ absl::Status Hook::SaveTensor(const std::string& name, const TensorView& tensor,
   const int64_t mode_step = mode_steps_[mode_];
   SaveDecision d = collections_.Decide(name, collections, mode_, mode_step);
   if (!d.save) return absl::OkStatus();
+  if (!step_names_.insert(name).second) return SavedTwice(name);
+  if (*bytes > options_.max_queue_bytes) {
+    // Host values are copied whole into the queue: one larger than all of
+    // it cannot be kept. (Device tensors travel in pieces.)
+    const std::string why = absl::StrCat("tensor '", name, "' has ", *bytes,
+                                         " bytes, more than max_queue_bytes ",
+                                         options_.max_queue_bytes);
+    sender_->RecordDropped(name, 1, "a host tensor larger than max_queue_bytes");
+    return absl::ResourceExhaustedError(why);
+  }
   QueuedTensor q;
   q.name = name;
   q.collections = std::move(d.collections);
@@ -309,23 +311,33 @@ absl::Status Hook::SaveTensors(const std::vector<NamedTensor>& tensors) {
 }
 
 absl::Status Hook::SaveDeviceTensors(const std::vector<const NamedTensor*>& tensors) {
+  // Invalid tensors are refused with the reason; the others are saved.
+  absl::Status status;
+  std::vector<const NamedTensor*> valid;
+  valid.reserve(tensors.size());
   for (const NamedTensor* t : tensors) {
     absl::StatusOr<uint64_t> bytes = CheckTensor(t->name, t->tensor);
-    if (!bytes.ok()) return bytes.status();
+    if (!bytes.ok()) {
+      status.Update(bytes.status());
+      continue;
+    }
     const v1::DType d = t->tensor.dtype;
     if (d != v1::DTYPE_F32 && d != v1::DTYPE_F16 && d != v1::DTYPE_BF16 && d != v1::DTYPE_F64) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      status.Update(absl::InvalidArgumentError(absl::StrCat(
           "device tensor '", t->name, "' is ", DTypeName(d),
-          "; device statistics take F32, F16, BF16 or F64"));
+          "; device statistics take F32, F16, BF16 or F64")));
+      continue;
     }
+    valid.push_back(t);
   }
   std::string log_key;
-  absl::Status status;
+  absl::Status saved;
   {
     absl::MutexLock lock(&mu_);
-    status = SaveDeviceTensorsLocked(tensors, &log_key);
+    saved = SaveDeviceTensorsLocked(valid, &log_key);
   }
-  if (!log_key.empty()) LogOnce(log_key, std::string(status.message()));
+  if (!log_key.empty()) LogOnce(log_key, std::string(saved.message()));
+  status.Update(saved);
   return status;
 }
 
@@ -333,41 +345,23 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
                                            std::string* log_key) {
   if (closed_) return absl::FailedPreconditionError("the hook is closed");
   if (tensors.empty()) return absl::OkStatus();
-  const int device_index = tensors[0]->tensor.device_index;
-  if (!capture_tried_) {
-    capture_tried_ = true;
-    capture_device_ = device_index;
-    DeviceStatsOptions device = options_.device;
-    device.device = device_index;
-    device.histogram = options_.histogram;
-    absl::StatusOr<std::unique_ptr<DeviceCapture>> capture = DeviceCapture::Create(device);
-    if (capture.ok()) {
-      capture_ = std::move(*capture);
-    } else {
-      capture_status_ = capture.status();
-    }
-  }
-  if (capture_ == nullptr) {
-    *log_key = "device";
-    return absl::UnavailableError(
-        absl::StrCat("device tensors are not saved: ", capture_status_.message()));
-  }
-  if (device_index != capture_device_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "this hook captures tensors of CUDA device ", capture_device_, ", not ", device_index));
-  }
   if (!step_open_) StartStepLocked();
   const int64_t mode_step = mode_steps_[mode_];
+  absl::Status status;
   std::vector<DeviceCapture::Request> requests;
   std::vector<QueuedTensor> queued;
   for (const NamedTensor* t : tensors) {
     SaveDecision d = collections_.Decide(t->name, t->collections, mode_, mode_step);
     if (!d.save) continue;
+    if (!step_names_.insert(t->name).second) {
+      status.Update(SavedTwice(t->name));
+      continue;
+    }
     // The shape passed CheckTensor, so its element count is valid.
     const uint64_t count = *ElementCount(t->tensor.shape);
     DeviceCapture::Request r;
     r.ref = DeviceTensorRef{t->tensor.data, t->tensor.dtype, count, d.histogram};
-    r.copy = d.values;
+    r.values = d.values;
     r.transfer_dtype = options_.device_transfer_dtype;
     requests.push_back(r);
     QueuedTensor q;
@@ -383,28 +377,86 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
     q.mode_step = mode_step;
     queued.push_back(std::move(q));
   }
-  if (requests.empty()) return absl::OkStatus();
-  auto pending = capture_->Enqueue(requests, tensors[0]->tensor.stream);
-  if (!pending.ok()) {
+  if (requests.empty()) return status;
+
+  const int device_index = tensors[0]->tensor.device_index;
+  if (!capture_tried_) {
+    capture_tried_ = true;
+    capture_device_ = device_index;
+    DeviceCaptureOptions co;
+    co.engine = options_.device;
+    co.engine.device = device_index;
+    co.engine.histogram = options_.histogram;
+    co.factory = options_.device_factory;
+    co.policy = options_.backpressure.policy;
+    co.max_block = options_.backpressure.max_block;
+    Sender* sender = sender_.get();
+    co.reserve_host = [sender](uint64_t bytes, bool force) {
+      return sender->ReserveHost(bytes, force);
+    };
+    co.release_host = [sender](uint64_t bytes) { sender->ReleaseHost(bytes); };
+    absl::StatusOr<std::unique_ptr<DeviceCapture>> capture = DeviceCapture::Create(std::move(co));
+    if (capture.ok()) {
+      absl::MutexLock ptr(&capture_mu_);
+      capture_ = std::move(*capture);
+    } else {
+      capture_status_ = capture.status();
+    }
+  }
+  std::shared_ptr<DeviceCapture> capture = Capture();
+  if (capture == nullptr) {
+    // Counted: the caller saved them and they will not be stored.
+    sender_->RecordDropped(queued[0].name, static_cast<uint32_t>(queued.size()),
+                           "no usable CUDA device");
+    *log_key = "device";
+    return absl::UnavailableError(
+        absl::StrCat("device tensors are not saved: ", capture_status_.message()));
+  }
+  if (device_index != capture_device_) {
+    sender_->RecordDropped(queued[0].name, static_cast<uint32_t>(queued.size()),
+                           "a second CUDA device");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this hook captures tensors of CUDA device ", capture_device_, ", not ", device_index));
+  }
+  // Each tensor goes to the sender as soon as its device work is enqueued,
+  // so the sender can take what came first while later ones wait for room.
+  std::vector<std::shared_ptr<PendingDeviceTensor>> abandoned;
+  DeviceCapture::Enqueued e = capture->Enqueue(
+      requests, tensors[0]->tensor.stream,
+      [&](size_t i, const std::shared_ptr<PendingDeviceTensor>& pending) {
+        queued[i].pending = pending;
+        if (!sender_->EnqueueTensor(std::move(queued[i]))) abandoned.push_back(pending);
+      });
+  for (const auto& pending : abandoned) capture->Abandon(pending);
+  std::string first_dropped;
+  for (size_t i = 0; i < queued.size() && first_dropped.empty(); ++i) {
+    if (e.pending[i] == nullptr) first_dropped = queued[i].name;
+  }
+  if (e.dropped > 0) {
+    sender_->RecordDropped(first_dropped, e.dropped, std::string(e.status.message()));
     *log_key = "device-enqueue";
-    return absl::Status(pending.status().code(),
-                        absl::StrCat("device tensors dropped: ", pending.status().message()));
+    status.Update(absl::Status(e.status.code(), absl::StrCat("device tensors dropped: ",
+                                                             e.status.message())));
   }
-  for (size_t i = 0; i < queued.size(); ++i) {
-    queued[i].pending = (*pending)[i];
-    sender_->EnqueueTensor(std::move(queued[i]));
-  }
-  return absl::OkStatus();
+  return status;
+}
+
+absl::Status Hook::SavedTwice(const std::string& name) {
+  sender_->RecordDropped(name, 1, "a tensor saved twice in one step");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor '", name, "' was already saved at step ", step_,
+      "; the second save is dropped (counted)"));
+}
+
+std::shared_ptr<DeviceCapture> Hook::Capture() const {
+  absl::MutexLock lock(&capture_mu_);
+  return capture_;
 }
 
 absl::Status Hook::AwaitDevice(const std::shared_ptr<PendingDeviceTensor>& pending) {
-  std::shared_ptr<DeviceCapture> capture;
-  {
-    absl::MutexLock lock(&mu_);
-    capture = capture_;
-  }
+  std::shared_ptr<DeviceCapture> capture = Capture();
   if (capture == nullptr) return absl::FailedPreconditionError("no device capture");
-  return capture->Await(pending, absl::Seconds(30));
+  return capture->Await(pending, options_.device_timeout);
 }
 
 absl::Status Hook::SaveScalar(const std::string& name, double value,
@@ -506,6 +558,7 @@ Hook::Counters Hook::counters() const {
   Counters c;
   c.tensors_saved = sc.tensors_queued;
   c.tensors_dropped = sc.tensors_dropped;
+  c.values_dropped = sc.values_dropped;
   c.steps_dropped = sc.steps_dropped;
   c.tensors_spilled = sc.tensors_spilled;
   c.bytes_spilled = sc.bytes_spilled;
@@ -518,8 +571,19 @@ Hook::Counters Hook::counters() const {
   c.memory_bytes = sc.memory_bytes;
   c.profile_batches_queued = sc.profile_batches_queued;
   c.profile_batches_dropped = sc.profile_batches_dropped;
-  absl::MutexLock lock(&mu_);
-  c.steps = steps_;
+  {
+    absl::MutexLock lock(&mu_);
+    c.steps = steps_;
+  }
+  std::shared_ptr<DeviceCapture> capture = Capture();
+  if (capture != nullptr) {
+    const DeviceCapture::Counters d = capture->counters();
+    c.device_batches = d.batches;
+    c.device_waits = d.waits;
+    c.device_waited = d.waited;
+    c.device_snapshot_bytes_peak = d.snapshot_bytes_peak;
+    c.device_bytes_downloaded = d.bytes_downloaded;
+  }
   return c;
 }
 

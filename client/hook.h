@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -86,12 +87,27 @@ struct HookOptions {
   // Bins of the histograms sent for collections with save_histogram.
   // Default: sign-aware log2 bins, 4 per octave, 2^-32..2^32.
   HistogramSpecHD histogram = DefaultExponentialSpec();
-  // Device tensors: the engine's buffers and the dtype values travel in
-  // (F16 or BF16 halves the transfer of F32 tensors; default: unchanged).
-  // The device is the one of the first device tensor saved (`device.device`
-  // is ignored); one hook captures one device.
+  // Device tensors (cuda/device_stats.h): statistics batches in flight,
+  // snapshot memory on the device for values waiting to be downloaded
+  // (default: an eighth of the free device memory, at most 4 GiB), and the
+  // pinned ring they are downloaded through. When batch slots or snapshot
+  // memory run out, `backpressure` decides as for host tensors: drop at
+  // once, or (block, spill) wait up to max_block for the device to finish
+  // work, then drop; a value lost keeps its tensor's statistics, and every
+  // loss is counted (Counters::tensors_dropped, values_dropped) and shown
+  // by the collector (StepInfo). The device is the one of the first device
+  // tensor saved (`device.device` is ignored); one hook captures one device.
   DeviceStatsOptions device;
+  // The dtype F32 and F64 device values travel in (F16 or BF16 halves the
+  // transfer of F32; converted on the device). Default: unchanged.
   v1::DType device_transfer_dtype = v1::DTYPE_UNSPECIFIED;
+  // Longest the sender waits for one device tensor's results before
+  // counting it dropped. Default 60 s.
+  absl::Duration device_timeout = absl::Seconds(60);
+  // The device engine; default DeviceStats::Create. Tests plug in
+  // EmulatedDeviceStats to run the device path without a GPU.
+  std::function<absl::StatusOr<std::unique_ptr<DeviceStats>>(const DeviceStatsOptions&)>
+      device_factory;
   // The profiler: system metrics and framework timings streamed beside the
   // tensors (client/hook_profiler.h). Off by default.
   ProfilerOptions profiler;
@@ -223,6 +239,9 @@ class Hook {
   struct Counters {
     uint64_t tensors_saved = 0;    // queued for sending
     uint64_t tensors_dropped = 0;  // refused by the backpressure policy, or Sonde disabled
+    // Device tensors stored with statistics only: their values were lost
+    // (snapshot memory full under the policy, a device error).
+    uint64_t values_dropped = 0;
     uint64_t steps_dropped = 0;    // whole steps dropped (the queue was at its item limit)
     uint64_t tensors_spilled = 0;  // values written to the spill file
     uint64_t bytes_spilled = 0;
@@ -236,6 +255,12 @@ class Hook {
     uint64_t memory_bytes = 0;     // held now (queued + unacknowledged)
     uint64_t profile_batches_queued = 0;
     uint64_t profile_batches_dropped = 0;  // the queue was full, or the hook closing
+    // The device path (zero until a device tensor is saved).
+    uint64_t device_batches = 0;       // statistics batches enqueued
+    uint64_t device_waits = 0;         // saves that waited for the device (slots, memory)
+    absl::Duration device_waited;      // their total wait
+    uint64_t device_snapshot_bytes_peak = 0;
+    uint64_t device_bytes_downloaded = 0;
   };
   Counters counters() const;
 
@@ -252,6 +277,9 @@ class Hook {
   absl::Status SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>& tensors,
                                        std::string* log_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AwaitDevice(const std::shared_ptr<PendingDeviceTensor>& pending);
+  std::shared_ptr<DeviceCapture> Capture() const ABSL_LOCKS_EXCLUDED(capture_mu_);
+  // Counts a second save of `name` in the open step as dropped; the error.
+  absl::Status SavedTwice(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const HookOptions options_;
   std::unique_ptr<Sender> sender_;
@@ -268,8 +296,15 @@ class Hook {
   uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::Action> stop_action_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> logged_ ABSL_GUARDED_BY(mu_);
-  // The device path, created on the first device tensor (or its failure).
-  std::shared_ptr<DeviceCapture> capture_ ABSL_GUARDED_BY(mu_);
+  // Names saved in the open step: a second save of a name is refused (and
+  // counted), so no tensor reaches the collector twice in a step.
+  absl::flat_hash_set<std::string> step_names_ ABSL_GUARDED_BY(mu_);
+  // The device path, created on the first device tensor (or its failure,
+  // under mu_). The sender thread reads it without mu_: a save waiting for
+  // device room holds mu_, and the room comes from the sender taking
+  // earlier tensors.
+  mutable absl::Mutex capture_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::shared_ptr<DeviceCapture> capture_ ABSL_GUARDED_BY(capture_mu_);
   absl::Status capture_status_ ABSL_GUARDED_BY(mu_);
   bool capture_tried_ ABSL_GUARDED_BY(mu_) = false;
   int capture_device_ ABSL_GUARDED_BY(mu_) = 0;  // the device of the first device tensor

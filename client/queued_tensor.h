@@ -29,9 +29,12 @@ struct QueuedTensor {
   // A histogram of the values is wanted, with this spec.
   bool histogram = false;
   HistogramSpecHD histogram_spec;
-  // A device tensor whose statistics (and values, if copied) are still on
+  // A device tensor whose statistics (and values, if wanted) are still on
   // their way: the sender waits for them on its own thread before writing.
   std::shared_ptr<PendingDeviceTensor> pending;
+  // A device tensor in the spill file: its record holds this id, and the
+  // sender keeps `pending` in memory under it until the record is read back.
+  uint64_t device_id = 0;
 };
 
 }  // namespace sonde

@@ -153,11 +153,12 @@ bool Sender::EnqueueTensor(QueuedTensor tensor) {
     return false;
   }
   Item item{Item::kTensor, std::move(tensor), {}, {}};
-  // A device tensor's values arrive later, in the device engine's own
-  // bounded staging buffers: only its bookkeeping is charged here.
+  // A device tensor's values arrive later, and are charged to the budget
+  // when they do (ReserveHost): only its bookkeeping is charged here, and
+  // it is never refused for memory (the device path has its own limits).
   const bool device = item.tensor.pending != nullptr;
   item.cost = kItemOverhead + (device ? 0 : item.tensor.bytes.size());
-  bool admitted = !spilling() && (Admit(item.cost) || (device && queue_.size() < kMaxQueuedItems));
+  bool admitted = !spilling() && (device ? queue_.size() < kMaxQueuedItems : Admit(item.cost));
   if (!admitted) {
     switch (options_.backpressure.policy) {
       case BackpressurePolicy::kBlock: {
@@ -168,28 +169,30 @@ bool Sender::EnqueueTensor(QueuedTensor tensor) {
                    Admit(item.cost) && !closing_ && !give_up_;
         break;
       }
-      case BackpressurePolicy::kSpill:
-        if (!device) {
-          SpillRecord record;
-          record.tensor = std::move(item.tensor);
-          const bool spilled = SpillLocked(record);
-          item.tensor = std::move(record.tensor);
-          if (spilled) {
-            ++counters_.tensors_queued;
-            // The values are on disk: recycle the memory.
-            std::string& buf = item.tensor.bytes;
-            if (buf.capacity() > 0 &&
-                free_bytes_ + buf.capacity() <= options_.max_queue_bytes / 4) {
-              free_bytes_ += buf.capacity();
-              free_buffers_.push_back(std::move(buf));
-            }
-            return true;
+      case BackpressurePolicy::kSpill: {
+        // A device tensor's record holds an id; its results stay in memory
+        // (or on the device) under that id until the record is read back.
+        SpillRecord record;
+        record.tensor = std::move(item.tensor);
+        std::shared_ptr<PendingDeviceTensor> pending = std::move(record.tensor.pending);
+        record.tensor.pending = nullptr;
+        if (device) record.tensor.device_id = ++last_device_id_;
+        const bool spilled = SpillLocked(record);
+        item.tensor = std::move(record.tensor);
+        item.tensor.pending = pending;
+        if (spilled) {
+          ++counters_.tensors_queued;
+          if (device) spilled_device_[item.tensor.device_id] = std::move(pending);
+          // The values are on disk: recycle the memory.
+          std::string& buf = item.tensor.bytes;
+          if (buf.capacity() > 0 && free_bytes_ + buf.capacity() <= options_.max_queue_bytes / 4) {
+            free_bytes_ += buf.capacity();
+            free_buffers_.push_back(std::move(buf));
           }
-        } else {
-          LogOnceLocked("device-spill", "device tensors are not spilled; dropping them while "
-                                        "the send queue is full");
+          return true;
         }
         break;
+      }
       case BackpressurePolicy::kDrop:
         break;
     }
@@ -202,6 +205,33 @@ bool Sender::EnqueueTensor(QueuedTensor tensor) {
   ++counters_.tensors_queued;
   queue_.push_back(std::move(item));
   return true;
+}
+
+void Sender::RecordDropped(const std::string& first_name, uint32_t count,
+                           const std::string& why) {
+  if (count == 0) return;
+  absl::MutexLock lock(&mu_);
+  open_step_tensors_ += count;
+  open_step_dropped_ += count;
+  counters_.tensors_dropped += count;
+  LogOnceLocked(absl::StrCat("device-dropped:", why),
+                absl::StrCat("dropping device tensors (first: '", first_name, "'): ", why,
+                             "; drops are counted and reported to the collector"));
+}
+
+bool Sender::ReserveHost(uint64_t bytes, bool force) {
+  absl::MutexLock lock(&mu_);
+  if (!force && memory_bytes_ + bytes > options_.max_queue_bytes) return false;
+  memory_bytes_ += bytes;
+  device_reserved_ += bytes;
+  return true;
+}
+
+void Sender::ReleaseHost(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  bytes = std::min(bytes, device_reserved_);
+  device_reserved_ -= bytes;
+  memory_bytes_ -= std::min(memory_bytes_, bytes);
 }
 
 void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, double duration) {
@@ -317,6 +347,7 @@ SenderCounters Sender::counters() const {
 v1::ClientCounters Sender::WireCounters() {
   v1::ClientCounters c;
   c.set_tensors_dropped(counters_.tensors_dropped);
+  c.set_values_dropped(counters_.values_dropped);
   c.set_steps_dropped(counters_.steps_dropped);
   c.set_tensors_spilled(counters_.tensors_spilled);
   c.set_bytes_spilled(counters_.bytes_spilled);
@@ -357,6 +388,7 @@ bool Sender::TakeNextLocked(Item* item) {
     absl::StatusOr<SpillRecord> record = spill_->ReadNext();
     if (!record.ok()) {
       ++counters_.tensors_dropped;
+      ++built_tensors_dropped_;  // a gap in the step whose end comes next
       LogOnceLocked("spill-read", absl::StrCat("a spilled record is lost: ",
                                                record.status().message()));
       return false;
@@ -365,6 +397,17 @@ bool Sender::TakeNextLocked(Item* item) {
       *item = Item{Item::kStepEnd, {}, std::move(record->step_end), {}};
     } else {
       *item = Item{Item::kTensor, std::move(record->tensor), {}, {}};
+      if (item->tensor.device_id != 0) {
+        auto it = spilled_device_.find(item->tensor.device_id);
+        if (it == spilled_device_.end()) {
+          ++counters_.tensors_dropped;
+          ++built_tensors_dropped_;
+          LogOnceLocked("spill-device", "a spilled device tensor's results are missing");
+          return false;
+        }
+        item->tensor.pending = std::move(it->second);
+        spilled_device_.erase(it);
+      }
     }
     item->cost = kItemOverhead + item->tensor.bytes.size();
     memory_bytes_ += item->cost;
@@ -397,7 +440,9 @@ void Sender::Run() {
   unacked_.clear();
   job_end_item_.reset();
   spill_.reset();
+  spilled_device_.clear();
   memory_bytes_ = 0;
+  device_reserved_ = 0;
   done_ = true;
 }
 
@@ -406,28 +451,57 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
   switch (item.kind) {
     case Item::kTensor: {
       QueuedTensor& queued = item.tensor;
-      QueuedTensor resolved;
       absl::StatusOr<v1::Statistics> stats;
       std::optional<v1::Histogram> histogram;
+      absl::string_view values = queued.bytes;
+      v1::DType dtype = queued.dtype;
+      bool send_values = queued.send_values;
       if (queued.pending != nullptr) {
-        // A device tensor: statistics from the device, values (if any) from
-        // its pinned staging copy.
+        // A device tensor: statistics from the device, values (if wanted)
+        // from its download.
         absl::Status ready = options_.await_device
                                  ? options_.await_device(queued.pending)
                                  : absl::FailedPreconditionError("no device capture");
-        if (!ready.ok()) {
-          LogOnce("device-results",
-                  absl::StrCat("device tensor '", queued.name, "' skipped: ", ready.ToString()));
-          return false;
+        const PendingDeviceTensor& p = *queued.pending;
+        // Past a timeout the pump may still write the pending: read nothing.
+        const bool timed_out = ready.code() == absl::StatusCode::kDeadlineExceeded;
+        const bool have_values = send_values && !timed_out && p.values_ok();
+        {
+          absl::MutexLock lock(&mu_);
+          const uint64_t reserved = timed_out ? 0 : std::min(p.host_reserved, device_reserved_);
+          device_reserved_ -= reserved;
+          memory_bytes_ -= std::min(memory_bytes_, reserved);
+          if (!ready.ok() && !have_values) {
+            // Neither statistics nor values: the tensor is a gap.
+            ++counters_.tensors_dropped;
+            ++built_tensors_dropped_;
+            LogOnceLocked(absl::StrCat("device-lost:", ready.code()),
+                          absl::StrCat("device tensor '", queued.name, "' dropped: ",
+                                       ready.ToString(), "; drops are counted and reported"));
+            return false;
+          }
+          if (send_values && !have_values) {
+            ++counters_.values_dropped;
+            ++built_values_dropped_;
+            LogOnceLocked(absl::StrCat("values-lost:", p.values_status.code()),
+                          absl::StrCat("values of device tensor '", queued.name,
+                                       "' dropped, statistics kept: ", p.values_status.ToString(),
+                                       "; counted and reported to the collector"));
+          }
         }
-        resolved = queued;
-        resolved.send_values = queued.send_values && queued.pending->want_copy;
-        if (resolved.send_values) {
-          resolved.bytes = std::move(queued.pending->bytes);
-          resolved.dtype = queued.pending->bytes_dtype;
+        send_values = have_values;
+        if (send_values) {
+          values = absl::string_view(p.values.get(), p.values_bytes);
+          dtype = p.values_dtype;
         }
-        stats = ToProto(queued.pending->stats);
-        if (queued.pending->want_histogram) histogram = ToProto(queued.pending->histogram);
+        if (ready.ok()) {
+          stats = ToProto(p.stats);
+          if (p.want_histogram) histogram = ToProto(p.histogram);
+        } else {
+          // The values arrived but their statistics did not: the collector
+          // computes them from the values.
+          stats = v1::Statistics();
+        }
       } else {
         stats = ComputeStatistics(queued.bytes, queued.dtype);
         if (queued.histogram && stats.ok()) {
@@ -440,12 +514,14 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
           histogram = ToProto(h);
         }
       }
-      const QueuedTensor& t = queued.pending != nullptr ? resolved : queued;
+      const bool computed_by_collector =
+          queued.pending != nullptr && send_values && !queued.pending->status.ok();
+      const QueuedTensor& t = queued;
       if (!stats.ok()) {
         LogOnce("bad-tensor", absl::StrCat("tensor '", t.name, "' skipped: ", stats.status().ToString()));
         return false;
       }
-      if (!t.send_values) {
+      if (!send_values) {
         v1::TensorSummary* s = msg.mutable_summary();
         s->set_step(t.step);
         s->set_mode(t.mode);
@@ -464,15 +540,16 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
         header.set_mode_step(t.mode_step);
         header.set_tensor_name(t.name);
         for (const auto& c : t.collections) header.add_collections(c);
-        header.set_dtype(t.dtype);
+        header.set_dtype(dtype);
         for (int64_t d : t.shape) header.add_shape(d);
-        *header.mutable_statistics() = *stats;
+        if (!computed_by_collector) *header.mutable_statistics() = *stats;
         if (histogram.has_value()) *header.mutable_histogram() = std::move(*histogram);
-        for (v1::TensorChunk& chunk : SplitIntoChunks(header, t.bytes, chunk_limit_)) {
+        for (v1::TensorChunk& chunk : SplitIntoChunks(header, values, chunk_limit_)) {
           msg.Clear();
           *msg.mutable_chunk() = std::move(chunk);
           out->push_back(std::move(msg));
         }
+        if (queued.pending != nullptr) queued.pending->values.reset();  // now in the messages
       }
       return true;
     }
@@ -695,6 +772,10 @@ bool Sender::StreamOnce() {
         }
         v1::StepEnd* end = messages[0].mutable_step_end();
         end->set_tensor_count(tensors);
+        end->set_tensors_dropped(end->tensors_dropped() + built_tensors_dropped_);
+        end->set_values_dropped(end->values_dropped() + built_values_dropped_);
+        built_tensors_dropped_ = 0;
+        built_values_dropped_ = 0;
         *end->mutable_counters() = WireCounters();
         entry->step = end->step();
         entry->complete = true;

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,7 @@ struct SenderOptions {
 struct SenderCounters {
   uint64_t tensors_queued = 0;
   uint64_t tensors_dropped = 0;   // refused by the backpressure policy, or Sonde disabled
+  uint64_t values_dropped = 0;    // device tensors sent with statistics only: values lost
   uint64_t steps_dropped = 0;     // step ends refused (queue at its item limit)
   uint64_t tensors_spilled = 0;
   uint64_t bytes_spilled = 0;
@@ -84,6 +86,14 @@ class Sender {
   // Never block on the network (kBlock: at most max_block). Returns false
   // when the tensor was dropped.
   bool EnqueueTensor(QueuedTensor tensor);
+  // Tensors of the open step that the hook saved but could not queue (the
+  // device path refused them): counted and reported as gaps like drops.
+  void RecordDropped(const std::string& first_name, uint32_t count, const std::string& why);
+  // Charges `bytes` of device values about to be downloaded to the memory
+  // budget (max_queue_bytes): true if charged. `force` charges past it.
+  // The sender gives them back when it takes the values.
+  bool ReserveHost(uint64_t bytes, bool force);
+  void ReleaseHost(uint64_t bytes);
   // Ends the open step; a step in which no tensor was enqueued (and none
   // dropped) is not sent, so the collector keeps no duration for it (the
   // profiler's step events time every step).
@@ -174,6 +184,15 @@ class Sender {
   // dropped). A step with none is not sent at all.
   uint32_t open_step_tensors_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t steps_dropped_pending_ ABSL_GUARDED_BY(mu_) = 0;  // not yet reported
+  // Device tensors whose loss the sender thread found while building their
+  // messages: added to the next step end it builds (the same step's).
+  uint32_t built_tensors_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t built_values_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes of device values charged by ReserveHost and not yet taken.
+  uint64_t device_reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  // Device tensors whose records are in the spill file, by device_id.
+  std::map<uint64_t, std::shared_ptr<PendingDeviceTensor>> spilled_device_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_device_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t profile_sequence_ ABSL_GUARDED_BY(mu_) = 0;      // of the last batch queued
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // the sender thread has exited

@@ -211,7 +211,10 @@ int Steps(QueryClient& q, const std::string& job, v1::Mode mode, bool json) {
       arr.push_back({{"step", s.step()}, {"mode", std::string(ModeName(s.mode()))},
                      {"mode_step", s.mode_step()}, {"tensors", s.tensor_count()},
                      {"duration_seconds", s.duration_seconds()},
-                     {"workers", std::vector<int32_t>(s.workers().begin(), s.workers().end())}});
+                     {"workers", std::vector<int32_t>(s.workers().begin(), s.workers().end())},
+                     {"tensors_dropped", s.tensors_dropped()},
+                     {"values_dropped", s.values_dropped()},
+                     {"complete", s.complete()}});
     }
     std::cout << arr.dump(2) << "\n";
     return 0;
@@ -221,9 +224,13 @@ int Steps(QueryClient& q, const std::string& job, v1::Mode mode, bool json) {
     rows.push_back({absl::StrCat(s.step()), std::string(ModeName(s.mode())),
                     absl::StrCat(s.mode_step()), absl::StrCat(s.tensor_count()),
                     absl::StrFormat("%.3f", s.duration_seconds() * 1000),
-                    absl::StrJoin(s.workers(), ",")});
+                    absl::StrJoin(s.workers(), ","),
+                    s.complete() ? "yes"
+                                 : absl::StrCat("no (", s.tensors_dropped(), " tensors, ",
+                                                s.values_dropped(), " values dropped)")});
   }
-  std::cout << Table({"STEP", "MODE", "MODE STEP", "TENSORS", "DURATION (ms)", "WORKERS"}, rows);
+  std::cout << Table({"STEP", "MODE", "MODE STEP", "TENSORS", "DURATION (ms)", "WORKERS", "COMPLETE"},
+                     rows);
   return 0;
 }
 

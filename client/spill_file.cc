@@ -16,7 +16,8 @@ namespace {
 // Record layout: u32 magic, u32 body length, u32 crc32c(body), body.
 // Body: u8 kind, then for a step end its serialized proto; for a tensor:
 // name, collections, dtype, shape, step, mode, mode step, flags, histogram
-// spec, values (strings as u64 length + bytes; integers little-endian).
+// spec, device id, values (strings as u64 length + bytes; integers
+// little-endian).
 constexpr uint32_t kMagic = 0x534f4e44;  // "SOND"
 constexpr size_t kHeader = 12;
 
@@ -85,6 +86,7 @@ std::string Encode(const SpillRecord& r) {
   PutU64(body, static_cast<uint64_t>(t.mode_step));
   body.push_back(static_cast<char>((t.send_values ? 1 : 0) | (t.histogram ? 2 : 0)));
   body.append(reinterpret_cast<const char*>(&t.histogram_spec), sizeof(HistogramSpecHD));
+  PutU64(body, t.device_id);
   PutString(body, t.bytes);
   return body;
 }
@@ -115,6 +117,7 @@ absl::StatusOr<SpillRecord> Decode(const std::string& body) {
   t.send_values = (flags & 1) != 0;
   t.histogram = (flags & 2) != 0;
   t.histogram_spec = in.Fixed<HistogramSpecHD>();
+  t.device_id = in.U64();
   t.bytes = in.String();
   if (!in.ok() || !in.at_end()) return absl::DataLossError("spilled tensor record is malformed");
   return r;

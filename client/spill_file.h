@@ -36,7 +36,8 @@ class SpillFile {
 
   // ResourceExhausted when the record would pass max_bytes; Internal for a
   // failed write (the file is then unchanged as far as readers go).
-  // Device tensors (tensor.pending set) cannot be spilled: InvalidArgument.
+  // Device tensors (tensor.pending set) cannot be spilled: InvalidArgument;
+  // the sender spills a record with tensor.device_id instead.
   absl::Status Append(const SpillRecord& record);
   // The oldest unread record. DataLoss if it does not read back intact (it
   // is skipped); FailedPrecondition when there is none.

@@ -1,18 +1,24 @@
-// Statistics, histograms and copies of tensors in CUDA device memory,
-// computed on the device without ever blocking the caller.
+// Statistics, histograms and values of tensors in CUDA device memory,
+// taken on the device without ever blocking the caller.
 //
-// The training thread calls EnqueueStats / EnqueueCopy with the stream that
-// produced the tensors. The work is ordered after that stream's work through
-// an event, runs on the engine's own stream (statistics of a whole batch in
-// two kernel launches), lands in pinned host memory, and the producer's
-// stream is made to wait for the reads to finish, so training cannot
-// overwrite a tensor while it is being read. No call on the training thread
-// synchronizes with the device. Another thread (the client's sender) calls
-// Collect to pick up finished work.
+// The training thread calls EnqueueStats / EnqueueSnapshot with the stream
+// that produced the tensors. The work is ordered after that stream's work
+// through an event and runs on the engine's own stream; the producer's
+// stream is then made to wait (on the device, never on the host) only for
+// the reads of its tensors, which run at device speed: the statistics
+// kernels (a whole batch in two launches), or a device-to-device snapshot
+// of the values (converted to F16/BF16 on the way when asked). Snapshots
+// live in the engine's snapshot memory until Download streams them to host
+// memory, piece by piece, through a ring of pinned buffers on a copy stream
+// of their own, so a tensor of any size travels and training never waits
+// for PCIe. Another thread (the client's pump) calls Collect to finish work
+// and to keep the ring moving.
 //
 // Every binary links this: where the build has no CUDA toolkit, or the
 // machine has no driver or device, Probe and Create return Unavailable with
-// the reason, and callers use the CPU path.
+// the reason, and callers use the CPU path. EmulatedDeviceStats
+// (emulated_device_stats.h) implements the same interface in host memory
+// for tests of everything above the engine.
 //
 // Thread-safe.
 #ifndef SONDE_CUDA_DEVICE_STATS_H_
@@ -42,23 +48,54 @@ struct DeviceTensorRef {
 struct DeviceStatsOptions {
   int device = 0;
   uint64_t chunk_elements = uint64_t{1} << 16;  // elements per block
-  int batch_slots = 4;                  // statistics batches in flight
-  uint64_t slot_bytes = 4u << 20;       // pinned staging per batch
-  int staging_buffers = 8;              // pinned buffers for tensor copies
-  uint64_t staging_bytes = 4u << 20;    // bytes per copy buffer
+  // Statistics batches in flight, and the pinned memory of each (its tables
+  // go up, its records and histogram counters come back). A batch that does
+  // not fit one slot is refused; StatsBatchBytes says what a batch needs,
+  // so callers split.
+  int batch_slots = 8;
+  uint64_t slot_bytes = uint64_t{4} << 20;
+  // Device memory for snapshots of values waiting to be downloaded.
+  // 0: an eighth of the device's free memory when the engine is created,
+  // at most 4 GiB.
+  uint64_t snapshot_bytes = 0;
+  // The pinned ring that downloads travel through, piece by piece.
+  int ring_buffers = 8;
+  uint64_t ring_buffer_bytes = uint64_t{4} << 20;
   HistogramSpecHD histogram = DefaultExponentialSpec();
 };
 
+// InvalidArgument naming the first option out of range.
+absl::Status ValidateDeviceStatsOptions(const DeviceStatsOptions& options);
+
+// Pinned bytes a statistics batch of these tensors needs in one slot; the
+// second form counts a batch of `tensors` tensors with `chunks` chunks of
+// options.chunk_elements, `histograms` of which want a histogram.
+uint64_t StatsBatchBytes(absl::Span<const DeviceTensorRef> tensors,
+                         const DeviceStatsOptions& options);
+uint64_t StatsBatchBytes(uint64_t tensors, uint64_t chunks, uint64_t histograms,
+                         const DeviceStatsOptions& options);
+// Chunks of one tensor of `count` elements.
+inline uint64_t StatsChunks(uint64_t count, const DeviceStatsOptions& options) {
+  const uint64_t per = options.chunk_elements > 0 ? options.chunk_elements : 1;
+  return (count + per - 1) / per;
+}
+
+// Bytes of one element of `dtype` after a snapshot converts it to
+// `transfer` (UNSPECIFIED: unchanged); 0 where the engine cannot convert.
+// Snapshots convert F32 and F64 to F32, F16 or BF16; other dtypes travel
+// unchanged.
+size_t SnapshotElementSize(v1::DType dtype, v1::DType transfer);
+
 struct DeviceCompletion {
+  enum Kind { kStats, kValues };
+  Kind kind = kStats;
   uint64_t ticket = 0;
   absl::Status status;                    // the device's error, if any
-  // Statistics work: one record per tensor, in the order given, and a
-  // histogram for each tensor that asked (nullopt elsewhere).
+  // kStats: one record per tensor, in the order given, and a histogram for
+  // each tensor that asked (empty counters elsewhere).
   std::vector<StatsAccumulator> stats;
-  std::vector<HistogramCounts> histograms;  // empty counters where not asked
-  // Copy work: the tensor's bytes in `copy_dtype`.
-  std::string bytes;
-  v1::DType copy_dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<HistogramCounts> histograms;
+  // kValues: the download's destination holds the snapshot's bytes.
 };
 
 class DeviceStats {
@@ -78,19 +115,40 @@ class DeviceStats {
   virtual absl::StatusOr<uint64_t> EnqueueStats(absl::Span<const DeviceTensorRef> tensors,
                                                 void* producer_stream) = 0;
 
-  // Enqueues an asynchronous copy of the tensor to pinned host memory,
-  // converted on the device to `transfer_dtype` first when it differs (F32
-  // or F64 to F32, F16 or BF16). ResourceExhausted when the free staging
-  // buffers cannot hold it.
-  virtual absl::StatusOr<uint64_t> EnqueueCopy(const DeviceTensorRef& tensor,
-                                               v1::DType transfer_dtype,
-                                               void* producer_stream) = 0;
+  // Takes a snapshot of the tensor's values into snapshot memory, converted
+  // to `transfer_dtype` when it differs (see SnapshotElementSize), ordered
+  // after `producer_stream`, which then waits for the snapshot only.
+  // ResourceExhausted when snapshot memory cannot hold it now (Collect frees
+  // what downloads finish); InvalidArgument for a conversion the engine
+  // does not make. The snapshot stays until Download or Discard.
+  virtual absl::StatusOr<uint64_t> EnqueueSnapshot(const DeviceTensorRef& tensor,
+                                                   v1::DType transfer_dtype,
+                                                   void* producer_stream) = 0;
 
-  // Finished work, in ticket order; never blocks.
+  // Streams snapshot `ticket` into `destination` (host memory of
+  // SnapshotBytes(ticket) bytes that stays valid and untouched until the
+  // ticket's kValues completion), through the pinned ring. Collect copies
+  // finished pieces out and starts the next ones; the kValues completion
+  // comes once every byte is in `destination`, and the snapshot's memory is
+  // then free. Downloads run in the order they were asked for. NotFound for
+  // a ticket that is not a waiting snapshot.
+  virtual absl::Status Download(uint64_t ticket, char* destination) = 0;
+  // Frees a snapshot that will not be downloaded.
+  virtual void Discard(uint64_t ticket) = 0;
+  // Bytes of a waiting snapshot (0 if unknown).
+  virtual uint64_t SnapshotBytes(uint64_t ticket) const = 0;
+
+  // Finished work, in ticket order; never blocks on the device. Also copies
+  // finished download pieces out of the ring and starts the next ones.
   virtual std::vector<DeviceCompletion> Collect() = 0;
 
-  // Blocks until everything enqueued has finished (tests, shutdown).
+  // Blocks until the statistics and snapshots enqueued so far have finished
+  // on the device (tests, shutdown). Downloads progress only with Collect.
   virtual absl::Status Drain() = 0;
+
+  // Snapshot memory: its size, and the bytes held by waiting snapshots.
+  virtual uint64_t snapshot_capacity() const = 0;
+  virtual uint64_t snapshot_bytes_used() const = 0;
 
   // Kernel launches of the last statistics batch.
   virtual int LastBatchLaunches() const = 0;

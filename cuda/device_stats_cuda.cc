@@ -1,11 +1,20 @@
 // The device path over the CUDA runtime (linked statically; the runtime
 // loads the driver when first called, so a machine without one gets an
 // error status here rather than a failure to start).
+//
+// Two streams of the engine's own: `work_` runs what the producer waits for
+// (statistics kernels, snapshots: device-speed work), `copy_` runs the
+// downloads of snapshots through the pinned ring (PCIe-speed work the
+// producer never waits for). Device memory comes from a pool of the
+// engine's own, so the process's default pool keeps its settings, and the
+// pool never inserts a dependency of `work_` on `copy_` to reuse memory
+// (that would make training wait for PCIe).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -23,9 +32,9 @@ absl::Status CudaError(cudaError_t e, absl::string_view what) {
       absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
-#define SONDE_CUDA_RETURN(expr, what)            \
-  do {                                           \
-    const cudaError_t sonde_e = (expr);          \
+#define SONDE_CUDA_RETURN(expr, what)                            \
+  do {                                                           \
+    const cudaError_t sonde_e = (expr);                          \
     if (sonde_e != cudaSuccess) return CudaError(sonde_e, what); \
   } while (0)
 
@@ -40,6 +49,8 @@ int32_t KernelDTypeOf(v1::DType dtype) {
 }
 
 uint64_t AlignUp(uint64_t n) { return (n + 255) & ~uint64_t{255}; }
+
+constexpr uint64_t kMaxAutoSnapshotBytes = uint64_t{4} << 30;
 
 // Makes `device` current for the scope and restores the caller's device.
 class DeviceScope {
@@ -56,21 +67,35 @@ class DeviceScope {
   int previous_ = -1;
 };
 
-struct Job {
-  enum Kind { kIdle, kStats, kCopy } kind = kIdle;
+struct StatsJob {
+  bool busy = false;
   uint64_t ticket = 0;
-  cudaEvent_t ready = nullptr;
   cudaEvent_t done = nullptr;
-  // Stats: the pinned slot and the layout of its download area.
   int slot = -1;
   uint32_t tensors = 0;
   uint64_t out_offset = 0;
   uint64_t counters_offset = 0;
   std::vector<uint8_t> wants_histogram;
-  // Copy: staging buffers in order, bytes in total.
-  std::vector<int> staging;
+};
+
+struct Snapshot {
+  void* device = nullptr;     // in the engine's pool; freed on copy_ after its last piece
   uint64_t bytes = 0;
-  v1::DType copy_dtype = v1::DTYPE_UNSPECIFIED;
+  bool downloading = false;   // Download was called
+  char* destination = nullptr;
+  uint64_t issued = 0;        // bytes whose piece copies were started
+  uint64_t landed = 0;        // bytes copied out into destination
+  absl::Status status;
+};
+
+// One pinned ring buffer and the piece it carries.
+struct RingBuffer {
+  void* pinned = nullptr;
+  cudaEvent_t done = nullptr;
+  enum State { kFree, kInFlight, kCopying } state = kFree;
+  uint64_t ticket = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
 };
 
 class CudaDeviceStats final : public DeviceStats {
@@ -78,16 +103,27 @@ class CudaDeviceStats final : public DeviceStats {
   explicit CudaDeviceStats(const DeviceStatsOptions& options) : options_(options) {}
 
   ~CudaDeviceStats() override {
-    Drain().IgnoreError();
     DeviceScope scope(options_.device);
+    if (work_) cudaStreamSynchronize(work_);
+    if (copy_) cudaStreamSynchronize(copy_);
     absl::MutexLock lock(&mu_);
-    for (Job& job : jobs_) {
-      if (job.ready) cudaEventDestroy(job.ready);
+    for (auto& [ticket, s] : snapshots_) {
+      if (s.device != nullptr && s.issued < s.bytes) cudaFreeAsync(s.device, work_);
+    }
+    if (work_) cudaStreamSynchronize(work_);
+    for (StatsJob& job : jobs_) {
       if (job.done) cudaEventDestroy(job.done);
     }
+    for (RingBuffer& r : ring_) {
+      if (r.done) cudaEventDestroy(r.done);
+      if (r.pinned) cudaFreeHost(r.pinned);
+    }
     for (void* p : slots_) cudaFreeHost(p);
-    for (void* p : staging_) cudaFreeHost(p);
-    if (stream_) cudaStreamDestroy(stream_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (taken_) cudaEventDestroy(taken_);
+    if (work_) cudaStreamDestroy(work_);
+    if (copy_) cudaStreamDestroy(copy_);
+    if (pool_) cudaMemPoolDestroy(pool_);
   }
 
   absl::Status Init() {
@@ -97,20 +133,32 @@ class CudaDeviceStats final : public DeviceStats {
     cudaDeviceProp prop;
     SONDE_CUDA_RETURN(cudaGetDeviceProperties(&prop, options_.device), "cudaGetDeviceProperties");
     name_ = prop.name;
-    SONDE_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                      "cudaStreamCreateWithFlags");
-    // Keep freed stream-ordered memory in the pool rather than returning it
-    // to the driver at every synchronization.
-    cudaMemPool_t pool;
-    if (cudaDeviceGetDefaultMemPool(&pool, options_.device) == cudaSuccess) {
-      uint64_t threshold = UINT64_MAX;
-      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    capacity_ = options_.snapshot_bytes;
+    if (capacity_ == 0) {
+      size_t free = 0, total = 0;
+      SONDE_CUDA_RETURN(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+      capacity_ = std::min<uint64_t>(free / 8, kMaxAutoSnapshotBytes);
     }
-    const int job_count = options_.batch_slots + options_.staging_buffers;
-    jobs_.resize(job_count);
-    for (Job& job : jobs_) {
-      SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&job.ready, cudaEventDisableTiming),
-                        "cudaEventCreate");
+    SONDE_CUDA_RETURN(cudaStreamCreateWithFlags(&work_, cudaStreamNonBlocking),
+                      "cudaStreamCreateWithFlags");
+    SONDE_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking),
+                      "cudaStreamCreateWithFlags");
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = options_.device;
+    SONDE_CUDA_RETURN(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+    // Keep what snapshots used (at most their budget) instead of returning
+    // it to the driver at every synchronization; never make `work_` wait
+    // for `copy_` to reuse memory.
+    uint64_t threshold = capacity_;
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
+    int no = 0;
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolReuseAllowInternalDependencies, &no);
+    SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&taken_, cudaEventDisableTiming), "cudaEventCreate");
+    jobs_.resize(options_.batch_slots);
+    for (StatsJob& job : jobs_) {
       SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&job.done, cudaEventDisableTiming),
                         "cudaEventCreate");
     }
@@ -121,12 +169,12 @@ class CudaDeviceStats final : public DeviceStats {
       slots_.push_back(p);
       free_slots_.push_back(i);
     }
-    for (int i = 0; i < options_.staging_buffers; ++i) {
-      void* p = nullptr;
-      SONDE_CUDA_RETURN(cudaHostAlloc(&p, options_.staging_bytes, cudaHostAllocDefault),
-                        "cudaHostAlloc (staging)");
-      staging_.push_back(p);
-      free_staging_.push_back(i);
+    ring_.resize(options_.ring_buffers);
+    for (RingBuffer& r : ring_) {
+      SONDE_CUDA_RETURN(cudaHostAlloc(&r.pinned, options_.ring_buffer_bytes, cudaHostAllocDefault),
+                        "cudaHostAlloc (download ring)");
+      SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&r.done, cudaEventDisableTiming),
+                        "cudaEventCreate");
     }
     return absl::OkStatus();
   }
@@ -163,8 +211,8 @@ class CudaDeviceStats final : public DeviceStats {
           " bytes of pinned staging; the slot has ", options_.slot_bytes,
           " (raise DeviceStatsOptions::slot_bytes or split the batch)"));
     }
-    const uint64_t partials_bytes = AlignUp(std::max<size_t>(plan.chunks.size(), 1) *
-                                            sizeof(StatsAccumulator));
+    const uint64_t partials_bytes =
+        AlignUp(std::max<size_t>(plan.chunks.size(), 1) * sizeof(StatsAccumulator));
 
     DeviceScope scope(options_.device);
     absl::MutexLock lock(&mu_);
@@ -172,7 +220,13 @@ class CudaDeviceStats final : public DeviceStats {
       return absl::ResourceExhaustedError(absl::StrCat(
           "all ", options_.batch_slots, " device statistics batches are still in flight"));
     }
-    Job* job = FreeJob();
+    StatsJob* job = nullptr;
+    for (StatsJob& j : jobs_) {
+      if (!j.busy) {
+        job = &j;
+        break;
+      }
+    }
     if (job == nullptr) return absl::ResourceExhaustedError("no free device job record");
     const int slot = free_slots_.front();
     uint8_t* pinned = static_cast<uint8_t*>(slots_[slot]);
@@ -181,17 +235,18 @@ class CudaDeviceStats final : public DeviceStats {
                 plan.chunks.size() * sizeof(KernelChunk));
 
     cudaStream_t producer = static_cast<cudaStream_t>(producer_stream);
-    SONDE_CUDA_RETURN(cudaEventRecord(job->ready, producer), "cudaEventRecord");
-    SONDE_CUDA_RETURN(cudaStreamWaitEvent(stream_, job->ready, 0), "cudaStreamWaitEvent");
+    SONDE_CUDA_RETURN(cudaEventRecord(ready_, producer), "cudaEventRecord");
+    SONDE_CUDA_RETURN(cudaStreamWaitEvent(work_, ready_, 0), "cudaStreamWaitEvent");
     // Device layout: [tensors][chunks][out][counters][partials].
     uint8_t* dev = nullptr;
     const uint64_t dev_bytes = upload + out_bytes + counters_bytes + partials_bytes;
-    SONDE_CUDA_RETURN(cudaMallocAsync(reinterpret_cast<void**>(&dev), dev_bytes, stream_),
-                      "cudaMallocAsync");
-    SONDE_CUDA_RETURN(cudaMemcpyAsync(dev, pinned, upload, cudaMemcpyHostToDevice, stream_),
+    SONDE_CUDA_RETURN(
+        cudaMallocFromPoolAsync(reinterpret_cast<void**>(&dev), dev_bytes, pool_, work_),
+        "cudaMallocFromPoolAsync (statistics tables)");
+    SONDE_CUDA_RETURN(cudaMemcpyAsync(dev, pinned, upload, cudaMemcpyHostToDevice, work_),
                       "cudaMemcpyAsync (tables)");
     if (counters_bytes > 0) {
-      SONDE_CUDA_RETURN(cudaMemsetAsync(dev + upload + out_bytes, 0, counters_bytes, stream_),
+      SONDE_CUDA_RETURN(cudaMemsetAsync(dev + upload + out_bytes, 0, counters_bytes, work_),
                         "cudaMemsetAsync");
     }
     const int launched = LaunchStatsBatch(
@@ -200,22 +255,22 @@ class CudaDeviceStats final : public DeviceStats {
         static_cast<uint32_t>(plan.chunks.size()), params_,
         reinterpret_cast<StatsAccumulator*>(dev + upload + out_bytes + counters_bytes),
         reinterpret_cast<unsigned long long*>(dev + upload + out_bytes),
-        reinterpret_cast<StatsAccumulator*>(dev + upload), stream_);
+        reinterpret_cast<StatsAccumulator*>(dev + upload), work_);
     if (launched != 0) {
-      cudaFreeAsync(dev, stream_);
+      cudaFreeAsync(dev, work_);
       return CudaError(static_cast<cudaError_t>(launched), "statistics kernel launch");
     }
     SONDE_CUDA_RETURN(cudaMemcpyAsync(pinned + upload, dev + upload, out_bytes + counters_bytes,
-                                      cudaMemcpyDeviceToHost, stream_),
+                                      cudaMemcpyDeviceToHost, work_),
                       "cudaMemcpyAsync (results)");
-    SONDE_CUDA_RETURN(cudaFreeAsync(dev, stream_), "cudaFreeAsync");
-    SONDE_CUDA_RETURN(cudaEventRecord(job->done, stream_), "cudaEventRecord");
+    SONDE_CUDA_RETURN(cudaFreeAsync(dev, work_), "cudaFreeAsync");
+    SONDE_CUDA_RETURN(cudaEventRecord(job->done, work_), "cudaEventRecord");
     // Training may not overwrite the tensors before the kernels have read
     // them: its stream waits for ours (on the device, not the host).
     SONDE_CUDA_RETURN(cudaStreamWaitEvent(producer, job->done, 0), "cudaStreamWaitEvent");
 
     free_slots_.pop_front();
-    job->kind = Job::kStats;
+    job->busy = true;
     job->ticket = ++last_ticket_;
     job->slot = slot;
     job->tensors = static_cast<uint32_t>(plan.tensors.size());
@@ -227,86 +282,159 @@ class CudaDeviceStats final : public DeviceStats {
     return job->ticket;
   }
 
-  absl::StatusOr<uint64_t> EnqueueCopy(const DeviceTensorRef& tensor, v1::DType transfer_dtype,
-                                       void* producer_stream) override {
-    if (transfer_dtype == v1::DTYPE_UNSPECIFIED) transfer_dtype = tensor.dtype;
-    const bool convert = transfer_dtype != tensor.dtype;
-    if (convert && ((tensor.dtype != v1::DTYPE_F32 && tensor.dtype != v1::DTYPE_F64) ||
-                    (transfer_dtype != v1::DTYPE_F32 && transfer_dtype != v1::DTYPE_F16 &&
-                     transfer_dtype != v1::DTYPE_BF16))) {
+  absl::StatusOr<uint64_t> EnqueueSnapshot(const DeviceTensorRef& tensor, v1::DType transfer,
+                                           void* producer_stream) override {
+    if (transfer == v1::DTYPE_UNSPECIFIED) transfer = tensor.dtype;
+    const size_t size = SnapshotElementSize(tensor.dtype, transfer);
+    if (size == 0 || KernelDTypeOf(tensor.dtype) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "device conversion goes from F32/F64 to F32/F16/BF16, not ", DTypeName(tensor.dtype),
-          " to ", DTypeName(transfer_dtype)));
+          "device snapshots convert F32/F64 to F32/F16/BF16, not ", DTypeName(tensor.dtype),
+          " to ", DTypeName(transfer)));
     }
-    const size_t src_size = DTypeSize(tensor.dtype);
-    const size_t dst_size = DTypeSize(transfer_dtype);
-    if (src_size == 0 || dst_size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot copy dtype ", DTypeName(tensor.dtype)));
+    if (tensor.count > 0 && tensor.data == nullptr) {
+      return absl::InvalidArgumentError("device tensor has elements but no data pointer");
     }
-    const uint64_t bytes = tensor.count * dst_size;
-    const uint64_t buffers = std::max<uint64_t>(
-        1, (bytes + options_.staging_bytes - 1) / options_.staging_bytes);
-
+    const uint64_t bytes = tensor.count * size;
     DeviceScope scope(options_.device);
     absl::MutexLock lock(&mu_);
-    if (buffers > free_staging_.size()) {
+    if (used_ + bytes > capacity_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "copying ", bytes, " bytes needs ", buffers, " staging buffers of ",
-          options_.staging_bytes, " bytes; ", free_staging_.size(), " of ",
-          options_.staging_buffers, " are free"));
+          "snapshot memory is full: ", used_, " of ", capacity_, " bytes wait for download, ",
+          bytes, " more asked"));
     }
-    Job* job = FreeJob();
-    if (job == nullptr) return absl::ResourceExhaustedError("no free device job record");
     cudaStream_t producer = static_cast<cudaStream_t>(producer_stream);
-    SONDE_CUDA_RETURN(cudaEventRecord(job->ready, producer), "cudaEventRecord");
-    SONDE_CUDA_RETURN(cudaStreamWaitEvent(stream_, job->ready, 0), "cudaStreamWaitEvent");
-    const uint8_t* source = static_cast<const uint8_t*>(tensor.data);
-    void* converted = nullptr;
-    if (convert && bytes > 0) {
-      SONDE_CUDA_RETURN(cudaMallocAsync(&converted, bytes, stream_), "cudaMallocAsync");
-      const int e = LaunchConvert(tensor.data, KernelDTypeOf(tensor.dtype), converted,
-                                  KernelDTypeOf(transfer_dtype), tensor.count, stream_);
-      if (e != 0) {
-        cudaFreeAsync(converted, stream_);
-        return CudaError(static_cast<cudaError_t>(e), "conversion kernel launch");
-      }
-      source = static_cast<const uint8_t*>(converted);
-    }
-    std::vector<int> used;
-    for (uint64_t i = 0; i < buffers; ++i) {
-      used.push_back(free_staging_.front());
-      free_staging_.pop_front();
-    }
-    for (uint64_t i = 0; i < buffers && bytes > 0; ++i) {
-      const uint64_t offset = i * options_.staging_bytes;
-      const uint64_t n = std::min<uint64_t>(options_.staging_bytes, bytes - offset);
-      const cudaError_t e = cudaMemcpyAsync(staging_[used[i]], source + offset, n,
-                                            cudaMemcpyDeviceToHost, stream_);
+    SONDE_CUDA_RETURN(cudaEventRecord(ready_, producer), "cudaEventRecord");
+    SONDE_CUDA_RETURN(cudaStreamWaitEvent(work_, ready_, 0), "cudaStreamWaitEvent");
+    void* dev = nullptr;
+    if (bytes > 0) {
+      const cudaError_t e = cudaMallocFromPoolAsync(&dev, bytes, pool_, work_);
       if (e != cudaSuccess) {
-        for (int b : used) free_staging_.push_back(b);
-        return CudaError(e, "cudaMemcpyAsync (tensor)");
+        cudaGetLastError();  // an allocation failure is not sticky; clear it
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "no device memory for a snapshot of ", bytes, " bytes (", cudaGetErrorName(e), ")"));
+      }
+      if (transfer != tensor.dtype) {
+        const int launched = LaunchConvert(tensor.data, KernelDTypeOf(tensor.dtype), dev,
+                                           KernelDTypeOf(transfer), tensor.count, work_);
+        if (launched != 0) {
+          cudaFreeAsync(dev, work_);
+          return CudaError(static_cast<cudaError_t>(launched), "conversion kernel launch");
+        }
+      } else {
+        const cudaError_t c =
+            cudaMemcpyAsync(dev, tensor.data, bytes, cudaMemcpyDeviceToDevice, work_);
+        if (c != cudaSuccess) {
+          cudaFreeAsync(dev, work_);
+          return CudaError(c, "cudaMemcpyAsync (snapshot)");
+        }
       }
     }
-    if (converted != nullptr) cudaFreeAsync(converted, stream_);
-    SONDE_CUDA_RETURN(cudaEventRecord(job->done, stream_), "cudaEventRecord");
-    SONDE_CUDA_RETURN(cudaStreamWaitEvent(producer, job->done, 0), "cudaStreamWaitEvent");
-    job->kind = Job::kCopy;
-    job->ticket = ++last_ticket_;
-    job->staging = std::move(used);
-    job->bytes = bytes;
-    job->copy_dtype = transfer_dtype;
-    return job->ticket;
+    SONDE_CUDA_RETURN(cudaEventRecord(taken_, work_), "cudaEventRecord");
+    // Downloads read the snapshot after it is taken; training waits for the
+    // snapshot only, never for its download.
+    SONDE_CUDA_RETURN(cudaStreamWaitEvent(copy_, taken_, 0), "cudaStreamWaitEvent");
+    SONDE_CUDA_RETURN(cudaStreamWaitEvent(producer, taken_, 0), "cudaStreamWaitEvent");
+    const uint64_t ticket = ++last_ticket_;
+    Snapshot& s = snapshots_[ticket];
+    s.device = dev;
+    s.bytes = bytes;
+    used_ += bytes;
+    return ticket;
+  }
+
+  absl::Status Download(uint64_t ticket, char* destination) override {
+    DeviceScope scope(options_.device);
+    absl::MutexLock lock(&mu_);
+    auto it = snapshots_.find(ticket);
+    if (it == snapshots_.end() || it->second.downloading) {
+      return absl::NotFoundError(absl::StrCat("no snapshot ", ticket, " waits for download"));
+    }
+    if (it->second.bytes > 0 && destination == nullptr) {
+      return absl::InvalidArgumentError("download without a destination");
+    }
+    it->second.downloading = true;
+    it->second.destination = destination;
+    downloads_.push_back(ticket);
+    IssuePiecesLocked();
+    return absl::OkStatus();
+  }
+
+  void Discard(uint64_t ticket) override {
+    DeviceScope scope(options_.device);
+    absl::MutexLock lock(&mu_);
+    auto it = snapshots_.find(ticket);
+    if (it == snapshots_.end() || it->second.downloading) return;
+    if (it->second.device != nullptr) cudaFreeAsync(it->second.device, work_);
+    used_ -= it->second.bytes;
+    snapshots_.erase(it);
+  }
+
+  uint64_t SnapshotBytes(uint64_t ticket) const override {
+    absl::MutexLock lock(&mu_);
+    auto it = snapshots_.find(ticket);
+    return it == snapshots_.end() ? 0 : it->second.bytes;
   }
 
   std::vector<DeviceCompletion> Collect() override {
+    absl::MutexLock collecting(&collect_mu_);
     DeviceScope scope(options_.device);
-    absl::MutexLock lock(&mu_);
     std::vector<DeviceCompletion> done;
-    for (Job& job : jobs_) {
-      if (job.kind == Job::kIdle) continue;
-      const cudaError_t e = cudaEventQuery(job.done);
-      if (e == cudaErrorNotReady) continue;
-      done.push_back(Finish(job, e));
+    struct Copy {
+      int buffer;
+      char* to;
+    };
+    std::vector<Copy> copies;
+    {
+      absl::MutexLock lock(&mu_);
+      for (StatsJob& job : jobs_) {
+        if (!job.busy) continue;
+        const cudaError_t e = cudaEventQuery(job.done);
+        if (e == cudaErrorNotReady) continue;
+        done.push_back(FinishStats(job, e));
+      }
+      for (size_t b = 0; b < ring_.size(); ++b) {
+        RingBuffer& r = ring_[b];
+        if (r.state != RingBuffer::kInFlight) continue;
+        const cudaError_t e = cudaEventQuery(r.done);
+        if (e == cudaErrorNotReady) continue;
+        Snapshot& s = snapshots_[r.ticket];
+        if (e != cudaSuccess) {
+          s.status.Update(CudaError(e, "download"));
+          r.state = RingBuffer::kFree;
+          s.landed += r.bytes;
+          continue;
+        }
+        r.state = RingBuffer::kCopying;
+        copies.push_back({static_cast<int>(b), s.destination + r.offset});
+      }
+    }
+    // Out of the ring into the caller's memory, without the lock: the
+    // training thread's enqueues never wait for these copies.
+    for (const Copy& c : copies) std::memcpy(c.to, ring_[c.buffer].pinned, ring_[c.buffer].bytes);
+    {
+      absl::MutexLock lock(&mu_);
+      for (const Copy& c : copies) {
+        RingBuffer& r = ring_[c.buffer];
+        snapshots_[r.ticket].landed += r.bytes;
+        r.state = RingBuffer::kFree;
+      }
+      // Downloads that have landed whole (or failed and drained).
+      for (auto it = snapshots_.begin(); it != snapshots_.end();) {
+        Snapshot& s = it->second;
+        if (s.downloading && s.issued == s.bytes && s.landed == s.bytes &&
+            !InRingLocked(it->first)) {
+          DeviceCompletion c;
+          c.kind = DeviceCompletion::kValues;
+          c.ticket = it->first;
+          c.status = s.status;
+          done.push_back(std::move(c));
+          used_ -= s.bytes;
+          it = snapshots_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      IssuePiecesLocked();
     }
     std::sort(done.begin(), done.end(), [](const DeviceCompletion& a, const DeviceCompletion& b) {
       return a.ticket < b.ticket;
@@ -316,11 +444,20 @@ class CudaDeviceStats final : public DeviceStats {
 
   absl::Status Drain() override {
     DeviceScope scope(options_.device);
-    if (stream_ == nullptr) return absl::OkStatus();
-    const cudaError_t e = cudaStreamSynchronize(stream_);
+    if (work_ == nullptr) return absl::OkStatus();
+    cudaError_t e = cudaStreamSynchronize(work_);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(copy_);
     return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "cudaStreamSynchronize");
   }
 
+  uint64_t snapshot_capacity() const override {
+    absl::MutexLock lock(&mu_);
+    return capacity_;
+  }
+  uint64_t snapshot_bytes_used() const override {
+    absl::MutexLock lock(&mu_);
+    return used_;
+  }
   int LastBatchLaunches() const override {
     absl::MutexLock lock(&mu_);
     return last_launches_;
@@ -328,66 +465,113 @@ class CudaDeviceStats final : public DeviceStats {
   std::string DeviceName() const override { return name_; }
 
  private:
-  Job* FreeJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (Job& job : jobs_) {
-      if (job.kind == Job::kIdle) return &job;
+  bool InRingLocked(uint64_t ticket) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const RingBuffer& r : ring_) {
+      if (r.state != RingBuffer::kFree && r.ticket == ticket) return true;
     }
-    return nullptr;
+    return false;
   }
 
-  DeviceCompletion Finish(Job& job, cudaError_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Starts piece copies of the waiting downloads, oldest first, into every
+  // free ring buffer.
+  void IssuePiecesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!downloads_.empty()) {
+      auto it = snapshots_.find(downloads_.front());
+      if (it == snapshots_.end()) {
+        downloads_.pop_front();
+        continue;
+      }
+      Snapshot& s = it->second;
+      if (s.issued == s.bytes) {
+        downloads_.pop_front();
+        continue;
+      }
+      int free = -1;
+      for (size_t b = 0; b < ring_.size(); ++b) {
+        if (ring_[b].state == RingBuffer::kFree) {
+          free = static_cast<int>(b);
+          break;
+        }
+      }
+      if (free < 0) return;
+      RingBuffer& r = ring_[free];
+      const uint64_t n = std::min<uint64_t>(options_.ring_buffer_bytes, s.bytes - s.issued);
+      r.ticket = it->first;
+      r.offset = s.issued;
+      r.bytes = n;
+      cudaError_t e = cudaMemcpyAsync(r.pinned, static_cast<const char*>(s.device) + s.issued, n,
+                                      cudaMemcpyDeviceToHost, copy_);
+      s.issued += n;
+      if (s.issued == s.bytes && e == cudaSuccess) {
+        // Freed in stream order before the last piece's event, so once the
+        // event has passed the memory is reusable without any dependency.
+        e = cudaFreeAsync(s.device, copy_);
+        s.device = nullptr;
+      }
+      if (e == cudaSuccess) e = cudaEventRecord(r.done, copy_);
+      if (e != cudaSuccess) {
+        // Nothing more of this snapshot will be copied: it completes with
+        // the error once its pieces in flight are back.
+        s.status.Update(CudaError(e, "download piece"));
+        s.landed += s.bytes - s.issued + n;
+        s.issued = s.bytes;
+        continue;
+      }
+      r.state = RingBuffer::kInFlight;
+    }
+  }
+
+  DeviceCompletion FinishStats(StatsJob& job, cudaError_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     DeviceCompletion c;
+    c.kind = DeviceCompletion::kStats;
     c.ticket = job.ticket;
     if (e != cudaSuccess) c.status = CudaError(e, "device work failed");
-    if (job.kind == Job::kStats) {
-      const uint8_t* pinned = static_cast<const uint8_t*>(slots_[job.slot]);
-      if (c.status.ok()) {
-        c.stats.resize(job.tensors);
-        std::memcpy(c.stats.data(), pinned + job.out_offset,
-                    job.tensors * sizeof(StatsAccumulator));
-        const uint64_t* counters =
-            reinterpret_cast<const uint64_t*>(pinned + job.counters_offset);
-        for (uint32_t t = 0; t < job.tensors; ++t) {
-          HistogramCounts h;
-          if (job.wants_histogram[t]) {
-            h = HistogramCounts::Empty(options_.histogram);
-            std::memcpy(h.counts.data(), counters, h.counts.size() * sizeof(uint64_t));
-            counters += h.counts.size();
-            h.nan_count = c.stats[t].nan_count;
-            h.pos_inf_count = c.stats[t].pos_inf_count;
-            h.neg_inf_count = c.stats[t].neg_inf_count;
-          }
-          c.histograms.push_back(std::move(h));
+    const uint8_t* pinned = static_cast<const uint8_t*>(slots_[job.slot]);
+    if (c.status.ok()) {
+      c.stats.resize(job.tensors);
+      std::memcpy(c.stats.data(), pinned + job.out_offset, job.tensors * sizeof(StatsAccumulator));
+      const uint64_t* counters = reinterpret_cast<const uint64_t*>(pinned + job.counters_offset);
+      for (uint32_t t = 0; t < job.tensors; ++t) {
+        HistogramCounts h;
+        if (job.wants_histogram[t]) {
+          h = HistogramCounts::Empty(options_.histogram);
+          std::memcpy(h.counts.data(), counters, h.counts.size() * sizeof(uint64_t));
+          counters += h.counts.size();
+          h.nan_count = c.stats[t].nan_count;
+          h.pos_inf_count = c.stats[t].pos_inf_count;
+          h.neg_inf_count = c.stats[t].neg_inf_count;
         }
+        c.histograms.push_back(std::move(h));
       }
-      free_slots_.push_back(job.slot);
-    } else {
-      if (c.status.ok()) {
-        c.bytes.resize(job.bytes);
-        for (size_t i = 0; i < job.staging.size(); ++i) {
-          const uint64_t offset = i * options_.staging_bytes;
-          const uint64_t n = std::min<uint64_t>(options_.staging_bytes, job.bytes - offset);
-          if (n > 0 && offset < job.bytes) std::memcpy(&c.bytes[offset], staging_[job.staging[i]], n);
-        }
-        c.copy_dtype = job.copy_dtype;
-      }
-      for (int b : job.staging) free_staging_.push_back(b);
-      job.staging.clear();
     }
-    job.kind = Job::kIdle;
+    free_slots_.push_back(job.slot);
+    job.busy = false;
     return c;
   }
 
   const DeviceStatsOptions options_;
   HistogramParams params_;
   std::string name_;
-  cudaStream_t stream_ = nullptr;
-  mutable absl::Mutex mu_;
-  std::vector<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  cudaStream_t work_ = nullptr;
+  cudaStream_t copy_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  // Serializes Collect calls (the pump's), so pieces are copied out once.
+  absl::Mutex collect_mu_;
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(collect_mu_);
+  // Re-recorded by every enqueue: a stream wait uses the record current
+  // when it is made, so one event serves every ordering.
+  cudaEvent_t ready_ ABSL_GUARDED_BY(mu_) = nullptr;
+  cudaEvent_t taken_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<StatsJob> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<void*> slots_ ABSL_GUARDED_BY(mu_);
   std::deque<int> free_slots_ ABSL_GUARDED_BY(mu_);
-  std::vector<void*> staging_ ABSL_GUARDED_BY(mu_);
-  std::deque<int> free_staging_ ABSL_GUARDED_BY(mu_);
+  // The ring's pinned memory is written by the device and read by Collect
+  // outside mu_ while a buffer is kCopying (only Collect changes that state).
+  std::vector<RingBuffer> ring_;
+  std::map<uint64_t, Snapshot> snapshots_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> downloads_ ABSL_GUARDED_BY(mu_);
+  uint64_t capacity_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   int last_launches_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -403,8 +587,8 @@ absl::Status DeviceStats::Probe(int device) {
         "); statistics are computed on the CPU"));
   }
   if (device < 0 || device >= count) {
-    return absl::UnavailableError(absl::StrCat("CUDA device ", device, " does not exist (",
-                                               count, " visible); statistics are computed on the CPU"));
+    return absl::UnavailableError(absl::StrCat("CUDA device ", device, " does not exist (", count,
+                                               " visible); statistics are computed on the CPU"));
   }
   return absl::OkStatus();
 }
@@ -413,12 +597,8 @@ absl::StatusOr<std::unique_ptr<DeviceStats>> DeviceStats::Create(
     const DeviceStatsOptions& options) {
   absl::Status probe = Probe(options.device);
   if (!probe.ok()) return probe;
-  if (options.batch_slots < 1 || options.staging_buffers < 0 || options.slot_bytes < 4096) {
-    return absl::InvalidArgumentError("device statistics options out of range");
-  }
-  absl::Status spec = options.histogram.kind == kHistogramNone ? absl::OkStatus()
-                                                               : ValidateSpec(options.histogram);
-  if (!spec.ok()) return spec;
+  absl::Status valid = ValidateDeviceStatsOptions(options);
+  if (!valid.ok()) return valid;
   auto engine = std::make_unique<CudaDeviceStats>(options);
   absl::Status init = engine->Init();
   if (!init.ok()) return init;

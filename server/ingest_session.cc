@@ -61,6 +61,7 @@ class ClientCounterMetrics {
       if (is > was) c->Increment(is - was);
     };
     add(tensors_dropped_, before.tensors_dropped(), now.tensors_dropped());
+    add(values_dropped_, before.values_dropped(), now.values_dropped());
     add(steps_dropped_, before.steps_dropped(), now.steps_dropped());
     add(tensors_spilled_, before.tensors_spilled(), now.tensors_spilled());
     add(bytes_spilled_, before.bytes_spilled(), now.bytes_spilled());
@@ -81,6 +82,9 @@ class ClientCounterMetrics {
     tensors_dropped_ = r.AddCounter("sonde_client_tensors_dropped_total",
                                     "Tensors clients saved but dropped under backpressure "
                                     "(as they report on step ends).");
+    values_dropped_ = r.AddCounter("sonde_client_values_dropped_total",
+                                   "Device tensors clients sent with statistics only because "
+                                   "their values were lost on the device path.");
     steps_dropped_ = r.AddCounter("sonde_client_steps_dropped_total",
                                   "Whole steps clients dropped under backpressure.");
     tensors_spilled_ = r.AddCounter("sonde_client_tensors_spilled_total",
@@ -99,6 +103,7 @@ class ClientCounterMetrics {
   absl::Mutex mu_;
   std::map<std::pair<std::string, int32_t>, Last> last_ ABSL_GUARDED_BY(mu_);
   metrics::Counter* tensors_dropped_;
+  metrics::Counter* values_dropped_;
   metrics::Counter* steps_dropped_;
   metrics::Counter* tensors_spilled_;
   metrics::Counter* bytes_spilled_;
@@ -358,6 +363,7 @@ absl::StatusOr<v1::Ack> IngestSession::Commit() {
   write.step.set_duration_seconds(step_end_.duration_seconds());
   write.step.set_tensor_count(static_cast<uint32_t>(write.tensors.size()));
   write.step.set_tensors_dropped(step_end_.tensors_dropped());
+  write.step.set_values_dropped(step_end_.values_dropped());
   uint64_t bytes = 0;
   for (storage::TensorWrite& t : write.tensors) {
     bytes += t.bytes.size();

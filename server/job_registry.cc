@@ -493,6 +493,7 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
   info.set_last_step(std::max(info.last_step(), step.step()));
   (*info.mutable_worker_last_step())[worker] = step.step();
   info.set_tensors_dropped(info.tensors_dropped() + step.tensors_dropped());
+  info.set_values_dropped(info.values_dropped() + step.values_dropped());
   info.set_steps_dropped(info.steps_dropped() + steps_dropped);
   write.job_id = info.job_id();
   write.worker = worker;
@@ -505,6 +506,7 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
   job->info.set_last_step(info.last_step());
   *job->info.mutable_worker_last_step() = info.worker_last_step();
   job->info.set_tensors_dropped(info.tensors_dropped());
+  job->info.set_values_dropped(info.values_dropped());
   job->info.set_steps_dropped(info.steps_dropped());
   if (step.step() <= job->delivered_through) {
     // This worker is late: the step was judged without it. Its data is stored.

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,14 @@
 
 namespace sonde::server {
 namespace {
+
+// StepInfo.complete: every worker stored its end of the step, and none
+// dropped anything in it.
+bool StepComplete(const v1::StepInfo& s, int32_t world_size) {
+  std::set<int32_t> workers(s.workers().begin(), s.workers().end());
+  return static_cast<int64_t>(workers.size()) >= std::max(world_size, 1) &&
+         s.tensors_dropped() == 0 && s.values_dropped() == 0;
+}
 
 // What ReadMetrics and ReadEvents return when the request sets no limit
 // (proto/query.proto): about 16 bytes a point and at most ~40 an event,
@@ -227,7 +236,10 @@ grpc::Status QueryService::ListSteps(grpc::ServerContext*, const v1::ListStepsRe
   if (!job.ok()) return ToGrpcStatus(job.status());
   auto steps = store_->ListSteps(job->job_id(), request->mode());
   if (!steps.ok()) return ToGrpcStatus(steps.status());
-  for (auto& s : *steps) *response->add_steps() = std::move(s);
+  for (auto& s : *steps) {
+    s.set_complete(StepComplete(s, job->world_size()));
+    *response->add_steps() = std::move(s);
+  }
   return grpc::Status::OK;
 }
 

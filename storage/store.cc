@@ -58,6 +58,7 @@ void MergeStepInfo(v1::StepInfo& into, const v1::StepInfo& w) {
   into.set_duration_seconds(std::max(into.duration_seconds(), w.duration_seconds()));
   into.set_tensor_count(into.tensor_count() + w.tensor_count());
   into.set_tensors_dropped(into.tensors_dropped() + w.tensors_dropped());
+  into.set_values_dropped(into.values_dropped() + w.values_dropped());
 }
 
 }  // namespace

@@ -72,6 +72,8 @@ TEST(DevicePath, DeviceTensorsWithoutAGpuAreRefusedAndTrainingGoesOn) {
     (*hook)->EndStep();
   }
   SONDE_ASSERT_OK((*hook)->Close());
+  // Refused is not silent: each device tensor is counted and shown as a gap.
+  EXPECT_EQ((*hook)->counters().tensors_dropped, 3u);
   auto q = QueryClient::Connect(collector.address());
   auto tensors = q->ListTensors("nogpu");
   SONDE_ASSERT_OK(tensors);
@@ -81,7 +83,11 @@ TEST(DevicePath, DeviceTensorsWithoutAGpuAreRefusedAndTrainingGoesOn) {
   EXPECT_EQ(std::count(names.begin(), names.end(), "fc.bias"), 1);
   auto steps = q->ListSteps("nogpu");
   SONDE_ASSERT_OK(steps);
-  EXPECT_EQ(steps->size(), 3u);
+  ASSERT_EQ(steps->size(), 3u);
+  for (const v1::StepInfo& s : *steps) {
+    EXPECT_EQ(s.tensors_dropped(), 1u);
+    EXPECT_FALSE(s.complete());
+  }
 }
 
 TEST(DevicePath, HistogramsOfSaveHistogramCollectionsMatchTheCpuReference) {
@@ -160,6 +166,39 @@ TEST(DevicePath, DeviceTensorsMatchTheCpuPathBitForBit) {
   AccumulateStatistics(cpu, w.data(), v1::DTYPE_F32, w.size());
   SONDE_EXPECT_OK(CompareRecords(FromProto(value->header.statistics()), cpu, v1::DTYPE_F32));
   ASSERT_TRUE(value->header.has_histogram());
+}
+
+// On the GPU: a tensor larger than the whole pinned ring travels in pieces,
+// and training overwriting it right after the save (on its stream) cannot
+// reach what is stored.
+TEST(DevicePath, ALargeTensorOverwrittenRightAfterItsSaveArrivesAsSaved) {
+  const absl::Status probe = DeviceStats::Probe(0);
+  if (!probe.ok()) GTEST_SKIP() << "no GPU: " << probe.message();
+  InProcessCollector collector("");
+  HookOptions o = Options(collector.address(), "gpu-large");
+  o.max_queue_bytes = 64 << 20;
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  std::vector<float> w = Values(24 << 20, 3.0f);  // 96 MiB: three times the ring
+  void* d = nullptr;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d, w.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d, w.data(), w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  (*hook)->StartStep();
+  SONDE_ASSERT_OK((*hook)->SaveTensors(
+      {{"big.weight", CudaTensor(d, v1::DTYPE_F32, {24, 1 << 20}, 0, stream), {}}}));
+  ASSERT_EQ(cudaMemsetAsync(d, 0, w.size() * 4, stream), cudaSuccess);  // training goes on
+  (*hook)->EndStep();
+  SONDE_ASSERT_OK((*hook)->Close());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaFree(d);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ((*hook)->counters().values_dropped, 0u);
+  auto q = QueryClient::Connect(collector.address());
+  auto value = q->ReadTensor("gpu-large", "big.weight", 0);
+  SONDE_ASSERT_OK(value);
+  EXPECT_TRUE(value->bytes == std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4));
 }
 #endif
 

@@ -127,8 +127,9 @@ void JobSummary(const v1::JobInfo& job, const std::vector<StepSample>& steps,
     row("Duration", absl::FormatDuration(absl::Microseconds(job.end_unix_micros() -
                                                             job.start_unix_micros())));
   }
-  if (job.tensors_dropped() > 0 || job.steps_dropped() > 0) {
+  if (job.tensors_dropped() > 0 || job.steps_dropped() > 0 || job.values_dropped() > 0) {
     row("Dropped by clients", absl::StrCat(job.tensors_dropped(), " tensors, ",
+                                           job.values_dropped(), " tensors' values, ",
                                            job.steps_dropped(), " steps"));
   }
   absl::StrAppend(&out, "</dl>");

@@ -1,0 +1,182 @@
+// The capture pipeline over the emulated engine: batches split to fit a
+// slot, downloads held to the sender's budget with the awaited tensor
+// first, the backpressure policies, and losses that carry their reason.
+#include "client/device_capture.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "cuda/emulated_device_stats.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde {
+namespace {
+
+struct Rig {
+  DeviceCaptureOptions options;
+  EmulatedDeviceStats* engine = nullptr;
+  // The sender's budget, as ReserveHost keeps it.
+  absl::Mutex mu;
+  uint64_t budget = UINT64_MAX;
+  uint64_t charged = 0;
+
+  explicit Rig(EmulatedDeviceOptions emulated = {}) {
+    options.factory = [this, emulated](const DeviceStatsOptions& o)
+        -> absl::StatusOr<std::unique_ptr<DeviceStats>> {
+      auto e = EmulatedDeviceStats::Create(o, emulated);
+      if (!e.ok()) return e.status();
+      engine = e->get();
+      return std::unique_ptr<DeviceStats>(std::move(*e));
+    };
+    options.reserve_host = [this](uint64_t bytes, bool force) {
+      absl::MutexLock lock(&mu);
+      if (!force && charged + bytes > budget) return false;
+      charged += bytes;
+      return true;
+    };
+    options.release_host = [this](uint64_t bytes) {
+      absl::MutexLock lock(&mu);
+      charged -= bytes;
+    };
+  }
+  void Release(uint64_t bytes) {
+    absl::MutexLock lock(&mu);
+    charged -= bytes;
+  }
+};
+
+std::vector<DeviceCapture::Request> Requests(const std::vector<std::vector<float>>& tensors,
+                                             bool values) {
+  std::vector<DeviceCapture::Request> out;
+  for (const auto& t : tensors) {
+    DeviceCapture::Request r;
+    r.ref = DeviceTensorRef{t.data(), v1::DTYPE_F32, t.size(), false};
+    r.values = values;
+    out.push_back(r);
+  }
+  return out;
+}
+
+TEST(DeviceCaptureTest, ABatchLargerThanASlotIsSplitNotDropped) {
+  Rig rig;
+  rig.options.engine.slot_bytes = 8192;  // ~50 tensors of one chunk each
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> tensors;
+  for (int i = 0; i < 300; ++i) tensors.emplace_back(100 + i, static_cast<float>(i));
+  DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests(tensors, false), nullptr);
+  EXPECT_EQ(e.dropped, 0u);
+  SONDE_EXPECT_OK(e.status);
+  EXPECT_GT((*capture)->counters().batches, 4u);
+  EXPECT_EQ(rig.engine->counters().batches_refused, 0u);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ASSERT_NE(e.pending[i], nullptr);
+    SONDE_ASSERT_OK((*capture)->Await(e.pending[i], absl::Seconds(10)));
+    EXPECT_EQ(e.pending[i]->stats.count, tensors[i].size());
+    EXPECT_EQ(e.pending[i]->stats.min, static_cast<double>(i));
+  }
+}
+
+TEST(DeviceCaptureTest, DownloadsKeepToTheHostBudgetAndTheAwaitedTensorGoesFirst) {
+  Rig rig;
+  rig.budget = 100000;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> tensors(3, std::vector<float>(20000, 1.0f));  // 80 KB each
+  std::vector<size_t> order;
+  DeviceCapture::Enqueued e = (*capture)->Enqueue(
+      Requests(tensors, true), nullptr,
+      [&](size_t i, const std::shared_ptr<PendingDeviceTensor>&) { order.push_back(i); });
+  EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2}));
+  // The first fits the budget; the third goes because the sender waits for it.
+  SONDE_ASSERT_OK((*capture)->Await(e.pending[0], absl::Seconds(10)));
+  SONDE_ASSERT_OK((*capture)->Await(e.pending[2], absl::Seconds(10)));
+  EXPECT_TRUE(e.pending[0]->values_ok());
+  EXPECT_TRUE(e.pending[2]->values_ok());
+  EXPECT_EQ(e.pending[2]->host_reserved, 80000u);
+  {
+    absl::MutexLock lock(&rig.mu);
+    EXPECT_EQ(rig.charged, 160000u);  // past the budget only by the awaited one
+  }
+  EXPECT_FALSE(e.pending[1]->values_done);
+  EXPECT_EQ(rig.engine->snapshot_bytes_used(), 80000u);
+  // The sender takes the first: the second fits now.
+  rig.Release(80000);
+  SONDE_ASSERT_OK((*capture)->Await(e.pending[1], absl::Seconds(10)));
+  EXPECT_TRUE(e.pending[1]->values_ok());
+  EXPECT_EQ(std::memcmp(e.pending[1]->values.get(), tensors[1].data(), 80000), 0);
+  EXPECT_EQ(rig.engine->snapshot_bytes_used(), 0u);
+  EXPECT_EQ((*capture)->counters().bytes_downloaded, 240000u);
+}
+
+TEST(DeviceCaptureTest, BlockWaitsOnceForABusyDeviceThenGivesUpAtOnceUntilItCatchesUp) {
+  Rig rig;
+  rig.options.engine.batch_slots = 1;
+  rig.options.policy = BackpressurePolicy::kBlock;
+  rig.options.max_block = absl::Milliseconds(30);
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> one(1, std::vector<float>(10, 1.0f));
+  rig.engine->Pause();
+  DeviceCapture::Enqueued first = (*capture)->Enqueue(Requests(one, false), nullptr);
+  EXPECT_EQ(first.dropped, 0u);
+  DeviceCapture::Enqueued second = (*capture)->Enqueue(Requests(one, false), nullptr);
+  EXPECT_EQ(second.dropped, 1u);
+  EXPECT_EQ(second.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*capture)->counters().waits, 1u);
+  EXPECT_GE((*capture)->counters().waited, absl::Milliseconds(30));
+  // Stalled: the next save does not wait again.
+  DeviceCapture::Enqueued third = (*capture)->Enqueue(Requests(one, false), nullptr);
+  EXPECT_EQ(third.dropped, 1u);
+  EXPECT_EQ((*capture)->counters().waits, 1u);
+  // The device catches up: saves go through (and may wait) again.
+  rig.engine->Resume();
+  SONDE_ASSERT_OK((*capture)->Await(first.pending[0], absl::Seconds(10)));
+  DeviceCapture::Enqueued fourth = (*capture)->Enqueue(Requests(one, false), nullptr);
+  EXPECT_EQ(fourth.dropped, 0u);
+  EXPECT_EQ((*capture)->counters().tensors_dropped, 2u);
+}
+
+TEST(DeviceCaptureTest, DropNeverWaitsAndLosesValuesWithTheReason) {
+  Rig rig;
+  rig.options.engine.snapshot_bytes = 100000;
+  rig.options.policy = BackpressurePolicy::kDrop;
+  rig.budget = 0;  // nothing downloads until the sender waits
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> tensors(3, std::vector<float>(20000, 2.0f));  // 80 KB each
+  tensors.emplace_back(30000, 3.0f);  // 120 KB: more than all snapshot memory
+  DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests(tensors, true), nullptr);
+  EXPECT_EQ(e.dropped, 0u);
+  EXPECT_EQ((*capture)->counters().waits, 0u);
+  for (auto& p : e.pending) SONDE_ASSERT_OK((*capture)->Await(p, absl::Seconds(10)));
+  EXPECT_TRUE(e.pending[0]->values_ok());
+  EXPECT_EQ(e.pending[1]->values_status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(e.pending[2]->values_status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(e.pending[3]->values_status.message()).find("larger than all snapshot"),
+            std::string::npos)
+      << e.pending[3]->values_status;
+  // Statistics are kept for every one.
+  for (auto& p : e.pending) EXPECT_EQ(p->stats.count, p == e.pending[3] ? 30000u : 20000u);
+  EXPECT_EQ((*capture)->counters().values_dropped, 3u);
+}
+
+TEST(DeviceCaptureTest, AnAbandonedTensorGivesItsSnapshotMemoryBack) {
+  Rig rig;
+  rig.budget = 0;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> tensors(2, std::vector<float>(1000, 1.0f));
+  DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests(tensors, true), nullptr);
+  EXPECT_EQ(rig.engine->snapshot_bytes_used(), 8000u);
+  (*capture)->Abandon(e.pending[0]);
+  EXPECT_EQ(rig.engine->snapshot_bytes_used(), 4000u);
+  SONDE_ASSERT_OK((*capture)->Await(e.pending[1], absl::Seconds(10)));
+  EXPECT_EQ(rig.engine->snapshot_bytes_used(), 0u);
+}
+
+}  // namespace
+}  // namespace sonde
