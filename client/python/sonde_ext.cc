@@ -172,6 +172,12 @@ class PyHook {
     py::dict d;
     d["tensors_saved"] = c.tensors_saved;
     d["tensors_dropped"] = c.tensors_dropped;
+    d["values_dropped"] = c.values_dropped;
+    d["device_batches"] = c.device_batches;
+    d["device_waits"] = c.device_waits;
+    d["device_waited_seconds"] = absl::ToDoubleSeconds(c.device_waited);
+    d["device_snapshot_bytes_peak"] = c.device_snapshot_bytes_peak;
+    d["device_bytes_downloaded"] = c.device_bytes_downloaded;
     d["steps_dropped"] = c.steps_dropped;
     d["tensors_spilled"] = c.tensors_spilled;
     d["bytes_spilled"] = c.bytes_spilled;

@@ -167,6 +167,68 @@ def test_values_read_back_are_the_models_bit_for_bit(collector):
     assert not torch.equal(weights[0]["fc1.weight"], weights[4]["fc1.weight"])
 
 
+def test_a_backward_passs_gradients_are_saved_in_one_call_when_it_ends(collector):
+    """One native call per backward pass (on a GPU: one statistics batch
+    for every gradient), made after autograd's engine has finished."""
+    torch.manual_seed(2)
+    model = Net()
+    hook = smd.Hook(collector=collector.address, job="one-batch", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["weights", "gradients"])
+    calls = []
+    save_items = hook._save_items
+
+    def spy(items):
+        calls.append(sorted(i[0] for i in items))
+        return save_items(items)
+
+    hook._save_items = spy
+    seen = []
+    train(hook, model, batches(3), on_step=lambda m, loss: seen.append(
+        {n: p.grad.detach().clone() for n, p in m.named_parameters()}))
+    hook.close()
+    params = sorted(n for n, _ in model.named_parameters())
+    gradient_calls = [c for c in calls if any(n.startswith("gradient/") for n in c)]
+    assert gradient_calls == [sorted("gradient/Net_" + n for n in params)] * 3
+    r = Reader(collector.address, "one-batch")
+    for step in range(3):
+        for n in params:
+            assert r.value("gradient/Net_" + n, step).tobytes() == \
+                seen[step][n].numpy().tobytes(), (step, n)
+    assert r.job_info().tensors_dropped == 0
+
+
+def test_a_second_backward_in_a_step_is_counted_not_sent_twice(collector, caplog):
+    """Two backward passes over one forward (retain_graph): the first
+    pass's gradients are stored; the second cannot store the same names in
+    the same step again, so its gradients are dropped, counted, logged and
+    shown as a gap, and the step is not complete (the collector would
+    otherwise have refused the step)."""
+    torch.manual_seed(3)
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = smd.Hook(collector=collector.address, job="twice",
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["gradients"])
+    hook.register_module(model)
+    with caplog.at_level(logging.WARNING, logger="sonde"):
+        for x, y in batches(2):
+            loss = loss_fn(model(x), y)
+            loss.backward(retain_graph=True)
+            loss.backward()
+    assert hook.flush(30)
+    counters = hook.counters()
+    hook.close()
+    params = len(list(model.parameters()))
+    assert counters["tensors_dropped"] == 2 * params
+    assert "already saved" in caplog.text
+    r = Reader(collector.address, "twice")
+    steps = r.stub.ListSteps(query_pb2.ListStepsRequest(job="twice"), timeout=10).steps
+    assert [(s.step, s.tensor_count, s.tensors_dropped, s.complete) for s in steps] == \
+        [(0, params, params, False), (1, params, params, False)]
+    assert r.job_info().tensors_dropped == 2 * params
+
+
 def test_save_config_per_mode_and_collection(collector):
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
     hook = smd.Hook(collector=collector.address, job="intervals", strict=True,

@@ -206,6 +206,11 @@ class Hook:
         self._step_handles = []     # this step's forward and gradient hooks
         self._watched = []          # modules whose forward hooks a saving step adds
         self._gradients = []        # (name, param) whose gradient hooks a saving step adds
+        # This backward pass's gradients, saved together when it ends: one
+        # device statistics batch per step, not one per parameter.
+        self._grad_items = []
+        self._grad_keep = []
+        self._grad_flush_queued = False
         self._module_names = {}     # id(module) -> smdebug name
         self._module_collections = {}  # id(module) -> [(collection, inputs, outputs)]
         self._hooked_modules = []   # what a saving step hooks (see _step_modules)
@@ -542,13 +547,44 @@ class Hook:
             if not self._due or self._disabled or grad is None:
                 return None
             try:
-                items, keep = [], []
-                self._collect(items, keep, name, grad.detach(), [])
-                self._save_items(items)
+                self._collect(self._grad_items, self._grad_keep, name, grad.detach(), [])
+                if self._grad_items and not self._grad_flush_queued:
+                    # Runs when autograd's engine has finished this backward
+                    # pass, on the caller's current stream, which the engine
+                    # has made wait for every gradient.
+                    self._grad_flush_queued = True
+                    torch.autograd.Variable._execution_engine.queue_callback(
+                        self._flush_gradients)
             except Exception as e:  # noqa: BLE001
                 self._fail("saving gradients", e)
             return None
         return hook
+
+    def _flush_gradients(self):
+        """Saves the gradients of the backward pass that just ended, in one
+        native call (all CUDA gradients of a device and stream share one
+        statistics batch)."""
+        items, keep = self._grad_items, self._grad_keep
+        self._grad_items, self._grad_keep = [], []
+        self._grad_flush_queued = False
+        if not items or self._disabled or self._native is None:
+            return
+        try:
+            if any(i[5] for i in items):
+                # Each device's stream current now, which the engine has made
+                # wait for the streams the gradients were computed on.
+                streams = {}
+                for i in items:
+                    if i[5] and i[6] not in streams:
+                        streams[i[6]] = torch.cuda.current_stream(i[6]).cuda_stream
+                items = [i[:7] + (streams[i[6]],) if i[5] else i for i in items]
+            self._save_items(items)
+        except SondeError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self._fail("saving gradients", e)
+        finally:
+            del keep
 
     # ---- profiler -----------------------------------------------------
 
