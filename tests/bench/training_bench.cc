@@ -1,0 +1,387 @@
+#include "tests/bench/training_bench.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "client/hook.h"
+#include "client/query_client.h"
+#include "cuda/conformance.h"
+#include "cuda/emulated_device_stats.h"
+#include "cuda/histogram.h"
+#include "cuda/statistics.h"
+#include "server/collector.h"
+#include "tests/bench/training_device.h"
+
+namespace sonde::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Model {
+  size_t parameters = 0;
+  float* weights = nullptr;  // all weights and biases, one buffer
+  float* grads = nullptr;
+  std::vector<NamedTensor> weight_tensors;
+  std::vector<NamedTensor> grad_tensors;
+  std::vector<size_t> offsets;  // of each tensor, in floats
+};
+
+Model MakeModel(const BenchOptions& o, TrainingDevice& device) {
+  Model m;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (int l = 0; l < o.layers; ++l) {
+    shapes.push_back({absl::StrCat("layer", l, ".weight"), {o.rows, o.cols}});
+    shapes.push_back({absl::StrCat("layer", l, ".bias"), {o.cols}});
+  }
+  for (const auto& [name, shape] : shapes) {
+    m.offsets.push_back(m.parameters);
+    m.parameters += static_cast<size_t>(std::accumulate(shape.begin(), shape.end(), int64_t{1},
+                                                        std::multiplies<int64_t>()));
+  }
+  m.weights = device.Alloc(m.parameters);
+  m.grads = device.Alloc(m.parameters);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& [name, shape] = shapes[i];
+    m.weight_tensors.push_back(
+        {name, CudaTensor(m.weights + m.offsets[i], v1::DTYPE_F32, shape, 0, device.stream()), {}});
+    m.grad_tensors.push_back({"gradient/" + name,
+                              CudaTensor(m.grads + m.offsets[i], v1::DTYPE_F32, shape, 0,
+                                         device.stream()),
+                              {}});
+  }
+  return m;
+}
+
+size_t Count(const NamedTensor& t) {
+  return static_cast<size_t>(std::accumulate(t.tensor.shape.begin(), t.tensor.shape.end(),
+                                             int64_t{1}, std::multiplies<int64_t>()));
+}
+
+// One training step: weights saved at its start, matrix work, gradients
+// written and saved, the optimizer, and the sync `loss.item()` makes.
+void Step(const BenchOptions& o, TrainingDevice& device, Model& m, Hook* hook, int64_t step,
+          std::vector<float>* weights_copy = nullptr, std::vector<float>* grads_copy = nullptr) {
+  if (hook != nullptr) {
+    hook->StartStep();
+    hook->SaveTensors(m.weight_tensors).IgnoreError();  // losses are counted by the hook
+    if (weights_copy != nullptr) device.CopyToHost(weights_copy->data(), m.weights, m.parameters);
+  }
+  device.Compute(o.compute_ms);
+  device.Gradients(m.grads, m.weights, m.parameters, step);
+  if (hook != nullptr) {
+    hook->SaveTensors(m.grad_tensors).IgnoreError();
+    if (grads_copy != nullptr) device.CopyToHost(grads_copy->data(), m.grads, m.parameters);
+  }
+  device.Optimizer(m.weights, m.grads, m.parameters, 1e-4f);
+  device.Sync();
+  if (hook != nullptr) hook->EndStep();
+}
+
+HookOptions MakeHookOptions(const BenchOptions& o, const BenchMode& mode,
+                            const std::string& address) {
+  HookOptions h;
+  h.collector = address;
+  h.job = "bench-" + mode.name;
+  h.config.save_config = SaveConfig::Every(mode.interval);
+  h.config.include_collections = {"weights", "biases", "gradients"};
+  if (!mode.values) {
+    ReductionConfig r;
+    r.reductions = {"min", "max", "mean", "std"};
+    r.norms = {"l2"};
+    h.config.reduction_config = r;
+  }
+  if (mode.histogram) {
+    for (const char* c : {"weights", "biases", "gradients"}) {
+      CollectionConfig cc;
+      cc.name = c;
+      cc.save_histogram = true;
+      h.config.collections.push_back(cc);
+    }
+  }
+  h.backpressure.policy = o.policy;
+  h.close_timeout = absl::Minutes(10);
+  if (o.emulate) {
+    EmulatedDeviceOptions e;
+    e.stats_latency = absl::Microseconds(o.emulated_batch_us);
+    e.piece_latency = absl::Microseconds(o.emulated_piece_us);
+    h.device_factory = [e](const DeviceStatsOptions& d)
+        -> absl::StatusOr<std::unique_ptr<DeviceStats>> {
+      auto engine = EmulatedDeviceStats::Create(d, e);
+      if (!engine.ok()) return engine.status();
+      return std::unique_ptr<DeviceStats>(std::move(*engine));
+    };
+  }
+  return h;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+// The tensors compared with device memory at the verification step.
+std::vector<size_t> Sample(size_t tensors) {
+  std::vector<size_t> s = {0, 1, tensors / 2, tensors - 2, tensors - 1};
+  std::sort(s.begin(), s.end());
+  s.erase(std::unique(s.begin(), s.end()), s.end());
+  return s;
+}
+
+void Check(ModeResult& r, QueryClient& q, const Model& m, const std::vector<float>& weights,
+           const std::vector<float>& grads, int64_t last_step, const BenchOptions& o,
+           const Hook::Counters& c) {
+  const std::string job = "bench-" + r.mode.name;
+  auto steps = q.ListSteps(job);
+  if (!steps.ok()) {
+    r.failures.push_back(absl::StrCat("ListSteps: ", steps.status().ToString()));
+    return;
+  }
+  std::map<int64_t, v1::StepInfo> by_step;
+  for (const v1::StepInfo& s : *steps) by_step[s.step()] = s;
+  for (int64_t s = 0; s <= last_step; ++s) {
+    if (s % r.mode.interval != 0) continue;
+    ++r.saved_steps_expected;
+    auto it = by_step.find(s);
+    if (it == by_step.end()) {
+      r.failures.push_back(absl::StrCat("saved step ", s, " is missing"));
+      continue;
+    }
+    ++r.saved_steps_present;
+    r.saved_steps_complete += it->second.complete();
+    r.stored_tensors_dropped += it->second.tensors_dropped();
+    r.stored_values_dropped += it->second.values_dropped();
+  }
+  r.tensors_dropped = c.tensors_dropped;
+  r.values_dropped = c.values_dropped;
+  if (r.stored_tensors_dropped != c.tensors_dropped || r.stored_values_dropped != c.values_dropped) {
+    r.failures.push_back(absl::StrCat(
+        "the hook counted ", c.tensors_dropped, " tensors and ", c.values_dropped,
+        " values dropped; the collector shows ", r.stored_tensors_dropped, " and ",
+        r.stored_values_dropped));
+  }
+  if (o.policy != BackpressurePolicy::kDrop && r.saved_steps_complete != r.saved_steps_expected) {
+    r.failures.push_back(absl::StrCat(r.saved_steps_expected - r.saved_steps_complete,
+                                      " saved steps are incomplete"));
+  }
+  // The verification step against device memory, copied right after each save.
+  for (size_t i : Sample(m.weight_tensors.size())) {
+    for (bool gradient : {false, true}) {
+      const NamedTensor& t = gradient ? m.grad_tensors[i] : m.weight_tensors[i];
+      const float* want = (gradient ? grads.data() : weights.data()) + m.offsets[i];
+      const size_t n = Count(t);
+      StatsAccumulator cpu;
+      AccumulateStatistics(cpu, want, v1::DTYPE_F32, n);
+      v1::Statistics stored;
+      const v1::Histogram* histogram = nullptr;
+      v1::SeriesPoint point;
+      if (r.mode.values) {
+        auto value = q.ReadTensor(job, t.name, r.verify_step, v1::MODE_TRAIN);
+        if (!value.ok()) {
+          if (o.policy != BackpressurePolicy::kDrop) {
+            r.failures.push_back(absl::StrCat(t.name, " at step ", r.verify_step, ": ",
+                                              value.status().ToString()));
+          }
+          continue;
+        }
+        if (value->bytes.size() != n * 4 || std::memcmp(value->bytes.data(), want, n * 4) != 0) {
+          r.failures.push_back(absl::StrCat(t.name, " at step ", r.verify_step,
+                                            ": stored values differ from device memory"));
+        }
+        stored = value->header.statistics();
+      } else {
+        auto series = q.ReadSeries(job, t.name, v1::MODE_TRAIN, r.verify_step, r.verify_step + 1);
+        if (!series.ok() || series->size() != 1) {
+          r.failures.push_back(absl::StrCat(t.name, " at step ", r.verify_step, ": no statistics (",
+                                            series.status().ToString(), ")"));
+          continue;
+        }
+        point = (*series)[0];
+        stored = point.statistics();
+        if (point.has_histogram()) histogram = &point.histogram();
+      }
+      absl::Status same = CompareRecords(FromProto(stored), cpu, v1::DTYPE_F32);
+      if (!same.ok()) {
+        r.failures.push_back(absl::StrCat(t.name, " statistics: ", same.message()));
+      }
+      if (r.mode.histogram) {
+        HistogramCounts h = HistogramCounts::Empty(DefaultExponentialSpec());
+        AccumulateHistogramScalar(h, want, v1::DTYPE_F32, n);
+        absl::StatusOr<HistogramCounts> got =
+            histogram != nullptr ? FromProto(*histogram)
+                                 : absl::NotFoundError("no histogram stored");
+        absl::Status hs = got.ok() ? CompareHistograms(*got, h) : got.status();
+        if (!hs.ok()) r.failures.push_back(absl::StrCat(t.name, " histogram: ", hs.message()));
+      }
+      ++r.verified_tensors;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BenchMode>> ParseModes(const std::string& list) {
+  std::vector<BenchMode> modes;
+  for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    BenchMode m;
+    m.name = std::string(name);
+    if (name == "none") {
+      m.hook = false;
+    } else if (name == "stats") {
+    } else if (name == "stats_hist") {
+      m.histogram = true;
+    } else if (absl::StartsWith(name, "values") && name.size() > 6) {
+      m.values = true;
+      if (!absl::SimpleAtoi(name.substr(6), &m.interval) || m.interval < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("bad mode '", name, "'"));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown mode '", name, "' (none, stats, stats_hist, values<N>)"));
+    }
+    modes.push_back(m);
+  }
+  if (modes.empty() || modes[0].hook) {
+    return absl::InvalidArgumentError("the first mode must be 'none', the baseline");
+  }
+  return modes;
+}
+
+bool BenchReport::ok() const {
+  for (const ModeResult& m : modes) {
+    if (!m.failures.empty()) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
+  std::unique_ptr<TrainingDevice> device;
+  if (o.emulate) {
+    device = MakeHostTrainingDevice();
+  } else {
+    auto cuda = MakeCudaTrainingDevice();
+    if (!cuda.ok()) return cuda.status();
+    device = std::move(*cuda);
+  }
+  BenchReport report;
+  report.device = device->Name();
+  Model m = MakeModel(o, *device);
+  report.parameters = m.parameters;
+  report.tensors = static_cast<int>(m.weight_tensors.size());
+
+  std::string dir = o.data_dir;
+  const bool own_dir = dir.empty();
+  if (own_dir) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "sonde-training-bench-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) return absl::InternalError("mkdtemp failed");
+    dir = pattern;
+  }
+  server::CollectorOptions co;
+  co.listen = "127.0.0.1:0";
+  co.data_dir = dir + "/db";
+  auto collector = server::Collector::Start(co);
+  if (!collector.ok()) return collector.status();
+
+  std::vector<std::unique_ptr<Hook>> hooks(o.modes.size());
+  for (size_t i = 0; i < o.modes.size(); ++i) {
+    ModeResult r;
+    r.mode = o.modes[i];
+    report.modes.push_back(r);
+    if (!o.modes[i].hook) continue;
+    auto hook = Hook::Create(MakeHookOptions(o, o.modes[i], (*collector)->address()));
+    if (!hook.ok()) return hook.status();
+    hooks[i] = std::move(*hook);
+    hooks[i]->SetMode(v1::MODE_TRAIN);
+  }
+  std::vector<int64_t> steps(o.modes.size(), 0);
+  // Modes take turns, a round of steps each, starting with a different
+  // mode every round; the first round warms up and is not counted.
+  for (int round = 0; round <= o.rounds; ++round) {
+    for (size_t k = 0; k < o.modes.size(); ++k) {
+      const size_t i = (k + static_cast<size_t>(round)) % o.modes.size();
+      for (int s = 0; s < o.steps_per_round; ++s) {
+        const Clock::time_point start = Clock::now();
+        Step(o, *device, m, hooks[i].get(), steps[i]++);
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        if (round > 0) report.modes[i].step_ms.push_back(ms);
+      }
+    }
+  }
+  // One verification step per hook, a saving one, with device memory
+  // copied to the host right after each save.
+  std::vector<float> weights(m.parameters), grads(m.parameters);
+  auto query = QueryClient::Connect((*collector)->address());
+  for (size_t i = 0; i < o.modes.size(); ++i) {
+    ModeResult& r = report.modes[i];
+    r.median_ms = Percentile(r.step_ms, 0.5);
+    r.p90_ms = Percentile(r.step_ms, 0.9);
+    r.mean_ms = r.step_ms.empty() ? 0
+                                  : std::accumulate(r.step_ms.begin(), r.step_ms.end(), 0.0) /
+                                        r.step_ms.size();
+    Hook* hook = hooks[i].get();
+    if (hook == nullptr) continue;
+    while (steps[i] % r.mode.interval != 0) Step(o, *device, m, hook, steps[i]++);
+    r.verify_step = steps[i];
+    Step(o, *device, m, hook, steps[i]++, &weights, &grads);
+    absl::Status closed = hook->Close();
+    if (!closed.ok()) r.failures.push_back(absl::StrCat("close: ", closed.ToString()));
+    const Hook::Counters c = hook->counters();
+    r.device_waits = c.device_waits;
+    r.device_waited_ms = absl::ToDoubleMilliseconds(c.device_waited);
+    r.snapshot_peak_bytes = c.device_snapshot_bytes_peak;
+    Check(r, *query, m, weights, grads, steps[i] - 1, o, c);
+  }
+  hooks.clear();
+  collector->reset();
+  if (own_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  return report;
+}
+
+std::string FormatReport(const BenchReport& report) {
+  std::string out = absl::StrFormat(
+      "device: %s\nmodel: %d weights and biases (and as many gradients), %.1fM parameters "
+      "(%.0f MB of F32 each)\n\n",
+      report.device, report.tensors, report.parameters / 1e6, report.parameters * 4 / 1e6);
+  const ModeResult* base = report.modes.empty() ? nullptr : &report.modes[0];
+  absl::StrAppend(&out, absl::StrFormat("%-11s %9s %9s %9s %9s %9s %7s %10s %14s %15s %8s\n",
+                                        "mode", "median ms", "mean ms", "p90 ms", "x median",
+                                        "x mean", "waits", "waited ms", "saved/complete",
+                                        "dropped t/v", "verified"));
+  for (const ModeResult& r : report.modes) {
+    const double xm = base != nullptr && base->median_ms > 0 ? r.median_ms / base->median_ms : 0;
+    const double xa = base != nullptr && base->mean_ms > 0 ? r.mean_ms / base->mean_ms : 0;
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("%-11s %9.3f %9.3f %9.3f %9.4f %9.4f %7d %10.1f %14s %15s %8d\n",
+                        r.mode.name, r.median_ms, r.mean_ms, r.p90_ms, xm, xa, r.device_waits,
+                        r.device_waited_ms,
+                        r.mode.hook ? absl::StrCat(r.saved_steps_present, "/",
+                                                   r.saved_steps_complete, " of ",
+                                                   r.saved_steps_expected)
+                                    : "-",
+                        r.mode.hook ? absl::StrCat(r.tensors_dropped, "/", r.values_dropped) : "-",
+                        r.verified_tensors));
+  }
+  for (const ModeResult& r : report.modes) {
+    for (const std::string& f : r.failures) absl::StrAppend(&out, "FAILED ", r.mode.name, ": ", f, "\n");
+  }
+  absl::StrAppend(&out, report.ok() ? "checks passed\n" : "checks FAILED\n");
+  return out;
+}
+
+}  // namespace sonde::bench
