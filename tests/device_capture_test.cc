@@ -90,6 +90,18 @@ class Model {
   std::vector<std::vector<float>> tensors_;
 };
 
+// `steps` steps, each saving the model's tensors (every save accepted),
+// then Close.
+void Train(Hook& hook, Model& model, int steps) {
+  for (int64_t step = 0; step < steps; ++step) {
+    model.Step(step);
+    hook.StartStep();
+    SONDE_EXPECT_OK(hook.SaveTensors(model.Named()));
+    hook.EndStep();
+  }
+  SONDE_EXPECT_OK(hook.Close());
+}
+
 std::map<int64_t, v1::StepInfo> Steps(QueryClient& q, const std::string& job) {
   std::map<int64_t, v1::StepInfo> out;
   auto steps = q.ListSteps(job);
@@ -117,13 +129,7 @@ TEST(DeviceCapture, ValuesOfAModelBiggerThanEveryBufferArriveWholeInPieces) {
   SONDE_ASSERT_OK(hook);
   Model model({1, 1000, 65537, 262144, 1 << 20, (5 << 20) / 4});
   constexpr int kSteps = 5;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    model.Step(step);
-    (*hook)->StartStep();
-    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named()));
-    (*hook)->EndStep();
-  }
-  SONDE_ASSERT_OK((*hook)->Close());
+  Train(**hook, model, kSteps);
   const Hook::Counters c = (*hook)->counters();
   EXPECT_EQ(c.tensors_dropped, 0u);
   EXPECT_EQ(c.values_dropped, 0u);
@@ -187,13 +193,7 @@ TEST(DeviceCapture, DropPolicyCountsEveryLostValueAndNoStepIsComplete) {
   SONDE_ASSERT_OK(hook);
   Model model(std::vector<size_t>(16, 65536));
   constexpr int kSteps = 6;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    model.Step(step);
-    (*hook)->StartStep();
-    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named()));
-    (*hook)->EndStep();
-  }
-  SONDE_ASSERT_OK((*hook)->Close());
+  Train(**hook, model, kSteps);
   const Hook::Counters c = (*hook)->counters();
   EXPECT_EQ(c.tensors_dropped, 0u);
   EXPECT_GT(c.values_dropped, 0u);
