@@ -104,8 +104,14 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
     std::vector<DeviceTensorRef> refs;
     refs.reserve(j - i);
     for (size_t k = i; k < j; ++k) refs.push_back(requests[k].ref);
-    absl::StatusOr<uint64_t> ticket = WithRoom<uint64_t>(
-        [&]() { return engine_->EnqueueStats(refs, stream); }, deadline, &stats_stalled_);
+    absl::StatusOr<uint64_t> ticket =
+        j - i == 1 && StatsBatchBytes(1, chunks, histograms, eo) > eo.slot_bytes
+            // One tensor bigger than a slot: waiting cannot help.
+            ? absl::StatusOr<uint64_t>(absl::InvalidArgumentError(absl::StrCat(
+                  "tensor of ", requests[i].ref.count, " elements needs more than one batch "
+                  "slot (", eo.slot_bytes, " bytes; raise HookOptions::device.slot_bytes)")))
+            : WithRoom<uint64_t>([&]() { return engine_->EnqueueStats(refs, stream); }, deadline,
+                                 &stats_stalled_);
     if (!ticket.ok()) {
       out.dropped += static_cast<uint32_t>(j - i);
       counters_.tensors_dropped += j - i;
@@ -288,6 +294,9 @@ absl::Status DeviceCapture::Await(const std::shared_ptr<PendingDeviceTensor>& pe
   const bool ok = mu_.AwaitWithTimeout(absl::Condition(&complete), timeout);
   awaited_.erase(std::find(awaited_.begin(), awaited_.end(), p));
   if (!ok) {
+    // The sender gives the tensor up: whatever arrives later is let go,
+    // and its charge on the host budget given back.
+    AbandonLocked(pending);
     return absl::DeadlineExceededError(absl::StrCat("device results not ready after ",
                                                     absl::FormatDuration(timeout)));
   }
@@ -297,13 +306,24 @@ absl::Status DeviceCapture::Await(const std::shared_ptr<PendingDeviceTensor>& pe
 
 void DeviceCapture::Abandon(const std::shared_ptr<PendingDeviceTensor>& pending) {
   absl::MutexLock lock(&mu_);
+  AbandonLocked(pending);
+}
+
+void DeviceCapture::AbandonLocked(const std::shared_ptr<PendingDeviceTensor>& pending) {
   pending->abandoned = true;
   for (auto it = snapshots_.begin(); it != snapshots_.end(); ++it) {
     if (it->second == pending) {
       engine_->Discard(it->first);
       snapshots_.erase(it);
-      break;
+      return;
     }
+  }
+  // Downloaded already: give its charge back now. (A download in flight
+  // gives it back when it lands, in PumpOnce.)
+  if (pending->values_done && pending->host_reserved > 0) {
+    if (options_.release_host) options_.release_host(pending->host_reserved);
+    pending->host_reserved = 0;
+    pending->values.reset();
   }
 }
 

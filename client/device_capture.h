@@ -161,6 +161,8 @@ class DeviceCapture {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseValuesLocked(PendingDeviceTensor& p, absl::Status why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbandonLocked(const std::shared_ptr<PendingDeviceTensor>& pending)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DeviceCaptureOptions options_;
   const std::unique_ptr<DeviceStats> engine_;

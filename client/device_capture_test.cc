@@ -178,5 +178,30 @@ TEST(DeviceCaptureTest, AnAbandonedTensorGivesItsSnapshotMemoryBack) {
   EXPECT_EQ(rig.engine->snapshot_bytes_used(), 0u);
 }
 
+TEST(DeviceCaptureTest, ATensorGivenUpAfterATimeoutGivesItsHostChargeBack) {
+  Rig rig;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> tensors(1, std::vector<float>(5000, 1.0f));
+  rig.engine->Pause();  // the download is granted but does not land
+  DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests(tensors, true), nullptr);
+  {
+    // The pump grants the download (and charges it) before it is given up.
+    absl::MutexLock lock(&rig.mu);
+    auto granted = [&rig]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rig.mu) { return rig.charged > 0; };
+    ASSERT_TRUE(rig.mu.AwaitWithTimeout(absl::Condition(&granted), absl::Seconds(10)));
+    EXPECT_EQ(rig.charged, 20000u);
+  }
+  EXPECT_EQ((*capture)->Await(e.pending[0], absl::Milliseconds(20)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  rig.engine->Resume();
+  // The landing is handled by the pump: wait for the charge to come back.
+  absl::MutexLock lock(&rig.mu);
+  auto released = [&rig]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rig.mu) { return rig.charged == 0; };
+  EXPECT_TRUE(rig.mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10)))
+      << rig.charged << " bytes still charged";
+  EXPECT_EQ(rig.engine->snapshot_bytes_used(), 0u);
+}
+
 }  // namespace
 }  // namespace sonde

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
+#include "common/status_macros.h"
 #include "cuda/device_stats.h"
 #include "cuda/multi_tensor.h"
 #include "cuda/stats_kernels.h"
@@ -52,7 +53,17 @@ uint64_t AlignUp(uint64_t n) { return (n + 255) & ~uint64_t{255}; }
 
 constexpr uint64_t kMaxAutoSnapshotBytes = uint64_t{4} << 30;
 
-// Makes `device` current for the scope and restores the caller's device.
+// Makes `device` current on a thread of Sonde's own (the pump, the sender),
+// which has no device of its own to restore: restoring would make device 0
+// current there and create a context on GPU 0 (300-500 MB) in every
+// process of a multi-GPU job.
+void UseDevice(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) cudaSetDevice(device);
+}
+
+// Makes `device` current for the scope and restores the caller's device:
+// for calls from training code's threads, whose current device is theirs.
 class DeviceScope {
  public:
   explicit DeviceScope(int device) {
@@ -108,7 +119,7 @@ class CudaDeviceStats final : public DeviceStats {
     if (copy_) cudaStreamSynchronize(copy_);
     absl::MutexLock lock(&mu_);
     for (auto& [ticket, s] : snapshots_) {
-      if (s.device != nullptr && s.issued < s.bytes) cudaFreeAsync(s.device, work_);
+      if (s.device != nullptr) cudaFreeAsync(s.device, work_);
     }
     if (work_) cudaStreamSynchronize(work_);
     for (StatsJob& job : jobs_) {
@@ -121,6 +132,7 @@ class CudaDeviceStats final : public DeviceStats {
     for (void* p : slots_) cudaFreeHost(p);
     if (ready_) cudaEventDestroy(ready_);
     if (taken_) cudaEventDestroy(taken_);
+    if (read_) cudaEventDestroy(read_);
     if (work_) cudaStreamDestroy(work_);
     if (copy_) cudaStreamDestroy(copy_);
     if (pool_) cudaMemPoolDestroy(pool_);
@@ -152,11 +164,15 @@ class CudaDeviceStats final : public DeviceStats {
     // it to the driver at every synchronization; never make `work_` wait
     // for `copy_` to reuse memory.
     uint64_t threshold = capacity_;
-    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
+    SONDE_CUDA_RETURN(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
+                      "cudaMemPoolSetAttribute (release threshold)");
     int no = 0;
-    cudaMemPoolSetAttribute(pool_, cudaMemPoolReuseAllowInternalDependencies, &no);
+    SONDE_CUDA_RETURN(
+        cudaMemPoolSetAttribute(pool_, cudaMemPoolReuseAllowInternalDependencies, &no),
+        "cudaMemPoolSetAttribute (no internal dependencies)");
     SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&taken_, cudaEventDisableTiming), "cudaEventCreate");
+    SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&read_, cudaEventDisableTiming), "cudaEventCreate");
     jobs_.resize(options_.batch_slots);
     for (StatsJob& job : jobs_) {
       SONDE_CUDA_RETURN(cudaEventCreateWithFlags(&job.done, cudaEventDisableTiming),
@@ -215,6 +231,8 @@ class CudaDeviceStats final : public DeviceStats {
         AlignUp(std::max<size_t>(plan.chunks.size(), 1) * sizeof(StatsAccumulator));
 
     DeviceScope scope(options_.device);
+    cudaStream_t producer = static_cast<cudaStream_t>(producer_stream);
+    SONDE_RETURN_IF_ERROR(RefuseGraphCapture(producer));
     absl::MutexLock lock(&mu_);
     if (free_slots_.empty()) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -234,20 +252,32 @@ class CudaDeviceStats final : public DeviceStats {
     std::memcpy(pinned + tensors_bytes, plan.chunks.data(),
                 plan.chunks.size() * sizeof(KernelChunk));
 
-    cudaStream_t producer = static_cast<cudaStream_t>(producer_stream);
+    cudaGetLastError();  // a stale (non-sticky) error would fail the launch below
     SONDE_CUDA_RETURN(cudaEventRecord(ready_, producer), "cudaEventRecord");
     SONDE_CUDA_RETURN(cudaStreamWaitEvent(work_, ready_, 0), "cudaStreamWaitEvent");
     // Device layout: [tensors][chunks][out][counters][partials].
     uint8_t* dev = nullptr;
     const uint64_t dev_bytes = upload + out_bytes + counters_bytes + partials_bytes;
-    SONDE_CUDA_RETURN(
-        cudaMallocFromPoolAsync(reinterpret_cast<void**>(&dev), dev_bytes, pool_, work_),
-        "cudaMallocFromPoolAsync (statistics tables)");
-    SONDE_CUDA_RETURN(cudaMemcpyAsync(dev, pinned, upload, cudaMemcpyHostToDevice, work_),
-                      "cudaMemcpyAsync (tables)");
+    const cudaError_t allocated =
+        cudaMallocFromPoolAsync(reinterpret_cast<void**>(&dev), dev_bytes, pool_, work_);
+    if (allocated != cudaSuccess) {
+      cudaGetLastError();
+      return CudaError(allocated, "cudaMallocFromPoolAsync (statistics tables)");
+    }
+    // Past here work that reads the slot and the tensors is on the stream:
+    // a failure waits for it before the slot can be used again and before
+    // training may go on writing the tensors.
+    auto fail = [&](cudaError_t e, absl::string_view what) {
+      cudaFreeAsync(dev, work_);
+      cudaStreamSynchronize(work_);
+      cudaGetLastError();
+      return CudaError(e, what);
+    };
+    cudaError_t e = cudaMemcpyAsync(dev, pinned, upload, cudaMemcpyHostToDevice, work_);
+    if (e != cudaSuccess) return fail(e, "cudaMemcpyAsync (tables)");
     if (counters_bytes > 0) {
-      SONDE_CUDA_RETURN(cudaMemsetAsync(dev + upload + out_bytes, 0, counters_bytes, work_),
-                        "cudaMemsetAsync");
+      e = cudaMemsetAsync(dev + upload + out_bytes, 0, counters_bytes, work_);
+      if (e != cudaSuccess) return fail(e, "cudaMemsetAsync");
     }
     const int launched = LaunchStatsBatch(
         reinterpret_cast<const KernelTensor*>(dev), static_cast<uint32_t>(plan.tensors.size()),
@@ -256,18 +286,23 @@ class CudaDeviceStats final : public DeviceStats {
         reinterpret_cast<StatsAccumulator*>(dev + upload + out_bytes + counters_bytes),
         reinterpret_cast<unsigned long long*>(dev + upload + out_bytes),
         reinterpret_cast<StatsAccumulator*>(dev + upload), work_);
-    if (launched != 0) {
-      cudaFreeAsync(dev, work_);
-      return CudaError(static_cast<cudaError_t>(launched), "statistics kernel launch");
-    }
-    SONDE_CUDA_RETURN(cudaMemcpyAsync(pinned + upload, dev + upload, out_bytes + counters_bytes,
-                                      cudaMemcpyDeviceToHost, work_),
-                      "cudaMemcpyAsync (results)");
-    SONDE_CUDA_RETURN(cudaFreeAsync(dev, work_), "cudaFreeAsync");
-    SONDE_CUDA_RETURN(cudaEventRecord(job->done, work_), "cudaEventRecord");
+    if (launched != 0) return fail(static_cast<cudaError_t>(launched), "statistics kernel launch");
     // Training may not overwrite the tensors before the kernels have read
-    // them: its stream waits for ours (on the device, not the host).
-    SONDE_CUDA_RETURN(cudaStreamWaitEvent(producer, job->done, 0), "cudaStreamWaitEvent");
+    // them: its stream waits for the kernels (on the device, not the host),
+    // not for the copy of the results, which may queue behind downloads.
+    e = cudaEventRecord(read_, work_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(producer, read_, 0);
+    if (e != cudaSuccess) return fail(e, "ordering the producer after the statistics");
+    e = cudaMemcpyAsync(pinned + upload, dev + upload, out_bytes + counters_bytes,
+                        cudaMemcpyDeviceToHost, work_);
+    if (e != cudaSuccess) return fail(e, "cudaMemcpyAsync (results)");
+    e = cudaFreeAsync(dev, work_);
+    if (e == cudaSuccess) e = cudaEventRecord(job->done, work_);
+    if (e != cudaSuccess) {
+      cudaStreamSynchronize(work_);
+      cudaGetLastError();
+      return CudaError(e, "finishing the statistics batch");
+    }
 
     free_slots_.pop_front();
     job->busy = true;
@@ -296,13 +331,15 @@ class CudaDeviceStats final : public DeviceStats {
     }
     const uint64_t bytes = tensor.count * size;
     DeviceScope scope(options_.device);
+    cudaStream_t producer = static_cast<cudaStream_t>(producer_stream);
+    SONDE_RETURN_IF_ERROR(RefuseGraphCapture(producer));
     absl::MutexLock lock(&mu_);
     if (used_ + bytes > capacity_) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "snapshot memory is full: ", used_, " of ", capacity_, " bytes wait for download, ",
           bytes, " more asked"));
     }
-    cudaStream_t producer = static_cast<cudaStream_t>(producer_stream);
+    cudaGetLastError();  // a stale (non-sticky) error would fail the launch below
     SONDE_CUDA_RETURN(cudaEventRecord(ready_, producer), "cudaEventRecord");
     SONDE_CUDA_RETURN(cudaStreamWaitEvent(work_, ready_, 0), "cudaStreamWaitEvent");
     void* dev = nullptr;
@@ -313,37 +350,40 @@ class CudaDeviceStats final : public DeviceStats {
         return absl::ResourceExhaustedError(absl::StrCat(
             "no device memory for a snapshot of ", bytes, " bytes (", cudaGetErrorName(e), ")"));
       }
-      if (transfer != tensor.dtype) {
-        const int launched = LaunchConvert(tensor.data, KernelDTypeOf(tensor.dtype), dev,
-                                           KernelDTypeOf(transfer), tensor.count, work_);
-        if (launched != 0) {
-          cudaFreeAsync(dev, work_);
-          return CudaError(static_cast<cudaError_t>(launched), "conversion kernel launch");
-        }
-      } else {
-        const cudaError_t c =
-            cudaMemcpyAsync(dev, tensor.data, bytes, cudaMemcpyDeviceToDevice, work_);
-        if (c != cudaSuccess) {
-          cudaFreeAsync(dev, work_);
-          return CudaError(c, "cudaMemcpyAsync (snapshot)");
-        }
-      }
     }
-    SONDE_CUDA_RETURN(cudaEventRecord(taken_, work_), "cudaEventRecord");
+    // Past here the copy may read the tensor: a failure waits for it, so
+    // training cannot overwrite what is being read, and frees the memory.
+    auto fail = [&](cudaError_t e, absl::string_view what) {
+      if (dev != nullptr) cudaFreeAsync(dev, work_);
+      cudaStreamSynchronize(work_);
+      cudaGetLastError();
+      return CudaError(e, what);
+    };
+    cudaError_t e = cudaSuccess;
+    if (bytes > 0 && transfer != tensor.dtype) {
+      e = static_cast<cudaError_t>(LaunchConvert(tensor.data, KernelDTypeOf(tensor.dtype), dev,
+                                                 KernelDTypeOf(transfer), tensor.count, work_));
+      if (e != cudaSuccess) return fail(e, "conversion kernel launch");
+    } else if (bytes > 0) {
+      e = cudaMemcpyAsync(dev, tensor.data, bytes, cudaMemcpyDeviceToDevice, work_);
+      if (e != cudaSuccess) return fail(e, "cudaMemcpyAsync (snapshot)");
+    }
     // Downloads read the snapshot after it is taken; training waits for the
     // snapshot only, never for its download.
-    SONDE_CUDA_RETURN(cudaStreamWaitEvent(copy_, taken_, 0), "cudaStreamWaitEvent");
-    SONDE_CUDA_RETURN(cudaStreamWaitEvent(producer, taken_, 0), "cudaStreamWaitEvent");
+    e = cudaEventRecord(taken_, work_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(copy_, taken_, 0);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(producer, taken_, 0);
+    if (e != cudaSuccess) return fail(e, "ordering the snapshot");
     const uint64_t ticket = ++last_ticket_;
-    Snapshot& s = snapshots_[ticket];
-    s.device = dev;
-    s.bytes = bytes;
+    Snapshot& snapshot = snapshots_[ticket];
+    snapshot.device = dev;
+    snapshot.bytes = bytes;
     used_ += bytes;
     return ticket;
   }
 
   absl::Status Download(uint64_t ticket, char* destination) override {
-    DeviceScope scope(options_.device);
+    UseDevice(options_.device);  // the pump's thread
     absl::MutexLock lock(&mu_);
     auto it = snapshots_.find(ticket);
     if (it == snapshots_.end() || it->second.downloading) {
@@ -377,7 +417,7 @@ class CudaDeviceStats final : public DeviceStats {
 
   std::vector<DeviceCompletion> Collect() override {
     absl::MutexLock collecting(&collect_mu_);
-    DeviceScope scope(options_.device);
+    UseDevice(options_.device);  // the pump's thread
     std::vector<DeviceCompletion> done;
     struct Copy {
       int buffer;
@@ -512,6 +552,11 @@ class CudaDeviceStats final : public DeviceStats {
       if (e != cudaSuccess) {
         // Nothing more of this snapshot will be copied: it completes with
         // the error once its pieces in flight are back.
+        cudaGetLastError();
+        if (s.device != nullptr) {
+          cudaFreeAsync(s.device, copy_);
+          s.device = nullptr;
+        }
         s.status.Update(CudaError(e, "download piece"));
         s.landed += s.bytes - s.issued + n;
         s.issued = s.bytes;
@@ -549,6 +594,23 @@ class CudaDeviceStats final : public DeviceStats {
     return c;
   }
 
+  // Work enqueued while the producer stream is captured into a CUDA graph
+  // would become part of the user's graph: refused instead.
+  static absl::Status RefuseGraphCapture(cudaStream_t producer) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(producer, &capture);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return CudaError(e, "cudaStreamIsCapturing");
+    }
+    if (capture != cudaStreamCaptureStatusNone) {
+      return absl::FailedPreconditionError(
+          "the producer stream is being captured into a CUDA graph; tensors are not saved "
+          "during a capture");
+    }
+    return absl::OkStatus();
+  }
+
   const DeviceStatsOptions options_;
   HistogramParams params_;
   std::string name_;
@@ -562,6 +624,7 @@ class CudaDeviceStats final : public DeviceStats {
   // when it is made, so one event serves every ordering.
   cudaEvent_t ready_ ABSL_GUARDED_BY(mu_) = nullptr;
   cudaEvent_t taken_ ABSL_GUARDED_BY(mu_) = nullptr;
+  cudaEvent_t read_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::vector<StatsJob> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<void*> slots_ ABSL_GUARDED_BY(mu_);
   std::deque<int> free_slots_ ABSL_GUARDED_BY(mu_);
