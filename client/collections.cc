@@ -129,6 +129,14 @@ bool CollectionSet::AnyDue(v1::Mode mode, int64_t mode_step) const {
   return false;
 }
 
+std::vector<std::string> CollectionSet::DueCollections(v1::Mode mode, int64_t mode_step) const {
+  std::vector<std::string> due;
+  for (const std::string& c : included_) {
+    if (DueAt(c, Find(c), mode, mode_step)) due.push_back(c);
+  }
+  return due;
+}
+
 const std::vector<std::string>& CollectionSet::Members(const std::string& tensor) {
   auto it = member_cache_.find(tensor);
   if (it != member_cache_.end()) return it->second;

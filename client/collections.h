@@ -68,6 +68,11 @@ class CollectionSet {
   // included collection's save config says this step: callers use it to
   // skip all per-tensor work on steps that save nothing.
   bool AnyDue(v1::Mode mode, int64_t mode_step) const;
+  // The included collections due at this mode step.
+  std::vector<std::string> DueCollections(v1::Mode mode, int64_t mode_step) const;
+  // The collections a tensor of this name belongs to by name or regex
+  // (cached per name; explicit collections of a save come on top).
+  const std::vector<std::string>& Members(const std::string& tensor);
 
   // What a rule needs (from the collector's hello ack): the collection is
   // included from now on, gains the request's regexes, keeps its own save
@@ -98,7 +103,6 @@ class CollectionSet {
   // PREDICT. Whether `c` is included is the caller's to check.
   bool DueAt(const std::string& c, const Collection* coll, v1::Mode mode,
              int64_t mode_step) const;
-  const std::vector<std::string>& Members(const std::string& tensor);
 
   HookConfig config_;
   std::map<std::string, Collection> collections_;

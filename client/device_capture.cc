@@ -50,13 +50,15 @@ void DeviceCapture::LoseValuesLocked(PendingDeviceTensor& p, absl::Status why) {
   ++counters_.values_dropped;
 }
 
-template <typename T, typename F>
-absl::StatusOr<T> DeviceCapture::WithRoom(F attempt, absl::Time deadline, bool* stalled) {
+template <typename T, typename F, typename G>
+absl::StatusOr<T> DeviceCapture::WithRoom(F attempt, absl::Time deadline, bool* stalled,
+                                          G before_wait) {
   absl::StatusOr<T> result = attempt();
   if (result.ok() || result.status().code() != absl::StatusCode::kResourceExhausted ||
       options_.policy == BackpressurePolicy::kDrop || *stalled) {
     return result;
   }
+  before_wait();
   const absl::Time start = absl::Now();
   ++counters_.waits;
   while (!result.ok() && result.status().code() == absl::StatusCode::kResourceExhausted) {
@@ -88,6 +90,11 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
     out.status = absl::FailedPreconditionError("the device capture is closing");
     return out;
   }
+  std::vector<size_t> ready_now;
+  auto hand_over = [&]() {
+    if (!ready_now.empty() && ready) ready(ready_now, out.pending);
+    ready_now.clear();
+  };
   // Statistics: as many tensors per batch as one slot holds.
   size_t i = 0;
   while (i < requests.size()) {
@@ -111,7 +118,7 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
                   "tensor of ", requests[i].ref.count, " elements needs more than one batch "
                   "slot (", eo.slot_bytes, " bytes; raise HookOptions::device.slot_bytes)")))
             : WithRoom<uint64_t>([&]() { return engine_->EnqueueStats(refs, stream); }, deadline,
-                                 &stats_stalled_);
+                                 &stats_stalled_, hand_over);
     if (!ticket.ok()) {
       out.dropped += static_cast<uint32_t>(j - i);
       counters_.tensors_dropped += j - i;
@@ -126,7 +133,7 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
       p->want_histogram = requests[k].ref.histogram;
       out.pending[k] = p;
       waiters.push_back(p);
-      if (!requests[k].values && ready) ready(k, p);
+      if (!requests[k].values) ready_now.push_back(k);
     }
     i = j;
   }
@@ -150,15 +157,16 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
     } else {
       absl::StatusOr<uint64_t> ticket = WithRoom<uint64_t>(
           [&]() { return engine_->EnqueueSnapshot(r.ref, transfer, stream); }, deadline,
-          &snapshots_stalled_);
+          &snapshots_stalled_, hand_over);
       if (ticket.ok()) {
         snapshots_.emplace_back(*ticket, out.pending[k]);
       } else {
         LoseValuesLocked(p, ticket.status());
       }
     }
-    if (ready) ready(k, out.pending[k]);
+    ready_now.push_back(k);
   }
+  hand_over();
   counters_.snapshot_bytes_peak =
       std::max(counters_.snapshot_bytes_peak, engine_->snapshot_bytes_used());
   return out;

@@ -108,13 +108,15 @@ class DeviceCapture {
   static absl::StatusOr<std::unique_ptr<DeviceCapture>> Create(DeviceCaptureOptions options);
   ~DeviceCapture();  // stops the pump; the device work in flight is finished first
 
-  // `ready(i, pending)` is called (under the capture's lock; it may take
-  // the sender's) as soon as request i's pending is final on the host side:
-  // after its statistics batch for a tensor without values, after its
-  // snapshot (or the loss of its values) otherwise. Queue it to the sender
+  // `ready(indices, pending)` hands over requests whose pending is final on
+  // the host side (after its statistics batch for a tensor without values,
+  // after its snapshot or the loss of its values otherwise), in batches:
+  // before Enqueue waits for room, and at its end. It is called under the
+  // capture's lock and may take the sender's. Queue them to the sender
   // then: while Enqueue waits for snapshot memory, the sender must be able
   // to wait for, and so download, what came before.
-  using Ready = std::function<void(size_t, const std::shared_ptr<PendingDeviceTensor>&)>;
+  using Ready = std::function<void(const std::vector<size_t>& indices,
+                                   const std::vector<std::shared_ptr<PendingDeviceTensor>>& pending)>;
   Enqueued Enqueue(absl::Span<const Request> requests, void* stream, const Ready& ready = nullptr);
 
   // Waits until `pending` is complete (statistics in, and values in or
@@ -156,8 +158,9 @@ class DeviceCapture {
   }
   // Retries `attempt` while it fails with ResourceExhausted and the policy
   // lets the caller wait for device work, until `deadline`.
-  template <typename T, typename F>
-  absl::StatusOr<T> WithRoom(F attempt, absl::Time deadline, bool* stalled)
+  // `before_wait` runs once, before the first wait.
+  template <typename T, typename F, typename G>
+  absl::StatusOr<T> WithRoom(F attempt, absl::Time deadline, bool* stalled, G before_wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseValuesLocked(PendingDeviceTensor& p, absl::Status why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

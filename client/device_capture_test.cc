@@ -89,7 +89,9 @@ TEST(DeviceCaptureTest, DownloadsKeepToTheHostBudgetAndTheAwaitedTensorGoesFirst
   std::vector<size_t> order;
   DeviceCapture::Enqueued e = (*capture)->Enqueue(
       Requests(tensors, true), nullptr,
-      [&](size_t i, const std::shared_ptr<PendingDeviceTensor>&) { order.push_back(i); });
+      [&](const std::vector<size_t>& ready, const auto&) {
+        order.insert(order.end(), ready.begin(), ready.end());
+      });
   EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2}));
   // The first fits the budget; the third goes because the sender waits for it.
   SONDE_ASSERT_OK((*capture)->Await(e.pending[0], absl::Seconds(10)));

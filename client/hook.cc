@@ -139,6 +139,7 @@ void Hook::ApplyHelloAck(const v1::HelloAck& ack) {
     {
       absl::MutexLock lock(&mu_);
       s = collections_.Require(request);
+      ++collections_version_;
     }
     if (!s.ok()) {
       LogOnce(absl::StrCat("request:", request.name()),
@@ -423,9 +424,17 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
   std::vector<std::shared_ptr<PendingDeviceTensor>> abandoned;
   DeviceCapture::Enqueued e = capture->Enqueue(
       requests, tensors[0]->tensor.stream,
-      [&](size_t i, const std::shared_ptr<PendingDeviceTensor>& pending) {
-        queued[i].pending = pending;
-        if (!sender_->EnqueueTensor(std::move(queued[i]))) abandoned.push_back(pending);
+      [&](const std::vector<size_t>& ready,
+          const std::vector<std::shared_ptr<PendingDeviceTensor>>& pending) {
+        std::vector<QueuedTensor> batch;
+        batch.reserve(ready.size());
+        for (size_t i : ready) {
+          queued[i].pending = pending[i];
+          batch.push_back(std::move(queued[i]));
+        }
+        for (size_t k : sender_->EnqueueTensors(std::move(batch))) {
+          abandoned.push_back(pending[ready[k]]);
+        }
       });
   for (const auto& pending : abandoned) capture->Abandon(pending);
   std::string first_dropped;
@@ -469,11 +478,32 @@ bool Hook::SaveProfile(v1::ProfileBatch batch) { return sender_->EnqueueProfile(
 void Hook::AddToCollection(const std::string& collection, const std::string& name) {
   absl::MutexLock lock(&mu_);
   collections_.AddToCollection(collection, name);
+  ++collections_version_;
 }
 
 void Hook::IncludeCollection(const std::string& collection) {
   absl::MutexLock lock(&mu_);
   collections_.Include(collection);
+  ++collections_version_;
+}
+
+std::vector<std::string> Hook::DueCollections() {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return {};
+  return collections_.DueCollections(mode_, CurrentOrNextModeStepLocked());
+}
+
+std::vector<std::vector<std::string>> Hook::CollectionsOf(const std::vector<std::string>& names) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::vector<std::string>> out;
+  out.reserve(names.size());
+  for (const std::string& n : names) out.push_back(collections_.Members(n));
+  return out;
+}
+
+uint64_t Hook::collections_version() const {
+  absl::MutexLock lock(&mu_);
+  return collections_version_;
 }
 
 absl::Status Hook::WaitUntilConnected(absl::Duration timeout) {

@@ -162,6 +162,14 @@ class Hook {
   // step? False lets framework hooks skip a step's tensors at the cost of
   // one call. Rules that ask for collections later can turn it true.
   bool StepMaySave();
+  // The collections due at the current (or, between steps, the next) step,
+  // and the collections a tensor name belongs to: framework hooks use them
+  // to hook only what can be saved. collections_version() changes whenever
+  // either answer may have changed for a name (AddToCollection,
+  // IncludeCollection, a rule's collection request).
+  std::vector<std::string> DueCollections();
+  std::vector<std::vector<std::string>> CollectionsOf(const std::vector<std::string>& names);
+  uint64_t collections_version() const;
 
   // Saves a tensor at the current step if its collections say so.
   // Host values are copied before returning. Device tensors are measured on
@@ -287,6 +295,7 @@ class Hook {
 
   mutable absl::Mutex mu_;
   CollectionSet collections_ ABSL_GUARDED_BY(mu_);
+  uint64_t collections_version_ ABSL_GUARDED_BY(mu_) = 0;
   v1::Mode mode_ ABSL_GUARDED_BY(mu_) = v1::MODE_GLOBAL;
   int64_t step_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<v1::Mode, int64_t> mode_steps_ ABSL_GUARDED_BY(mu_);

@@ -147,6 +147,19 @@ bool Sender::EnqueueProfile(v1::ProfileBatch batch) {
 
 bool Sender::EnqueueTensor(QueuedTensor tensor) {
   absl::MutexLock lock(&mu_);
+  return EnqueueTensorLocked(std::move(tensor));
+}
+
+std::vector<size_t> Sender::EnqueueTensors(std::vector<QueuedTensor> tensors) {
+  std::vector<size_t> dropped;
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!EnqueueTensorLocked(std::move(tensors[i]))) dropped.push_back(i);
+  }
+  return dropped;
+}
+
+bool Sender::EnqueueTensorLocked(QueuedTensor tensor) {
   ++open_step_tensors_;
   if (closing_ || give_up_) {
     ++counters_.tensors_dropped;

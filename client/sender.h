@@ -86,6 +86,10 @@ class Sender {
   // Never block on the network (kBlock: at most max_block). Returns false
   // when the tensor was dropped.
   bool EnqueueTensor(QueuedTensor tensor);
+  // Several at once, under one lock and one wake-up of the sender thread
+  // (the device path queues a step's tensors together). The indices of the
+  // tensors dropped.
+  std::vector<size_t> EnqueueTensors(std::vector<QueuedTensor> tensors);
   // Tensors of the open step that the hook saved but could not queue (the
   // device path refused them): counted and reported as gaps like drops.
   void RecordDropped(const std::string& first_name, uint32_t count, const std::string& why);
@@ -154,6 +158,7 @@ class Sender {
   // Writes `entry`'s messages from `from` on, numbering them.
   bool WriteEntry(Stream* stream, Unacked* entry, size_t from);
   bool Admit(uint64_t cost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EnqueueTensorLocked(QueuedTensor tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends to the spill file (creating it); false if it cannot.
   bool SpillLocked(const SpillRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

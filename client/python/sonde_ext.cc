@@ -89,6 +89,11 @@ class PyHook {
   int64_t Step() const { return hook_->step(); }
   int64_t ModeStep() const { return hook_->mode_step(); }
   bool StepMaySave() { return hook_->StepMaySave(); }
+  std::vector<std::string> DueCollections() { return hook_->DueCollections(); }
+  std::vector<std::vector<std::string>> CollectionsOf(const std::vector<std::string>& names) {
+    return hook_->CollectionsOf(names);
+  }
+  uint64_t CollectionsVersion() { return hook_->collections_version(); }
   bool ShouldSave(const std::string& name, const std::vector<std::string>& collections) {
     return hook_->ShouldSave(name, collections);
   }
@@ -240,6 +245,9 @@ PYBIND11_MODULE(_sonde, m) {
       .def("step", &PyHook::Step)
       .def("mode_step", &PyHook::ModeStep)
       .def("step_may_save", &PyHook::StepMaySave, py::call_guard<py::gil_scoped_release>())
+      .def("due_collections", &PyHook::DueCollections)
+      .def("collections_of", &PyHook::CollectionsOf)
+      .def("collections_version", &PyHook::CollectionsVersion)
       .def("should_save", &PyHook::ShouldSave)  // a lookup: not worth releasing the GIL
       .def("save", &PyHook::Save)
       .def("save_many", &PyHook::SaveMany)

@@ -229,6 +229,36 @@ def test_a_second_backward_in_a_step_is_counted_not_sent_twice(collector, caplog
     assert r.job_info().tensors_dropped == 2 * params
 
 
+def test_a_step_saving_weights_and_gradients_hooks_no_module(collector):
+    """A saving step hooks only the modules whose tensors can be saved:
+    with weights and gradients due, PyTorch runs every module of the model
+    on its hook-free path (the registered loss is hooked for "losses");
+    with "outputs" due, every module is hooked."""
+    def forward_hooks(model):
+        return sum(len(m._forward_hooks) for m in model.modules())
+
+    for collections, hooked in ((["weights", "gradients"], False), (["outputs"], True)):
+        torch.manual_seed(4)
+        model = Net()
+        loss_fn = nn.CrossEntropyLoss()
+        job = "plan-" + collections[0]
+        hook = smd.Hook(collector=collector.address, job=job, strict=True,
+                        save_config=smd.SaveConfig(save_interval=1),
+                        include_collections=collections)
+        counts = []
+        train(hook, model, batches(3), loss_fn=loss_fn,
+              on_step=lambda m, loss: counts.append((forward_hooks(m), len(loss_fn._forward_hooks))))
+        hook.close()
+        modules = len(list(model.modules()))
+        assert counts == [(modules if hooked else 0, 1)] * 3, (collections, counts)
+        names = Reader(collector.address, job).names()
+        if hooked:
+            assert "Net_output_0" in names and "fc1_output_0" in names
+        else:
+            assert "gradient/Net_fc1.weight" in names and "Net_fc1.weight" in names
+            assert not [n for n in names if "_output_" in n and "Loss" not in n]
+
+
 def test_save_config_per_mode_and_collection(collector):
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
     hook = smd.Hook(collector=collector.address, job="intervals", strict=True,

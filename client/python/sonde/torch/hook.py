@@ -213,8 +213,12 @@ class Hook:
         self._grad_flush_queued = False
         self._module_names = {}     # id(module) -> smdebug name
         self._module_collections = {}  # id(module) -> [(collection, inputs, outputs)]
-        self._hooked_modules = []   # what a saving step hooks (see _step_modules)
+        self._hooked_modules = []   # what a saving step may hook (see _step_modules)
         self._modules_key = None    # what _hooked_modules was computed from
+        self._weights = {}          # id(model) -> [(name, param)], saved at its forward
+        self._plan_key = None       # what _plan_value was computed from
+        self._plan_value = None     # (modules, gradients?, weights?) of a saving step
+        self._hooked_plan = None    # the plan the step hooks in place follow
         self._tops = set()          # ids of registered top-level modules
         self._losses = []           # registered loss modules
         if profiler is True:
@@ -392,6 +396,8 @@ class Hook:
             self._handles.append(module.register_forward_hook(self._profile_forward_end))
             _watch_dataloaders(self)
         self._watched.extend(module.modules())
+        self._weights[id(module)] = [("%s_%s" % (top, pname), param)
+                                     for pname, param in module.named_parameters()]
         for pname, param in module.named_parameters():
             if param.requires_grad:
                 self._gradients.append(("gradient/%s_%s" % (top, pname), param))
@@ -441,18 +447,66 @@ class Hook:
         self._modules_key = key
         return self._hooked_modules
 
-    def _hook_step(self):
-        """Adds this saving step's forward and gradient hooks."""
-        for m in self._step_modules():
+    def _plan(self):
+        """What this saving step hooks: the modules whose inputs or outputs
+        can be saved, and whether gradients and weights can be. From the
+        collections due now (one call to the C++ hook) and the collections
+        each name belongs to (asked again only when collections change): a
+        step that saves weights and gradients hooks no module, so PyTorch
+        runs every module on its hook-free path. A module counts by its first
+        input's and first output's names (`<m>_input_0`, `<m>_output_0`)."""
+        h = self._native
+        due = frozenset(h.due_collections())
+        modules = self._step_modules()
+        key = (due, h.collections_version(), self._modules_key, self._mode,
+               len(self._gradients), len(self._weights))
+        if key == self._plan_key:
+            return self._plan_value
+
+        def any_due(names):
+            if "all" in due:
+                return True
+            return bool(names) and any(due.intersection(c) for c in h.collections_of(names))
+
+        everything = bool(due & {"all", "inputs", "outputs"})
+        hooked, candidates = [], []
+        for m in modules:
+            extra = self._module_collections.get(id(m), ())
+            if everything or any(c in due for (c, _, _) in extra):
+                hooked.append(m)
+            else:
+                candidates.append(m)
+        if candidates:
+            names = []
+            for m in candidates:
+                n = self._module_names[id(m)]
+                names += [n + "_input_0", n + "_output_0"]
+            members = h.collections_of(names)
+            hooked += [m for k, m in enumerate(candidates)
+                       if due.intersection(members[2 * k]) or due.intersection(members[2 * k + 1])]
+        gradients = self._mode not in (_modes.EVAL, _modes.PREDICT) and \
+            any_due([n for n, _ in self._gradients])
+        weights = any_due([n for ws in self._weights.values() for n, _ in ws])
+        self._plan_key = key
+        self._plan_value = (tuple(hooked), gradients, weights)
+        return self._plan_value
+
+    def _hook_step(self, plan):
+        """Adds the forward and gradient hooks of a saving step's plan; they
+        stay while the next steps save by the same plan."""
+        modules, gradients, _ = plan
+        for m in modules:
             self._step_handles.append(m.register_forward_hook(self._forward_hook))
-        if self._mode not in (_modes.EVAL, _modes.PREDICT):
+        if gradients:
             for name, param in self._gradients:
                 self._step_handles.append(param.register_hook(self._gradient_hook(name)))
+        self._hooked_plan = plan
 
     def _unhook_step(self):
         for handle in self._step_handles:
             handle.remove()
         self._step_handles = []
+        self._hooked_plan = None
 
     def _unhook_all(self):
         """Removes every hook Sonde put on the models, losses and parameters.
@@ -500,25 +554,27 @@ class Hook:
             self._stop_raised = True
             raise StopTrainingRequested(self.stop_action())
         try:
-            if self._step_handles:
-                self._unhook_step()
             h.start_step()
             self._due = h.step_may_save()
             if self._due:
-                self._hook_step()
+                plan = self._plan()
+                if plan is not self._hooked_plan:
+                    self._unhook_step()
+                    self._hook_step(plan)
+            elif self._step_handles:
+                self._unhook_step()
         except Exception as e:  # noqa: BLE001
             self._fail("start_step", e)
             self._unhook_all()
 
     def _forward_pre_hook(self, module, inputs):
         self._start_step()
-        if not self._due:
+        if not self._due or not self._plan_value[2]:
             return
         try:
-            top = self._module_names[id(module)]
-            items, keep = [], []
-            for pname, param in module.named_parameters():
-                self._collect(items, keep, "%s_%s" % (top, pname), param.detach(), [])
+            items, keep, streams = [], [], {}
+            for name, param in self._weights.get(id(module), ()):
+                self._collect_param(items, keep, name, param, streams)
             self._save_items(items)
         except Exception as e:  # noqa: BLE001
             self._fail("saving weights", e)
@@ -547,7 +603,7 @@ class Hook:
             if not self._due or self._disabled or grad is None:
                 return None
             try:
-                self._collect(self._grad_items, self._grad_keep, name, grad.detach(), [])
+                self._collect_param(self._grad_items, self._grad_keep, name, grad, None)
                 if self._grad_items and not self._grad_flush_queued:
                     # Runs when autograd's engine has finished this backward
                     # pass, on the caller's current stream, which the engine
@@ -673,6 +729,38 @@ class Hook:
         else:
             t = t.contiguous()
             items.append((name, t.data_ptr(), dtype, list(t.shape), collections, 0, 0, 0))
+        keep.append(t)  # alive until the native call has copied or enqueued it
+
+    def _collect_param(self, items, keep, name, t, streams):
+        """_collect for weights and gradients, the tensors of every saving
+        step: no should_save call (the C++ hook decides in save_many, and
+        the plan already asked whether these collections are due), no
+        detach (only the pointer is read). `streams` caches each device's
+        current stream for one call (None: set later, as for gradients)."""
+        dtype = _DTYPES.get(t.dtype)
+        if dtype is None:
+            self._log_once("dtype:" + name, "tensor '%s' not saved: dtype %s is not supported"
+                           % (name, t.dtype))
+            return
+        if t.is_sparse:
+            t = t.to_dense()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.is_cuda:
+            if t.dtype not in _CUDA_DTYPES:
+                self._log_once("cuda-dtype:" + name,
+                               "tensor '%s' not saved: %s on a GPU would need a copy to the host "
+                               "that waits for the GPU" % (name, t.dtype))
+                return
+            device = t.device.index or 0
+            stream = 0
+            if streams is not None:
+                stream = streams.get(device)
+                if stream is None:
+                    stream = streams[device] = torch.cuda.current_stream(t.device).cuda_stream
+            items.append((name, t.data_ptr(), dtype, list(t.shape), [], 1, device, stream))
+        else:
+            items.append((name, t.data_ptr(), dtype, list(t.shape), [], 0, 0, 0))
         keep.append(t)  # alive until the native call has copied or enqueued it
 
     def _save_items(self, items):
