@@ -1,12 +1,15 @@
 // gpu_check: for anyone with a GPU. Runs the device conformance cases
-// against the CPU path, then times the fused statistics kernels against a
-// device-to-device copy of the same bytes in the same run, and counts the
-// kernel launches one step of a model of a few hundred tensors takes.
+// against the CPU path; then times the statistics kernels, with and without
+// histograms, through the engine the hook uses (collecting every batch),
+// against a read-only sum over the same bytes and a device-to-device copy,
+// for 1 MiB to 1 GiB of F32, BF16 and F16 and for one training step's
+// batch of 300 tensors (413 MB); and counts the kernel launches of a step.
 //
 //   bazel run -c opt //cuda:gpu_check [-- --device=N --repeats=R]
 //
-// Exit status: 0 all conformance cases pass (or there is no GPU: it says so),
-// 1 a case failed or the device reported an error.
+// Exit status: 0 all conformance cases pass and no enqueue was refused (or
+// there is no GPU: it says so), 1 a case failed, an enqueue was refused or
+// the device reported an error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -24,6 +27,10 @@
 #include "cuda/statistics.h"
 
 namespace sonde {
+
+int LaunchReadSum(const void* data, uint64_t bytes, int32_t dtype, int sms, float* out,
+                  void* stream);
+
 namespace {
 
 struct Flags {
@@ -92,14 +99,16 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Milliseconds of `work` on `stream`, by events, median of `repeats`.
-template <typename Work>
-double TimeOnStream(cudaStream_t stream, int repeats, Work work) {
+// Milliseconds of `work` on `stream`, by events, median of `repeats`;
+// `after` runs after each repeat, untimed (the engine's Collect).
+template <typename Work, typename After>
+double TimeOnStream(cudaStream_t stream, int repeats, Work work, After after) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   work();  // warm-up
   cudaStreamSynchronize(stream);
+  after();
   std::vector<double> ms;
   for (int r = 0; r < repeats; ++r) {
     cudaEventRecord(start, stream);
@@ -109,48 +118,137 @@ double TimeOnStream(cudaStream_t stream, int repeats, Work work) {
     float t = 0;
     cudaEventElapsedTime(&t, start, stop);
     ms.push_back(t);
+    after();
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return Median(ms);
 }
 
-void Bandwidth(const Flags& flags) {
+const char* DTypeLabel(v1::DType d) {
+  return d == v1::DTYPE_F32 ? "F32" : d == v1::DTYPE_BF16 ? "BF16" : "F16";
+}
+
+// Times statistics batches through the engine the hook uses, collecting
+// every batch (a batch slot comes back only through Collect) and counting
+// refusals and device errors, which make gpu_check fail.
+class StatsTimer {
+ public:
+  StatsTimer(DeviceStats& engine, cudaStream_t stream, int repeats, int* problems)
+      : engine_(engine), stream_(stream), repeats_(repeats), problems_(problems) {}
+
+  double Time(const std::vector<DeviceTensorRef>& refs) {
+    return TimeOnStream(
+        stream_, repeats_,
+        [&] {
+          absl::StatusOr<uint64_t> t = engine_.EnqueueStats(refs, stream_);
+          if (!t.ok()) {
+            ++*problems_;
+            std::printf("ERROR enqueue refused: %s\n", t.status().ToString().c_str());
+          }
+        },
+        [&] {
+          if (!engine_.Drain().ok()) ++*problems_;
+          for (const DeviceCompletion& c : engine_.Collect()) {
+            if (!c.status.ok()) {
+              ++*problems_;
+              std::printf("ERROR device: %s\n", c.status.ToString().c_str());
+            }
+          }
+        });
+  }
+
+ private:
+  DeviceStats& engine_;
+  cudaStream_t stream_;
+  int repeats_;
+  int* problems_;
+};
+
+// Statistics (and with histograms) against a read-only sum over the same
+// bytes, and a device-to-device copy with its bytes counted once and as
+// read + write traffic. Returns the refusals and errors seen.
+int Bandwidth(const Flags& flags, int sms) {
+  int problems = 0;
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   DeviceStatsOptions options;
   options.device = flags.device;
+  options.slot_bytes = 16u << 20;
   absl::StatusOr<std::unique_ptr<DeviceStats>> engine = DeviceStats::Create(options);
-  if (!engine.ok()) return;
-  for (uint64_t mb : {64, 256}) {
-    const uint64_t bytes = mb << 20;
-    void* src = nullptr;
-    void* dst = nullptr;
-    if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) {
-      std::printf("bandwidth: cannot allocate 2 x %llu MiB\n", static_cast<unsigned long long>(mb));
-      break;
-    }
-    cudaMemset(src, 0x3c, bytes);  // finite F32 values
-    const double copy_ms = TimeOnStream(stream, flags.repeats, [&] {
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
-    });
-    for (bool hist : {false, true}) {
-      DeviceTensorRef ref{src, v1::DTYPE_F32, bytes / 4, hist};
-      const double stats_ms = TimeOnStream(stream, flags.repeats, [&] {
-        if (!(*engine)->EnqueueStats({&ref, 1}, stream).ok()) std::printf("enqueue refused\n");
-      });
-      (*engine)->Drain().IgnoreError();
-      (*engine)->Collect();
-      const double copy_gbs = bytes / copy_ms / 1e6;
-      const double stats_gbs = bytes / stats_ms / 1e6;
-      std::printf("%4llu MiB F32 %-22s %8.1f GB/s   d2d copy %8.1f GB/s   stats/copy = %.2f\n",
-                  static_cast<unsigned long long>(mb), hist ? "statistics+histogram" : "statistics",
-                  stats_gbs, copy_gbs, stats_gbs / copy_gbs);
-    }
-    cudaFree(src);
-    cudaFree(dst);
+  if (!engine.ok()) {
+    std::printf("bandwidth: cannot create the engine: %s\n", engine.status().ToString().c_str());
+    return 1;
   }
+  StatsTimer timer(**engine, stream, flags.repeats, &problems);
+  const uint64_t largest = uint64_t{1} << 30;
+  void* src = nullptr;
+  void* dst = nullptr;
+  float* sum = nullptr;
+  if (cudaMalloc(&src, largest) != cudaSuccess || cudaMalloc(&dst, largest) != cudaSuccess ||
+      cudaMalloc(reinterpret_cast<void**>(&sum), sizeof(float)) != cudaSuccess) {
+    std::printf("bandwidth: cannot allocate 2 GiB\n");
+    return 1;
+  }
+  cudaMemset(src, 0x3c, largest);  // finite values in every dtype
+  auto read_ms = [&](const void* p, uint64_t bytes, v1::DType dtype) {
+    return TimeOnStream(
+        stream, flags.repeats,
+        [&] {
+          if (LaunchReadSum(p, bytes, static_cast<int32_t>(dtype), sms, sum, stream) != 0) {
+            ++problems;
+          }
+        },
+        [] {});
+  };
+  std::printf("\nbandwidth (GB/s of the tensor's bytes; ratios to the read-only sum in the same "
+              "run; the copy counted once and as read + write traffic)\n");
+  std::printf("%9s %5s %10s %10s %10s %7s %7s %10s %10s\n", "size", "dtype", "stats", "stats+hist",
+              "read sum", "s/read", "h/read", "copy 1x", "copy r+w");
+  for (v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_F16}) {
+    for (uint64_t mib : {1, 4, 16, 64, 256, 1024}) {
+      const uint64_t bytes = mib << 20;
+      const uint64_t count = bytes / (dtype == v1::DTYPE_F32 ? 4 : 2);
+      DeviceTensorRef plain{src, dtype, count, false};
+      DeviceTensorRef hist{src, dtype, count, true};
+      const double stats = bytes / timer.Time({plain}) / 1e6;
+      const double with_hist = bytes / timer.Time({hist}) / 1e6;
+      const double read = bytes / read_ms(src, bytes, dtype) / 1e6;
+      const double copy = bytes / TimeOnStream(stream, flags.repeats, [&] {
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+      }, [] {}) / 1e6;
+      std::printf("%5llu MiB %5s %10.1f %10.1f %10.1f %7.2f %7.2f %10.1f %10.1f\n",
+                  static_cast<unsigned long long>(mib), DTypeLabel(dtype), stats, with_hist, read,
+                  stats / read, with_hist / read, copy, 2 * copy);
+    }
+  }
+  // One training step's batch: 150 weights [672, 1024] and 150 biases [1024]
+  // of F32 (300 tensors, 413 MB) carved from one buffer, whose read-only sum
+  // is the baseline.
+  std::vector<DeviceTensorRef> step, step_hist;
+  uint64_t offset = 0;
+  for (int layer = 0; layer < 150; ++layer) {
+    for (uint64_t n : {uint64_t{672} * 1024, uint64_t{1024}}) {
+      const void* p = static_cast<const char*>(src) + offset * 4;
+      step.push_back({p, v1::DTYPE_F32, n, false});
+      step_hist.push_back({p, v1::DTYPE_F32, n, true});
+      offset += n;
+    }
+  }
+  const uint64_t step_bytes = offset * 4;
+  const double stats = step_bytes / timer.Time(step) / 1e6;
+  const double with_hist = step_bytes / timer.Time(step_hist) / 1e6;
+  const double read = step_bytes / read_ms(src, step_bytes, v1::DTYPE_F32) / 1e6;
+  std::printf("step batch: %zu F32 tensors, %.0f MB: statistics %.1f GB/s, with histograms %.1f "
+              "GB/s, read sum %.1f GB/s: s/read %.2f, h/read %.2f\n",
+              step.size(), step_bytes / 1e6, stats, with_hist, read, stats / read,
+              with_hist / read);
+  cudaFree(src);
+  cudaFree(dst);
+  cudaFree(sum);
   cudaStreamDestroy(stream);
+  if (problems > 0) std::printf("bandwidth: %d enqueues refused or device errors\n", problems);
+  return problems;
 }
 
 void Launches(const Flags& flags) {
@@ -204,8 +302,8 @@ int main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, flags.device);
   std::printf("gpu_check: device %d: %s (sm_%d%d, %d SMs)\n", flags.device, prop.name, prop.major,
               prop.minor, prop.multiProcessorCount);
-  const int status = sonde::Conformance(flags);
-  sonde::Bandwidth(flags);
+  const int conformance = sonde::Conformance(flags);
+  const int problems = sonde::Bandwidth(flags, prop.multiProcessorCount);
   sonde::Launches(flags);
-  return status;
+  return conformance != 0 || problems != 0 ? 1 : 0;
 }
