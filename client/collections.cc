@@ -12,13 +12,8 @@ bool AlwaysValues(const std::string& c) {
   return c == "losses" || c == "metrics" || c == "scalars";
 }
 
-absl::StatusOr<std::shared_ptr<std::regex>> Compile(const std::string& pattern) {
-  try {
-    return std::make_shared<std::regex>(pattern, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("include_regex '", pattern, "' is not a valid regex: ", e.what()));
-  }
+absl::StatusOr<Pattern> Compile(const std::string& pattern) {
+  return Pattern::Compile(pattern, "include_regex");
 }
 
 }  // namespace
@@ -34,17 +29,31 @@ absl::StatusOr<CollectionSet> CollectionSet::Create(const HookConfig& config) {
     absl::Status s = config.reduction_config->Validate();
     if (!s.ok()) return s;
   }
-  const std::pair<const char*, const char*> builtins[] = {
-      {"weights", "^(?!gradient).*weight"},
-      {"biases", "^(?!gradient).*bias"},
-      {"gradients", "^gradient"},
-      {"losses", "[Ll]oss_(?!input).*output"},
-      {"all", ".*"},
+  // smdebug's built-in patterns, whose lookaheads RE2 does not have, as a
+  // pattern and an exclusion: "^(?!gradient).*weight" is "weight" but not
+  // "^gradient"; "[Ll]oss_(?!input).*output" is "[Ll]oss_.*output" but not
+  // "[Ll]oss_input".
+  const struct {
+    const char* name;
+    const char* include;
+    const char* exclude;
+  } builtins[] = {
+      {"weights", "weight", "^gradient"},
+      {"biases", "bias", "^gradient"},
+      {"gradients", "^gradient", nullptr},
+      {"losses", "[Ll]oss_.*output", "[Ll]oss_input"},
+      {"all", "", nullptr},
   };
-  for (const auto& [name, pattern] : builtins) {
-    auto re = Compile(pattern);
+  for (const auto& b : builtins) {
+    auto re = Compile(b.include);
     if (!re.ok()) return re.status();
-    set.Get(name).regexes.push_back(*re);
+    Collection& c = set.Get(b.name);
+    c.regexes.push_back(*re);
+    if (b.exclude != nullptr) {
+      auto ex = Compile(b.exclude);
+      if (!ex.ok()) return ex.status();
+      c.excludes.push_back(*ex);
+    }
   }
   for (const char* name : {"metrics", "inputs", "outputs", "scalars", "default"}) {
     set.Get(name);
@@ -144,9 +153,12 @@ const std::vector<std::string>& CollectionSet::Members(const std::string& tensor
   for (const auto& [name, c] : collections_) {
     if (name == "all") continue;  // membership of "all" is implicit
     bool in = c.tensors.count(tensor) > 0;
-    for (const auto& re : c.regexes) {
+    for (const Pattern& re : c.regexes) {
       if (in) break;
-      in = std::regex_search(tensor, *re);
+      in = re.Search(tensor);
+    }
+    for (const Pattern& ex : c.excludes) {
+      if (in && ex.Search(tensor) && c.tensors.count(tensor) == 0) in = false;
     }
     if (in) members.push_back(name);
   }

@@ -17,12 +17,12 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/pattern.h"
 #include "client/save_config.h"
 #include "proto/rule.pb.h"
 
@@ -87,7 +87,8 @@ class CollectionSet {
 
  private:
   struct Collection {
-    std::vector<std::shared_ptr<std::regex>> regexes;
+    std::vector<Pattern> regexes;
+    std::vector<Pattern> excludes;  // names the regexes match that are not members
     std::set<std::string> tensors;
     std::optional<SaveConfig> save_config;
     std::optional<ReductionConfig> reduction_config;

@@ -93,7 +93,7 @@ class QueryClient {
   // `worker`'s when it is >= 0 (filtered here: the RPC lists every worker).
   absl::StatusOr<std::vector<v1::WorkerMetrics>> ListMetrics(const std::string& job,
                                                              int32_t worker = -1);
-  // Series of the metrics named in `names` or where `regex` (ECMAScript,
+  // Series of the metrics named in `names` or where `regex` (RE2 syntax,
   // matched by the collector) finds a match; both empty: every metric.
   // `worker` -1: every worker. `max_points` 0: the collector's limit.
   absl::StatusOr<MetricsRead> ReadMetrics(const std::string& job,

@@ -60,7 +60,7 @@ ABSL_FLAG(std::string, tensor, "", "tensor name");
 ABSL_FLAG(std::string, collection, "", "only tensors in this collection");
 ABSL_FLAG(std::string, regex, "",
           "tensors: only tensors whose name matches; metrics: only metrics where this "
-          "ECMAScript regex finds a match");
+          "RE2 pattern finds a match");
 ABSL_FLAG(std::string, names, "",
           "metrics: only these metrics, comma-separated (with --regex: these and the "
           "matches)");

@@ -4,7 +4,7 @@
 # Prints executions, exec/s and coverage per target; exits non-zero if any
 # fuzzer found a crash, a leak, a timeout or a violated property.
 #
-#   deploy/fuzz.sh                 30 s per target (chunks, keys, ingest)
+#   deploy/fuzz.sh                 30 s per target (chunks, keys, ingest, patterns)
 #   deploy/fuzz.sh 1200 ingest     a long run of one target
 #
 # The build uses an output base of its own ($SONDE_FUZZ_OUTPUT_BASE, default
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(chunks keys ingest); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(chunks keys ingest patterns); fi
 
 for tool in clang clang++; do
   if ! command -v "$tool" >/dev/null; then

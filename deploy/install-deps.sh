@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap bazel-platforms g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  librocksdb-dev libabsl-dev libgoogle-glog-dev libgflags-dev nlohmann-json3-dev
+  librocksdb-dev libabsl-dev libre2-dev libgoogle-glog-dev libgflags-dev nlohmann-json3-dev
   libcurl4-openssl-dev python3-grpcio python3-protobuf python3-numpy
   python3-dev pybind11-dev python3-torch python3-pytest python3-sklearn python3-matplotlib
   libgtest-dev libgmock-dev libbenchmark-dev

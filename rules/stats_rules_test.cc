@@ -499,7 +499,7 @@ TEST(AllZero, RequiresCollectionNamesOrTensorRegexAndAPercentage) {
   EXPECT_THAT(Create("AllZero", {{"tensor_regex", "w"}, {"threshold", "0"}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "(0, 100]"));
   EXPECT_THAT(Create("AllZero", {{"tensor_regex", "(w"}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, "not a valid regex"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a valid RE2 pattern"));
 }
 
 TEST(AllZero, FiresOnTheGradientsOfANetworkWhoseReLUsAreAllDead) {
@@ -742,7 +742,7 @@ TEST(Overfit, RejectsBadParameters) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "Overfit: ratio_threshold=-0.5 must be at least 0"));
   EXPECT_THAT(Create("Overfit", {{"tensor_regex", "("}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, "not a valid regex"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a valid RE2 pattern"));
 }
 
 // ===========================================================================
@@ -961,7 +961,7 @@ TEST(PoorWeightInitialization, RejectsBadParameters) {
   EXPECT_THAT(Create("PoorWeightInitialization", {{"patience", "0"}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "patience=0 must be at least 1"));
   EXPECT_THAT(Create("PoorWeightInitialization", {{"activation_inputs_regex", "*relu"}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, "not a valid regex"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a valid RE2 pattern"));
 }
 
 // ===========================================================================
@@ -1085,7 +1085,7 @@ TEST(GradientFlow, RejectsBadParameters) {
   EXPECT_THAT(Create("GradientFlow", {{"min_first_norm", "-1"}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "min_first_norm at least 0"));
   EXPECT_THAT(Create("GradientFlow", {{"first_layer_regex", "["}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, "not a valid regex"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a valid RE2 pattern"));
 }
 
 // ===========================================================================

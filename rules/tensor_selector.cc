@@ -11,13 +11,9 @@ absl::StatusOr<TensorSelector> TensorSelector::Create(std::vector<std::string> c
   TensorSelector s;
   s.collections_ = std::move(collections);
   if (!regex.empty()) {
-    // std::regex reports bad patterns by throwing; contain it here.
-    try {
-      s.regex_ = std::make_shared<std::regex>(regex, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor_regex '", regex, "' is not a valid regex: ", e.what()));
-    }
+    absl::StatusOr<Pattern> p = Pattern::Compile(regex, "tensor_regex");
+    if (!p.ok()) return p.status();
+    s.regex_ = std::move(*p);
   }
   return s;
 }
@@ -34,18 +30,15 @@ bool TensorSelector::InCollections(const v1::TensorRecord& record) const {
 
 bool TensorSelector::MatchesUncached(const v1::TensorRecord& record) const {
   if (empty() || InCollections(record)) return true;
-  return regex_ && std::regex_search(record.tensor_name(), *regex_);
+  return regex_.has_value() && regex_->Search(record.tensor_name());
 }
 
 bool TensorSelector::Matches(const v1::TensorRecord& record) {
   if (empty() || InCollections(record)) return true;
-  if (regex_) {
+  if (regex_.has_value()) {
     auto it = regex_cache_.find(record.tensor_name());
     if (it == regex_cache_.end()) {
-      it = regex_cache_
-               .emplace(record.tensor_name(),
-                        std::regex_search(record.tensor_name(), *regex_))
-               .first;
+      it = regex_cache_.emplace(record.tensor_name(), regex_->Search(record.tensor_name())).first;
     }
     return it->second;
   }

@@ -3,7 +3,7 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <regex>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -13,6 +13,7 @@
 #include "common/crc32c.h"
 #include "common/dtype.h"
 #include "common/grpc_status.h"
+#include "common/pattern.h"
 #include "common/status_macros.h"
 #include "server/report/report.h"
 #include "server/retention.h"
@@ -39,16 +40,13 @@ absl::StatusOr<v1::JobInfo> FindJob(storage::Store* store, const std::string& jo
   return store->GetJob(job);
 }
 
-// A request's ECMAScript regex; null for an empty pattern, InvalidArgument
-// naming the pattern when it does not compile. Shared so a ReadMetrics
-// filter can outlive the call that made it.
-absl::StatusOr<std::shared_ptr<const std::regex>> CompileRegex(const std::string& pattern) {
-  if (pattern.empty()) return std::shared_ptr<const std::regex>();
-  try {
-    return std::make_shared<const std::regex>(pattern, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("regex '", pattern, "': ", e.what()));
-  }
+// A request's pattern (RE2, common/pattern.h); none for an empty one,
+// InvalidArgument naming the pattern when it does not compile.
+absl::StatusOr<std::optional<Pattern>> CompileRegex(const std::string& pattern) {
+  if (pattern.empty()) return std::optional<Pattern>();
+  absl::StatusOr<Pattern> p = Pattern::Compile(pattern, "regex");
+  if (!p.ok()) return p.status();
+  return std::optional<Pattern>(std::move(*p));
 }
 
 // Resolves (step, mode) as smdebug's value(step, mode) does: a mode step for
@@ -124,7 +122,7 @@ grpc::Status QueryService::GetJob(grpc::ServerContext*, const v1::GetJobRequest*
   return grpc::Status::OK;
 }
 
-grpc::Status QueryService::ListTensors(grpc::ServerContext*,
+grpc::Status QueryService::ListTensors(grpc::ServerContext* context,
                                        const v1::ListTensorsRequest* request,
                                        v1::ListTensorsResponse* response) {
   auto job = FindJob(store_, request->job());
@@ -133,13 +131,18 @@ grpc::Status QueryService::ListTensors(grpc::ServerContext*,
   if (!regex.ok()) return ToGrpcStatus(regex.status());
   auto tensors = store_->ListTensors(job->job_id());
   if (!tensors.ok()) return ToGrpcStatus(tensors.status());
+  size_t seen = 0;
   for (auto& t : *tensors) {
+    // Work for a client that has gone stops (checked every 1024 names).
+    if (++seen % 1024 == 0 && context->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled ListTensors");
+    }
     if (!request->collection().empty() &&
         std::find(t.collections().begin(), t.collections().end(), request->collection()) ==
             t.collections().end()) {
       continue;
     }
-    if (*regex != nullptr && !std::regex_search(t.name(), **regex)) continue;
+    if (regex->has_value() && !(*regex)->Search(t.name())) continue;
     *response->add_tensors() = std::move(t);
   }
   return grpc::Status::OK;
@@ -168,8 +171,8 @@ grpc::Status QueryService::ReadMetrics(grpc::ServerContext*,
   auto regex = CompileRegex(request->regex());
   if (!regex.ok()) return ToGrpcStatus(regex.status());
   std::function<bool(const std::string&)> keep;
-  if (*regex != nullptr) {
-    keep = [regex = *regex](const std::string& name) { return std::regex_search(name, *regex); };
+  if (regex->has_value()) {
+    keep = [regex = **regex](const std::string& name) { return regex.Search(name); };
   }
   const std::vector<std::string> names(request->names().begin(), request->names().end());
   const size_t max_points =

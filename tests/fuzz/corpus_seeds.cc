@@ -14,6 +14,7 @@
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/ingest_fuzz.h"
 #include "tests/fuzz/keys_fuzz.h"
+#include "tests/fuzz/patterns_fuzz.h"
 
 namespace sonde::fuzz {
 namespace {
@@ -369,6 +370,28 @@ std::vector<Seed> MakeIngestSeeds() {
 }  // namespace
 
 std::vector<Seed> ChunkSeeds() { return MakeChunkSeeds(); }
+std::vector<Seed> PatternSeeds() {
+  auto seed = [](const std::string& pattern, const std::vector<std::string>& names) {
+    std::string s;
+    AppendRecord(s, kPatternRecord, pattern);
+    for (const std::string& n : names) AppendRecord(s, 1, n);
+    return s;
+  };
+  const std::vector<std::string> names = {"Net_fc1.weight", "gradient/Net_fc1.weight",
+                                          "CrossEntropyLoss_output_0", "relu_output_0"};
+  return {
+      {"seed-plain", seed("fc1", names)},
+      {"seed-anchored-class", seed("^gradient/.*fc[0-9]\\.weight$", names)},
+      {"seed-alternation", seed("relu_output|[Ll]oss_.*output", names)},
+      {"seed-backtracking", seed("(t*)*x", {std::string(1024, 't'), "ttx"})},
+      {"seed-nested", seed(std::string(500, '(') + "a" + std::string(500, ')'), {"xa", "b"})},
+      {"seed-lookahead-refused", seed("^(?!gradient).*weight", names)},
+      {"seed-bad-syntax", seed("fc[1-", names)},
+      {"seed-too-large", seed("\\pL{1000}\\pL{1000}\\pL{1000}", names)},
+      {"seed-two-patterns", seed("bias", names) + seed("^$", {"", "x"})},
+  };
+}
+
 std::vector<Seed> KeySeeds() { return MakeKeySeeds(); }
 std::vector<Seed> IngestSeeds() { return MakeIngestSeeds(); }
 
@@ -377,6 +400,7 @@ const std::vector<FuzzTarget>& FuzzTargets() {
       {"chunks", &FuzzTensorChunks, &ChunkSeeds},
       {"keys", &FuzzStorageKeys, &KeySeeds},
       {"ingest", &FuzzIngestSession, &IngestSeeds},
+      {"patterns", &FuzzPatterns, &PatternSeeds},
   };
   return *targets;
 }

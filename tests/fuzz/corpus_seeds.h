@@ -28,8 +28,9 @@ struct FuzzTarget {
 std::vector<Seed> ChunkSeeds();
 std::vector<Seed> KeySeeds();
 std::vector<Seed> IngestSeeds();
+std::vector<Seed> PatternSeeds();
 
-// "chunks", "keys" and "ingest".
+// "chunks", "keys", "ingest" and "patterns".
 const std::vector<FuzzTarget>& FuzzTargets();
 
 }  // namespace sonde::fuzz
