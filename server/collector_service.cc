@@ -4,14 +4,16 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/rpc_metrics.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "glog/logging.h"
 
 namespace sonde::server {
 
-class IngestReactor final
-    : public grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>,
-      public StreamHandle {
+class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                            public StreamHandle {
  public:
   IngestReactor(CollectorService* service)
       : service_(service), session_(service->registry_, service->limits_) {}
@@ -31,6 +33,18 @@ class IngestReactor final
       FinishOnce(grpc::Status::OK);
       return;
     }
+    ++received_;
+    if (!Parse()) {
+      const grpc::Status refused(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("message ", received_, " of the stream (", raw_bytes_,
+                       " bytes) is not a sonde.v1.ClientMessage: garbage, a truncated "
+                       "message or a string field that is not UTF-8"));
+      LOG(WARNING) << "ending stream: " << refused.error_message();
+      AfterStorage(refused);
+      return;
+    }
+    metrics_.Received(in_, raw_bytes_);
     auto next = session_.OnMessage(in_);
     if (!next.ok()) {
       LOG(WARNING) << "ending stream: " << next.status();
@@ -102,9 +116,16 @@ class IngestReactor final
   }
 
   void Send(const v1::ServerMessage& message) override {
+    grpc::ByteBuffer buffer;
+    bool own = false;
+    if (!grpc::SerializationTraits<v1::ServerMessage>::Serialize(message, &buffer, &own).ok()) {
+      LOG(ERROR) << "cannot serialize a server message";
+      return;
+    }
     absl::MutexLock lock(&mu_);
     if (finishing_) return;
-    out_.push_back(message);
+    metrics_.Sent(message);
+    out_.push_back(std::move(buffer));
     if (!writing_) {
       writing_ = true;
       StartWrite(&out_.front());
@@ -153,7 +174,7 @@ class IngestReactor final
     } else if (deferred_finish_.has_value()) {
       FinishLocked(std::move(*deferred_finish_));
     } else if (!finishing_) {
-      StartRead(&in_);
+      StartRead(&raw_in_);
     }
   }
 
@@ -177,18 +198,29 @@ class IngestReactor final
   }
 
  private:
+  // The message just read, from raw_in_ into in_.
+  bool Parse() {
+    raw_bytes_ = raw_in_.Length();
+    in_.Clear();
+    return grpc::SerializationTraits<v1::ClientMessage>::Deserialize(&raw_in_, &in_).ok();
+  }
+
   void Read() {
     absl::MutexLock lock(&mu_);
     if (finishing_) return;
-    StartRead(&in_);
+    StartRead(&raw_in_);
   }
 
   CollectorService* const service_;
   const TokenGrant* grant_ = nullptr;
   IngestSession session_;
+  grpc::ByteBuffer raw_in_;
   v1::ClientMessage in_;
+  uint64_t received_ = 0;  // messages read (the reactor reads one at a time)
+  size_t raw_bytes_ = 0;   // of the last one
+  IngestStreamMetrics metrics_;
   absl::Mutex mu_;
-  std::deque<v1::ServerMessage> out_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -197,7 +229,7 @@ class IngestReactor final
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
-grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* CollectorService::Stream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CollectorService::Stream(
     grpc::CallbackServerContext* context) {
   auto* reactor = new IngestReactor(this);
   bool closing;

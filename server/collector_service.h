@@ -3,7 +3,10 @@
 // IngestSession; storage work runs on the storage pool, never on gRPC's
 // threads. At most one read and one write are in flight per stream, and a
 // stream does not read on while its step is being committed: backpressure
-// reaches the client. Thread-safe.
+// reaches the client. Messages are read as raw bytes and parsed here, so a
+// message that does not parse (garbage, a truncated protobuf, invalid UTF-8
+// in a string) ends the stream with INVALID_ARGUMENT saying so, instead of
+// looking like the client's half-close. Thread-safe.
 #ifndef SONDE_SERVER_COLLECTOR_SERVICE_H_
 #define SONDE_SERVER_COLLECTOR_SERVICE_H_
 
@@ -21,7 +24,8 @@ namespace sonde::server {
 
 class IngestReactor;
 
-class CollectorService final : public v1::Collector::CallbackService {
+class CollectorService final
+    : public v1::Collector::WithRawCallbackMethod_Stream<v1::Collector::Service> {
  public:
   // `tokens` non-null: a stream needs a known bearer token, and its hello's
   // job needs the token's write right (server/auth.h). Not owned.
@@ -29,7 +33,7 @@ class CollectorService final : public v1::Collector::CallbackService {
                    const TokenTable* tokens = nullptr)
       : registry_(registry), storage_pool_(storage_pool), limits_(limits), tokens_(tokens) {}
 
-  grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Stream(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
       grpc::CallbackServerContext* context) override;
 
   // Ends every open stream with UNAVAILABLE (collector shutting down) and

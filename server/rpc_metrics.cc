@@ -107,6 +107,13 @@ struct IngestMetrics {
   }
 };
 
+const IngestMetrics& Ingest() {
+  static const IngestMetrics* const m = new IngestMetrics();
+  return *m;
+}
+
+// Streams open and how they ended. (The stream's messages are raw bytes
+// here: IngestStreamMetrics counts them once the reactor has parsed them.)
 class IngestInterceptor final : public grpc::experimental::Interceptor {
  public:
   explicit IngestInterceptor(const IngestMetrics* m) : m_(m) { m_->streams_open->Increment(); }
@@ -116,29 +123,6 @@ class IngestInterceptor final : public grpc::experimental::Interceptor {
   }
 
   void Intercept(InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE)) {
-      if (const auto* msg = static_cast<const v1::ClientMessage*>(methods->GetRecvMessage())) {
-        const size_t kind = ClientKind(*msg);
-        m_->received[kind]->Increment();
-        m_->received_bytes[kind]->Increment(msg->ByteSizeLong());
-        if (msg->has_step_end()) {
-          step_end_nanos_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
-          step_end_seq_.store(msg->seq(), std::memory_order_release);
-        }
-      }
-    }
-    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
-      if (const auto* msg = static_cast<const v1::ServerMessage*>(methods->GetSendMessage())) {
-        m_->sent[ServerKind(*msg)]->Increment();
-        if (msg->has_ack() && !msg->ack().duplicate() && msg->ack().acked_seq() != 0 &&
-            msg->ack().acked_seq() == step_end_seq_.load(std::memory_order_acquire)) {
-          const int64_t took =
-              absl::GetCurrentTimeNanos() - step_end_nanos_.load(std::memory_order_relaxed);
-          m_->steps_committed->Increment();
-          m_->commit_latency->Observe(static_cast<double>(took) / 1e9);
-        }
-      }
-    }
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       status_sent_.store(true);
       m_->streams_closed->Get({CodeName(methods->GetSendStatus().error_code())})->Increment();
@@ -148,10 +132,6 @@ class IngestInterceptor final : public grpc::experimental::Interceptor {
 
  private:
   const IngestMetrics* const m_;
-  // The last step end received; at most one is waiting for its ack, since a
-  // stream reads nothing while its step commits.
-  std::atomic<uint64_t> step_end_seq_{0};
-  std::atomic<int64_t> step_end_nanos_{0};
   std::atomic<bool> status_sent_{false};
 };
 
@@ -209,13 +189,15 @@ class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFact
  public:
   RpcMetricsFactory()
       : stream_method_(absl::StrCat("/", v1::Collector::service_full_name(), "/Stream")),
-        query_prefix_(absl::StrCat("/", v1::Query::service_full_name(), "/")) {}
+        query_prefix_(absl::StrCat("/", v1::Query::service_full_name(), "/")) {
+    Ingest();  // the ingest metrics exist (at zero) from the start
+  }
 
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
     const char* method = info->method();
     if (method == nullptr) return nullptr;
-    if (stream_method_ == method) return new IngestInterceptor(&ingest_);
+    if (stream_method_ == method) return new IngestInterceptor(&Ingest());
     if (absl::StartsWith(method, query_prefix_)) {
       std::string name(method + query_prefix_.size());
       auto it = query_.duration.find(name);
@@ -228,11 +210,33 @@ class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFact
  private:
   const std::string stream_method_;
   const std::string query_prefix_;
-  const IngestMetrics ingest_;
   const QueryMetrics query_;
 };
 
 }  // namespace
+
+void IngestStreamMetrics::Received(const v1::ClientMessage& msg, size_t bytes) {
+  const IngestMetrics& m = Ingest();
+  const size_t kind = ClientKind(msg);
+  m.received[kind]->Increment();
+  m.received_bytes[kind]->Increment(bytes);
+  if (msg.has_step_end()) {
+    step_end_nanos_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+    step_end_seq_.store(msg.seq(), std::memory_order_release);
+  }
+}
+
+void IngestStreamMetrics::Sent(const v1::ServerMessage& msg) {
+  const IngestMetrics& m = Ingest();
+  m.sent[ServerKind(msg)]->Increment();
+  if (msg.has_ack() && !msg.ack().duplicate() && msg.ack().acked_seq() != 0 &&
+      msg.ack().acked_seq() == step_end_seq_.load(std::memory_order_acquire)) {
+    const int64_t took =
+        absl::GetCurrentTimeNanos() - step_end_nanos_.load(std::memory_order_relaxed);
+    m.steps_committed->Increment();
+    m.commit_latency->Observe(static_cast<double>(took) / 1e9);
+  }
+}
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
 NewRpcMetricsInterceptorFactory() {
