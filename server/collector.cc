@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),
                                                c->rule_factory_.get(), options.default_rules,
                                                options.step_wait, c->webhooks_.get());
+  c->registry_->set_worker_end_timeout(options.worker_end_timeout);
   c->collector_service_ = std::make_unique<CollectorService>(
       c->registry_.get(), c->storage_pool_.get(), options.limits, c->tokens_.get());
   c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get(),

@@ -69,6 +69,10 @@ struct CollectorOptions {
   // How long a step waits for every connected worker before the rules
   // judge it with what arrived. Default 60 s.
   absl::Duration step_wait = absl::Seconds(60);
+  // A job with no worker connected for this long ends although some of its
+  // world_size workers never sent their job end (they crashed, say).
+  // Zero: never (the job waits, DISCONNECTED, for them to come back).
+  absl::Duration worker_end_timeout = absl::ZeroDuration();
   // Webhook deliveries: attempts, backoff, timeout, queue.
   WebhookNotifierOptions webhooks;
   // Threads committing steps to RocksDB. Default 2.

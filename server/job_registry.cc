@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/names.h"
@@ -64,8 +66,9 @@ struct JobRegistry::LiveJob {
   std::map<int32_t, StreamHandle*> streams;  // connected workers
   std::map<int32_t, uint64_t> stream_client;  // their Hello.client_id
   std::map<int32_t, int64_t> last_step;      // last committed global step per connected worker
-  std::set<int32_t> joined;
-  std::set<int32_t> ended;
+  // When the last connected worker left (streams empty), for
+  // worker_end_timeout_.
+  absl::Time disconnected_since = absl::InfiniteFuture();
   std::map<int64_t, rules::StepData> pending;  // committed, not yet complete
   std::map<int64_t, absl::Time> pending_since;   // when each pending step first arrived
   int64_t delivered_through = -1;                // last step handed to the rules
@@ -85,6 +88,22 @@ int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
 bool IsFinished(v1::JobStatus s) {
   return s == v1::JOB_STATUS_FINISHED || s == v1::JOB_STATUS_STOPPED;
+}
+
+// Every one of world_size workers has sent its job end (the list is in the
+// job record, so this holds across collector restarts).
+bool AllWorkersEnded(const v1::JobInfo& info) {
+  std::set<int32_t> ended(info.ended_workers().begin(), info.ended_workers().end());
+  return static_cast<int64_t>(ended.size()) >= std::max(info.world_size(), 1);
+}
+
+std::vector<int32_t> WorkersNotEnded(const v1::JobInfo& info) {
+  std::set<int32_t> ended(info.ended_workers().begin(), info.ended_workers().end());
+  std::vector<int32_t> out;
+  for (int32_t w = 0; w < info.world_size(); ++w) {
+    if (ended.count(w) == 0) out.push_back(w);
+  }
+  return out;
 }
 
 }  // namespace
@@ -127,6 +146,18 @@ void JobRegistry::TickLoop() {
       absl::MutexLock commit(&job->commit_mu);
       absl::MutexLock lock(&mu_);
       if (job->runner == nullptr) continue;
+      if (worker_end_timeout_ > absl::ZeroDuration() && job->streams.empty() &&
+          job->info.status() == v1::JOB_STATUS_DISCONNECTED &&
+          now - job->disconnected_since >= worker_end_timeout_) {
+        const std::string reason = absl::StrCat(
+            "workers ", absl::StrJoin(WorkersNotEnded(job->info), ","),
+            " never sent their job end; ended after ", absl::FormatDuration(worker_end_timeout_),
+            " with no worker connected (--worker_end_timeout)");
+        LOG(WARNING) << "job '" << job->info.job() << "': " << reason;
+        job->info.set_end_reason(reason);
+        MaybeEndJobLocked(*job);
+        continue;
+      }
       if (job->info.status() == v1::JOB_STATUS_RUNNING) job->runner->Tick(now);
       while (!job->pending.empty() &&
              now - job->pending_since[job->pending.begin()->first] >= step_wait_) {
@@ -142,6 +173,11 @@ void JobRegistry::TickLoop() {
       }
     }
   }
+}
+
+void JobRegistry::set_worker_end_timeout(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  worker_end_timeout_ = timeout;
 }
 
 void JobRegistry::DeliverStep(LiveJob& job, std::vector<int32_t> missing) {
@@ -297,8 +333,12 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
   auto stored = job->info.worker_last_step().find(hello.worker());
   job->last_step[hello.worker()] =
       stored == job->info.worker_last_step().end() ? -1 : stored->second;
-  job->joined.insert(hello.worker());
-  job->ended.erase(hello.worker());
+  {
+    // A worker that comes back has not ended any more.
+    auto* ended = job->info.mutable_ended_workers();
+    ended->erase(std::remove(ended->begin(), ended->end(), hello.worker()), ended->end());
+  }
+  job->disconnected_since = absl::InfiniteFuture();
   auto& workers = *job->info.mutable_workers();
   if (std::find(workers.begin(), workers.end(), hello.worker()) == workers.end()) {
     job->info.add_workers(hello.worker());
@@ -388,9 +428,10 @@ void JobRegistry::Leave(const std::string& job_name, int32_t worker, StreamHandl
   job->last_step.erase(worker);
   DeliverCompleteSteps(*job);
   if (job->streams.empty() && job->info.status() == v1::JOB_STATUS_RUNNING) {
-    if (job->ended.size() == job->joined.size()) {
+    if (AllWorkersEnded(job->info)) {
       MaybeEndJobLocked(*job);
     } else {
+      job->disconnected_since = absl::Now();
       job->info.set_status(v1::JOB_STATUS_DISCONNECTED);
       absl::Status s = store_->PutJob(job->info);
       if (!s.ok()) LOG(ERROR) << "job '" << job_name << "': " << s;
@@ -548,14 +589,20 @@ absl::Status JobRegistry::EndJob(const std::string& job_name, int32_t worker,
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
   absl::MutexLock commit(&job->commit_mu);
   absl::MutexLock lock(&mu_);
-  job->ended.insert(worker);
+  auto* ended = job->info.mutable_ended_workers();
+  if (std::find(ended->begin(), ended->end(), worker) == ended->end()) {
+    job->info.add_ended_workers(worker);
+    std::sort(ended->begin(), ended->end());
+  }
   if (!reason.empty()) job->info.set_end_reason(reason);
   if (steps_dropped > 0) {
     job->info.set_steps_dropped(job->info.steps_dropped() + steps_dropped);
-    absl::Status s = store_->PutJob(job->info);
-    if (!s.ok()) LOG(ERROR) << "job '" << job_name << "': " << s;
   }
-  if (job->ended.size() == job->joined.size()) MaybeEndJobLocked(*job);
+  // Stored before the job end is acknowledged: which workers ended must
+  // survive a collector restart, or the job would wait for them again.
+  absl::Status s = store_->PutJob(job->info);
+  if (!s.ok()) return s;
+  if (AllWorkersEnded(job->info)) MaybeEndJobLocked(*job);
   return absl::OkStatus();
 }
 
@@ -797,8 +844,7 @@ absl::Status JobRegistry::Forget(const std::string& job_name,
     job->streams.clear();
     job->stream_client.clear();
     job->last_step.clear();
-    job->joined.clear();
-    job->ended.clear();
+    job->disconnected_since = absl::InfiniteFuture();
     job->pending.clear();
     job->pending_since.clear();
     job->delivered_through = -1;

@@ -74,6 +74,10 @@ class JobRegistry {
   absl::StatusOr<JoinResult> Join(const v1::Hello& hello, StreamHandle* stream);
   // The worker's stream ended (cleanly or not).
   void Leave(const std::string& job, int32_t worker, StreamHandle* stream);
+  // A job none of whose workers is connected for this long ends (FINISHED,
+  // its end reason naming the workers that never sent their job end).
+  // Zero (the default): such a job waits for its workers indefinitely.
+  void set_worker_end_timeout(absl::Duration timeout);
 
   // Stores one worker's step (one WriteBatch, with the job record updated)
   // and, once every connected worker has committed it, hands the step to
@@ -171,6 +175,7 @@ class JobRegistry {
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration worker_end_timeout_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::thread ticker_;
 
   absl::Mutex external_mu_;  // serialises PostExternalResult's read-modify-write

@@ -48,6 +48,9 @@ ABSL_FLAG(uint64_t, max_step_bytes, uint64_t{2} << 30,
           "largest total of tensor values one worker may send for one step");
 ABSL_FLAG(absl::Duration, step_wait, absl::Seconds(60),
           "how long a step waits for every worker before rules judge it with what arrived");
+ABSL_FLAG(absl::Duration, worker_end_timeout, absl::ZeroDuration(),
+          "end a job that has had no worker connected for this long although some of its "
+          "world_size workers never sent their job end (crashed); 0: wait for them forever");
 ABSL_FLAG(int, storage_threads, 2, "threads committing to RocksDB");
 ABSL_FLAG(int, rule_threads, 2, "threads evaluating rules");
 ABSL_FLAG(absl::Duration, retention_max_age, absl::ZeroDuration(),
@@ -119,6 +122,7 @@ int main(int argc, char** argv) {
   options.limits.max_step_bytes = absl::GetFlag(FLAGS_max_step_bytes);
   options.storage_threads = absl::GetFlag(FLAGS_storage_threads);
   options.step_wait = absl::GetFlag(FLAGS_step_wait);
+  options.worker_end_timeout = absl::GetFlag(FLAGS_worker_end_timeout);
   options.rule_plugins = absl::GetFlag(FLAGS_rule_plugins);
   options.rule_threads = absl::GetFlag(FLAGS_rule_threads);
   if (absl::GetFlag(FLAGS_retention_max_age) != absl::ZeroDuration()) {

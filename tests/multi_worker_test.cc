@@ -1,0 +1,147 @@
+// Jobs of several workers end when all world_size workers have ended, also
+// across collector restarts, and steps name the workers they miss (issue
+// 16, item 3). Before, a job finished once every worker that had joined
+// since the collector started had ended, and the others were then refused.
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "client/hook.h"
+#include "client/query_client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/in_process_collector.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::InProcessCollector;
+
+std::unique_ptr<Hook> Worker(const std::string& address, const std::string& job, int worker) {
+  HookOptions o;
+  o.collector = address;
+  o.job = job;
+  o.worker = worker;
+  o.world_size = 2;
+  o.config.save_config = SaveConfig::Every(1);
+  o.close_timeout = absl::Seconds(30);
+  auto hook = Hook::Create(o);
+  EXPECT_TRUE(hook.ok()) << hook.status();
+  return hook.ok() ? std::move(*hook) : nullptr;
+}
+
+void Steps(Hook& hook, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    hook.StartStep();
+    SONDE_EXPECT_OK(hook.SaveScalar("loss", 1.0 / (step + 1), {"losses"}));
+    hook.EndStep();
+  }
+  SONDE_EXPECT_OK(hook.Flush(absl::Seconds(30)));
+}
+
+v1::JobInfo Job(const std::string& address, const std::string& name) {
+  auto q = QueryClient::Connect(address);
+  auto job = q->GetJob(name);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? *job : v1::JobInfo();
+}
+
+TEST(MultiWorker, AJobEndsOnlyWhenEveryWorkerHasEnded) {
+  InProcessCollector collector;
+  // Worker 0 runs and ends before worker 1 has even said hello.
+  auto w0 = Worker(collector.address(), "two", 0);
+  ASSERT_NE(w0, nullptr);
+  Steps(*w0, 0, 3);
+  SONDE_ASSERT_OK(w0->Close());
+  EXPECT_EQ(Job(collector.address(), "two").status(), v1::JOB_STATUS_DISCONNECTED);
+  auto w1 = Worker(collector.address(), "two", 1);
+  ASSERT_NE(w1, nullptr);
+  Steps(*w1, 0, 3);
+  v1::JobInfo info = Job(collector.address(), "two");
+  EXPECT_EQ(info.status(), v1::JOB_STATUS_RUNNING);
+  EXPECT_EQ(std::vector<int32_t>(info.ended_workers().begin(), info.ended_workers().end()),
+            std::vector<int32_t>{0});
+  Steps(*w1, 3, 6);  // worker 1 goes on: stored, not refused
+  SONDE_ASSERT_OK(w1->Close());
+  info = Job(collector.address(), "two");
+  EXPECT_EQ(info.status(), v1::JOB_STATUS_FINISHED);
+  EXPECT_EQ(info.worker_last_step().at(1), 5);
+  // Steps 3..5 have only worker 1: not complete, worker 0 named as missing.
+  auto steps = QueryClient::Connect(collector.address())->ListSteps("two");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 6u);
+  for (const v1::StepInfo& s : *steps) {
+    if (s.step() < 3) {
+      EXPECT_TRUE(s.complete()) << s.step();
+      EXPECT_EQ(s.missing_workers_size(), 0) << s.step();
+    } else {
+      EXPECT_FALSE(s.complete()) << s.step();
+      ASSERT_EQ(s.missing_workers_size(), 1) << s.step();
+      EXPECT_EQ(s.missing_workers(0), 0);
+    }
+  }
+}
+
+TEST(MultiWorker, WhoEndedSurvivesARestart) {
+  InProcessCollector collector;
+  auto w0 = Worker(collector.address(), "restart", 0);
+  auto w1 = Worker(collector.address(), "restart", 1);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  Steps(*w0, 0, 2);
+  Steps(*w1, 0, 2);
+  SONDE_ASSERT_OK(w0->Close());
+  collector.RestartInPlace();
+  // Worker 1 reconnects first after the restart and goes on: its steps are
+  // stored, and its end finishes the job (worker 0's end was stored).
+  Steps(*w1, 2, 5);
+  EXPECT_EQ(Job(collector.address(), "restart").status(), v1::JOB_STATUS_RUNNING);
+  SONDE_ASSERT_OK(w1->Close());
+  const v1::JobInfo info = Job(collector.address(), "restart");
+  EXPECT_EQ(info.status(), v1::JOB_STATUS_FINISHED);
+  EXPECT_EQ(info.worker_last_step().at(1), 4);
+  EXPECT_EQ(w1->counters().steps_dropped, 0u);
+  EXPECT_EQ(w1->counters().tensors_dropped, 0u);
+}
+
+TEST(MultiWorker, ARestartedCollectorDoesNotEndTheJobWhenTheFirstWorkerBackEnds) {
+  InProcessCollector collector;
+  auto w0 = Worker(collector.address(), "first-back", 0);
+  auto w1 = Worker(collector.address(), "first-back", 1);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  Steps(*w0, 0, 2);
+  Steps(*w1, 0, 2);
+  collector.RestartInPlace();
+  Steps(*w0, 2, 3);
+  SONDE_ASSERT_OK(w0->Close());  // back first, ends first
+  EXPECT_NE(Job(collector.address(), "first-back").status(), v1::JOB_STATUS_FINISHED);
+  Steps(*w1, 2, 6);  // not refused
+  SONDE_ASSERT_OK(w1->Close());
+  const v1::JobInfo info = Job(collector.address(), "first-back");
+  EXPECT_EQ(info.status(), v1::JOB_STATUS_FINISHED);
+  EXPECT_EQ(info.worker_last_step().at(1), 5);
+}
+
+TEST(MultiWorker, AnOperatorTimeoutEndsAJobWhoseWorkerNeverEnds) {
+  InProcessCollector collector("", server::IngestLimits(), [](server::CollectorOptions& o) {
+    o.worker_end_timeout = absl::Milliseconds(300);
+  });
+  auto w0 = Worker(collector.address(), "crashed", 0);
+  ASSERT_NE(w0, nullptr);
+  Steps(*w0, 0, 2);
+  SONDE_ASSERT_OK(w0->Close());  // worker 1 never comes (it crashed before its hello)
+  EXPECT_EQ(Job(collector.address(), "crashed").status(), v1::JOB_STATUS_DISCONNECTED);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  v1::JobInfo info;
+  do {
+    absl::SleepFor(absl::Milliseconds(50));
+    info = Job(collector.address(), "crashed");
+  } while (info.status() != v1::JOB_STATUS_FINISHED && absl::Now() < deadline);
+  EXPECT_EQ(info.status(), v1::JOB_STATUS_FINISHED);
+  EXPECT_NE(info.end_reason().find("workers 1 never sent their job end"), std::string::npos)
+      << info.end_reason();
+}
+
+}  // namespace
+}  // namespace sonde
