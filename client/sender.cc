@@ -449,6 +449,30 @@ void Sender::Run() {
     backoff = std::min(backoff * 2, options_.reconnect_max);
   }
   absl::MutexLock lock(&mu_);
+  // Whatever was not stored is lost now (the collector refused the job, or
+  // Close gave up): counted, never silent.
+  uint64_t tensors = 0, steps = 0;
+  for (const Item& item : queue_) {
+    tensors += item.kind == Item::kTensor;
+    steps += item.kind == Item::kStepEnd;
+  }
+  for (const Unacked& u : unacked_) {
+    for (const v1::ClientMessage& m : u.messages) {
+      tensors += m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
+    }
+    steps += u.complete && !u.job_end && !u.profile_only;
+  }
+  if (spill_ != nullptr) {
+    steps += spill_->step_end_records();
+    tensors += spill_->records() - spill_->step_end_records();
+  }
+  if (tensors + steps > 0) {
+    counters_.tensors_dropped += tensors;
+    counters_.steps_dropped += steps;
+    LogOnceLocked("lost-at-end", absl::StrCat(tensors, " tensors in ", steps,
+                                              " steps were never stored: the collector refused "
+                                              "the job or did not acknowledge them in time"));
+  }
   queue_.clear();
   unacked_.clear();
   job_end_item_.reset();

@@ -183,6 +183,8 @@ absl::Status SpillFile::Append(const SpillRecord& record) {
   if (!s.ok()) return s;  // end_ unchanged: the partial record is overwritten next time
   end_ += kHeader + body.size();
   sizes_.push_back(kHeader + body.size());
+  is_step_end_.push_back(record.is_step_end);
+  step_ends_ += record.is_step_end;
   return absl::OkStatus();
 }
 
@@ -193,6 +195,8 @@ absl::StatusOr<SpillRecord> SpillFile::ReadNext() {
   const uint64_t size = sizes_.front();
   const uint64_t at = head_;
   sizes_.pop_front();
+  step_ends_ -= is_step_end_.front();
+  is_step_end_.pop_front();
   head_ += size;
   absl::StatusOr<SpillRecord> record = ReadAt(at, size);
   if (sizes_.empty()) {

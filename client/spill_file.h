@@ -46,6 +46,7 @@ class SpillFile {
   uint64_t NextSize() const;
 
   uint64_t records() const { return sizes_.size(); }  // appended, not yet read
+  uint64_t step_end_records() const { return step_ends_; }  // of those, step ends
   uint64_t file_bytes() const { return end_; }
 
  private:
@@ -57,6 +58,8 @@ class SpillFile {
   uint64_t end_ = 0;   // append offset
   uint64_t head_ = 0;  // read offset
   std::deque<uint64_t> sizes_;  // of the unread records, oldest first
+  std::deque<bool> is_step_end_;  // likewise
+  uint64_t step_ends_ = 0;
 };
 
 }  // namespace sonde

@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
                                                c->rule_factory_.get(), options.default_rules,
                                                options.step_wait, c->webhooks_.get());
   c->registry_->set_worker_end_timeout(options.worker_end_timeout);
+  c->registry_->set_worker_lease(options.worker_lease);
   c->collector_service_ = std::make_unique<CollectorService>(
       c->registry_.get(), c->storage_pool_.get(), options.limits, c->tokens_.get());
   c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get(),

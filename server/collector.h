@@ -73,6 +73,10 @@ struct CollectorOptions {
   // world_size workers never sent their job end (they crashed, say).
   // Zero: never (the job waits, DISCONNECTED, for them to come back).
   absl::Duration worker_end_timeout = absl::ZeroDuration();
+  // How long a worker stays its last client's after that client's stream
+  // went: another client's hello for it is refused meanwhile (ALREADY_EXISTS,
+  // which the hook retries), unless the owner ended.
+  absl::Duration worker_lease = absl::Seconds(60);
   // Webhook deliveries: attempts, backoff, timeout, queue.
   WebhookNotifierOptions webhooks;
   // Threads committing steps to RocksDB. Default 2.

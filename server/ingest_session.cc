@@ -351,7 +351,7 @@ absl::StatusOr<JoinResult> IngestSession::Join(StreamHandle* stream) {
   SONDE_ASSIGN_OR_RETURN(JoinResult result, registry_->Join(hello_, stream));
   joined_ = true;
   stream_ = stream;
-  last_step_ = result.ack.resume_step();
+  last_step_ = result.stored_last_step;
   same_client_ = result.same_client;
   result.ack.set_max_chunk_bytes(limits_.max_chunk_bytes);
   return result;

@@ -1097,7 +1097,10 @@ TEST_F(IngestSessionTest, ReconnectedWorkerIsToldItsLastStoredStep) {
   Worker again(registry_.get());
   auto joined = again.Join(MakeHello("reconnect"));
   ASSERT_THAT(joined, IsOk());
-  EXPECT_EQ(joined->ack.resume_step(), 3);
+  // A client without an id is never the owner: it is not told which steps
+  // are stored (it must not take them as its own), but cannot go back.
+  EXPECT_EQ(joined->ack.resume_step(), -1);
+  EXPECT_EQ(joined->stored_last_step, 3);
   EXPECT_THAT(again.SendTensor(Header("w", 0, {10}), F32Bytes({0, 0, 0, 0, 0, 0, 0, 0, 0, 0})),
               StatusIs(absl::StatusCode::kInvalidArgument, "steps must increase"));
 }
@@ -1148,7 +1151,26 @@ TEST_F(IngestSessionTest, ResentStepOfTheSameClientIsAckedAsDuplicateAndStoredOn
   EXPECT_EQ((*steps)[0].tensor_count(), 1u);
 }
 
+TEST_F(IngestSessionTest, AnotherClientForALiveWorkerWaitsUntilTheOwnerEndsOrItsLeaseLapses) {
+  {
+    Worker first(registry_.get());
+    ASSERT_THAT(first.Join(ClientHello("lease", 1)), IsOk());
+    SONDE_ASSERT_OK(first.SendTensor(Header("w", 0, {10}), F32Bytes(kWeights)));
+    ASSERT_THAT(first.EndStep(0, 1), IsOk());
+  }  // the owner's stream broke; it may come back
+  Worker other(registry_.get());
+  EXPECT_THAT(other.Join(ClientHello("lease", 2)),
+              StatusIs(absl::StatusCode::kAlreadyExists, "belongs to another client"));
+  // The owner comes back and is told what it stored.
+  Worker back(registry_.get());
+  auto joined = back.Join(ClientHello("lease", 1));
+  ASSERT_THAT(joined, IsOk());
+  EXPECT_TRUE(joined->same_client);
+  EXPECT_EQ(joined->ack.resume_step(), 0);
+}
+
 TEST_F(IngestSessionTest, ANewClientCannotRewriteStoredStepsOfAWorker) {
+  registry_->set_worker_lease(absl::ZeroDuration());  // the owner's lease has lapsed
   {
     Worker first(registry_.get());
     ASSERT_THAT(first.Join(ClientHello("owner", 1)), IsOk());
@@ -1159,6 +1181,10 @@ TEST_F(IngestSessionTest, ANewClientCannotRewriteStoredStepsOfAWorker) {
   auto joined = other.Join(ClientHello("owner", 2));
   ASSERT_THAT(joined, IsOk());
   EXPECT_FALSE(joined->same_client);
+  // Not told the owner's steps as its own: it would drop its unacknowledged
+  // steps as stored.
+  EXPECT_EQ(joined->ack.resume_step(), -1);
+  EXPECT_EQ(joined->stored_last_step, 4);
   EXPECT_THAT(other.SendTensor(Header("w", 4, {10}), F32Bytes(kWeights)),
               StatusIs(absl::StatusCode::kInvalidArgument, "another client"));
 }

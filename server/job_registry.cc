@@ -69,6 +69,10 @@ struct JobRegistry::LiveJob {
   // When the last connected worker left (streams empty), for
   // worker_end_timeout_.
   absl::Time disconnected_since = absl::InfiniteFuture();
+  // When each worker's owner last stopped streaming (Leave), for the lease;
+  // workers not in it count from when the job became live here.
+  std::map<int32_t, absl::Time> owner_left;
+  absl::Time live_since = absl::Now();
   std::map<int64_t, rules::StepData> pending;  // committed, not yet complete
   std::map<int64_t, absl::Time> pending_since;   // when each pending step first arrived
   int64_t delivered_through = -1;                // last step handed to the rules
@@ -173,6 +177,11 @@ void JobRegistry::TickLoop() {
       }
     }
   }
+}
+
+void JobRegistry::set_worker_lease(absl::Duration lease) {
+  absl::MutexLock lock(&mu_);
+  worker_lease_ = lease;
 }
 
 void JobRegistry::set_worker_end_timeout(absl::Duration timeout) {
@@ -324,6 +333,25 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
         "replaced by a newer stream of the same client"));
   }
   auto owner = job->info.worker_client_id().find(hello.worker());
+  if (owner != job->info.worker_client_id().end() && owner->second != 0 &&
+      owner->second != hello.client_id() && streaming == job->streams.end()) {
+    // Another client for a worker whose owner has not ended: only once the
+    // owner's lease has lapsed, so two live clients never interleave their
+    // steps (the owner's resent steps would meet the other's).
+    const auto& ended = job->info.ended_workers();
+    const bool owner_ended = std::find(ended.begin(), ended.end(), hello.worker()) != ended.end();
+    auto left = job->owner_left.find(hello.worker());
+    const absl::Time since = left != job->owner_left.end() ? left->second : job->live_since;
+    const absl::Duration lease = worker_lease_;
+    if (!owner_ended && absl::Now() - since < lease) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker ", hello.worker(), " of job '", hello.job(), "' belongs to another client (",
+          absl::Hex(owner->second), "), whose stream went ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - since, absl::Milliseconds(1))),
+          " ago; another client may take it over once that one has ended or after ",
+          absl::FormatDuration(lease), " without it (--worker_lease)"));
+    }
+  }
   result.same_client = hello.client_id() != 0 &&
                        owner != job->info.worker_client_id().end() &&
                        owner->second == hello.client_id();
@@ -357,7 +385,10 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     }
   }
   auto last = job->info.worker_last_step().find(hello.worker());
-  result.ack.set_resume_step(last == job->info.worker_last_step().end() ? -1 : last->second);
+  result.stored_last_step = last == job->info.worker_last_step().end() ? -1 : last->second;
+  // Only the client that stored the steps may take them as its own: another
+  // would drop its unacknowledged steps as stored when they are not.
+  result.ack.set_resume_step(result.same_client ? result.stored_last_step : -1);
   result.pending_stop = job->stop;
   return result;
 }
@@ -425,6 +456,7 @@ void JobRegistry::Leave(const std::string& job_name, int32_t worker, StreamHandl
   if (it == job->streams.end() || it->second != stream) return;
   job->streams.erase(it);
   job->stream_client.erase(worker);
+  job->owner_left[worker] = absl::Now();
   job->last_step.erase(worker);
   DeliverCompleteSteps(*job);
   if (job->streams.empty() && job->info.status() == v1::JOB_STATUS_RUNNING) {

@@ -45,8 +45,12 @@ struct JoinResult {
   v1::HelloAck ack;
   std::optional<v1::Action> pending_stop;  // a stop already decided for the job
   // The hello's client_id is the one that last streamed this worker: it may
-  // resend steps already stored (they are acknowledged as duplicates).
+  // resend steps already stored (they are acknowledged as duplicates), and
+  // ack.resume_step tells it which; another client gets resume_step -1.
   bool same_client = false;
+  // The worker's last stored step, whoever stored it (-1: none): a client
+  // other than its owner may only send later steps.
+  int64_t stored_last_step = -1;
 };
 
 struct CommitResult {
@@ -78,6 +82,11 @@ class JobRegistry {
   // its end reason naming the workers that never sent their job end).
   // Zero (the default): such a job waits for its workers indefinitely.
   void set_worker_end_timeout(absl::Duration timeout);
+  // A worker has one owner, the client (Hello.client_id) that last streamed
+  // it. Another client's hello for it is refused with AlreadyExists while
+  // the owner streams, and for this long after its stream went (or after
+  // the collector started), unless the owner sent its job end. Default 60 s.
+  void set_worker_lease(absl::Duration lease);
 
   // Stores one worker's step (one WriteBatch, with the job record updated)
   // and, once every connected worker has committed it, hands the step to
@@ -176,6 +185,7 @@ class JobRegistry {
   std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration worker_end_timeout_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  absl::Duration worker_lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(60);
   std::thread ticker_;
 
   absl::Mutex external_mu_;  // serialises PostExternalResult's read-modify-write

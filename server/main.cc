@@ -51,6 +51,10 @@ ABSL_FLAG(absl::Duration, step_wait, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, worker_end_timeout, absl::ZeroDuration(),
           "end a job that has had no worker connected for this long although some of its "
           "world_size workers never sent their job end (crashed); 0: wait for them forever");
+ABSL_FLAG(absl::Duration, worker_lease, absl::Seconds(60),
+          "how long a worker stays its last client's after that client's stream went: "
+          "another client for it is refused (ALREADY_EXISTS) meanwhile, unless the owner "
+          "ended");
 ABSL_FLAG(int, storage_threads, 2, "threads committing to RocksDB");
 ABSL_FLAG(int, rule_threads, 2, "threads evaluating rules");
 ABSL_FLAG(absl::Duration, retention_max_age, absl::ZeroDuration(),
@@ -123,6 +127,7 @@ int main(int argc, char** argv) {
   options.storage_threads = absl::GetFlag(FLAGS_storage_threads);
   options.step_wait = absl::GetFlag(FLAGS_step_wait);
   options.worker_end_timeout = absl::GetFlag(FLAGS_worker_end_timeout);
+  options.worker_lease = absl::GetFlag(FLAGS_worker_lease);
   options.rule_plugins = absl::GetFlag(FLAGS_rule_plugins);
   options.rule_threads = absl::GetFlag(FLAGS_rule_threads);
   if (absl::GetFlag(FLAGS_retention_max_age) != absl::ZeroDuration()) {

@@ -143,5 +143,57 @@ TEST(MultiWorker, AnOperatorTimeoutEndsAJobWhoseWorkerNeverEnds) {
       << info.end_reason();
 }
 
+// A second client for a worker whose owner is only briefly away (issue 16,
+// item 4): before, it was accepted, stored a far-away step, and the owner's
+// resent steps were then acknowledged as duplicates and lost without a
+// trace. Now the second client is refused while the owner's lease holds,
+// the owner's steps are all stored, and what the second client could not
+// store is counted on its side.
+TEST(MultiWorker, ASecondClientCannotSwallowAWorkersSteps) {
+  InProcessCollector collector;
+  HookOptions o;
+  o.collector = collector.address();
+  o.job = "owned";
+  o.config.save_config = SaveConfig::Every(1);
+  o.close_timeout = absl::Seconds(30);
+  auto owner = Hook::Create(o);
+  SONDE_ASSERT_OK(owner);
+  for (int step = 0; step < 10; ++step) {
+    (*owner)->StartStep();
+    SONDE_EXPECT_OK((*owner)->SaveScalar("loss", step, {"losses"}));
+  }
+  SONDE_ASSERT_OK((*owner)->Flush(absl::Seconds(30)));
+  // An outage: the owner's stream is cut; another client says hello for the
+  // same worker while the owner is away.
+  collector.RestartInPlace();
+  o.close_timeout = absl::Seconds(3);
+  auto intruder = Hook::Create(o);
+  SONDE_ASSERT_OK(intruder);
+  (*intruder)->StartStep();
+  SONDE_EXPECT_OK((*intruder)->SaveScalar("loss", -1.0, {"losses"}));
+  EXPECT_FALSE((*intruder)->WaitUntilConnected(absl::Milliseconds(500)).ok());
+  // The owner comes back and goes on: every one of its steps is stored.
+  for (int step = 10; step < 30; ++step) {
+    (*owner)->StartStep();
+    SONDE_EXPECT_OK((*owner)->SaveScalar("loss", step, {"losses"}));
+  }
+  SONDE_ASSERT_OK((*owner)->Close());
+  EXPECT_EQ((*owner)->counters().tensors_dropped, 0u);
+  EXPECT_EQ((*owner)->counters().steps_dropped, 0u);
+  auto q = QueryClient::Connect(collector.address());
+  auto series = q->ReadSeries("owned", "loss");
+  SONDE_ASSERT_OK(series);
+  ASSERT_EQ(series->size(), 30u);
+  for (size_t i = 0; i < series->size(); ++i) {
+    EXPECT_EQ((*series)[i].step(), static_cast<int64_t>(i));
+    EXPECT_EQ((*series)[i].statistics().max(), static_cast<double>(i));
+  }
+  // The intruder never got in (the job has finished by now): its step is
+  // counted as lost, and Close says so.
+  EXPECT_FALSE((*intruder)->Close().ok());
+  EXPECT_EQ((*intruder)->counters().tensors_dropped, 1u);
+  EXPECT_EQ((*intruder)->counters().steps_dropped, 1u);
+}
+
 }  // namespace
 }  // namespace sonde
