@@ -14,6 +14,8 @@
 #include "cuda/statistics.h"
 #include "common/status_macros.h"
 #include "common/profile_check.h"
+#include "glog/logging.h"
+#include "server/statistics_check.h"
 #include "storage/keys.h"
 
 namespace sonde::server {
@@ -70,6 +72,7 @@ class ClientCounterMetrics {
   }
 
   void Duplicate() { duplicate_steps_->Increment(); }
+  void StatisticsReplaced() { statistics_replaced_->Increment(); }
 
  private:
   struct Last {
@@ -95,6 +98,10 @@ class ClientCounterMetrics {
                                     "Messages clients sent again after a broken stream.");
     reconnects_ = r.AddCounter("sonde_client_reconnects_total",
                                "Times clients reconnected to the collector.");
+    statistics_replaced_ = r.AddCounter(
+        "sonde_ingest_statistics_replaced_total",
+        "Tensors whose client-sent statistics did not fit the values sent with them; the "
+        "collector stored statistics computed from the values instead.");
     duplicate_steps_ = r.AddCounter("sonde_ingest_duplicate_steps_total",
                                     "Resent steps the collector already had: acknowledged "
                                     "as duplicates, not stored again.");
@@ -104,6 +111,7 @@ class ClientCounterMetrics {
   std::map<std::pair<std::string, int32_t>, Last> last_ ABSL_GUARDED_BY(mu_);
   metrics::Counter* tensors_dropped_;
   metrics::Counter* values_dropped_;
+  metrics::Counter* statistics_replaced_;
   metrics::Counter* steps_dropped_;
   metrics::Counter* tensors_spilled_;
   metrics::Counter* bytes_spilled_;
@@ -367,14 +375,38 @@ absl::StatusOr<v1::Ack> IngestSession::Commit() {
   uint64_t bytes = 0;
   for (storage::TensorWrite& t : write.tensors) {
     bytes += t.bytes.size();
-    if (t.record.has_values() && !t.record.has_statistics()) {
-      SONDE_ASSIGN_OR_RETURN(*t.record.mutable_statistics(),
-                             ComputeStatistics(t.bytes, t.record.dtype()));
-      if (t.record.has_histogram()) {
-        SONDE_RETURN_IF_ERROR(
-            Prefixed(ValidateHistogram(t.record.histogram(), &t.record.statistics()),
-                     absl::StrCat("tensor '", t.record.tensor_name(), "': ")));
+    if (!t.record.has_values()) {
+      t.record.mutable_statistics()->set_source(v1::Statistics::SOURCE_CLIENT);
+      continue;
+    }
+    // Where values arrive, statistics are the collector's to vouch for:
+    // the client's are kept only if the values agree with them.
+    SONDE_ASSIGN_OR_RETURN(v1::Statistics computed, ComputeStatistics(t.bytes, t.record.dtype()));
+    if (t.record.has_statistics()) {
+      absl::Status agree = CheckClientStatistics(t.record.statistics(), computed, t.record.dtype());
+      if (agree.ok()) {
+        t.record.mutable_statistics()->set_source(v1::Statistics::SOURCE_CHECKED);
+        continue;
       }
+      ClientCounterMetrics::Get().StatisticsReplaced();
+      if (!warned_statistics_) {
+        warned_statistics_ = true;
+        LOG(WARNING) << Where() << "tensor '" << t.record.tensor_name() << "' at step "
+                     << write.step.step() << ": the client's statistics do not fit its values ("
+                     << agree.message() << "); storing statistics computed from the values "
+                     << "(logged once per stream)";
+      }
+      if (t.record.has_histogram() &&
+          !ValidateHistogram(t.record.histogram(), &computed).ok()) {
+        t.record.clear_histogram();  // it fits the false statistics, not the values
+      }
+    }
+    computed.set_source(v1::Statistics::SOURCE_COLLECTOR);
+    *t.record.mutable_statistics() = std::move(computed);
+    if (t.record.has_histogram()) {
+      SONDE_RETURN_IF_ERROR(
+          Prefixed(ValidateHistogram(t.record.histogram(), &t.record.statistics()),
+                   absl::StrCat("tensor '", t.record.tensor_name(), "': ")));
     }
   }
   v1::Ack ack;

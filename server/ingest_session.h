@@ -89,6 +89,7 @@ class IngestSession {
   int64_t stream_step_ = -1;  // last global step opened on this stream
   std::map<v1::Mode, int64_t> stream_mode_steps_;  // last mode step per mode, likewise
   bool same_client_ = false;  // may resend stored steps (see JoinResult)
+  bool warned_statistics_ = false;  // a client's statistics were replaced (logged once)
   StreamHandle* stream_ = nullptr;
 
   // The open step.

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "common/tensor_chunks.h"
 #include "common/thread_pool.h"
 #include "cuda/histogram.h"
+#include "cuda/statistics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job_registry.h"
@@ -400,17 +402,34 @@ TEST_F(IngestSessionTest, HappyPathStoresTensorsBitExactWithCollectorStatisticsA
   EXPECT_EQ(info->end_reason(), "finished");
 }
 
-TEST_F(IngestSessionTest, ClientStatisticsOnChunkZeroAreKeptInsteadOfRecomputed) {
+TEST_F(IngestSessionTest, ClientStatisticsAreKeptOnlyWhenTheValuesSentWithThemAgree) {
   Worker w(registry_.get());
   ASSERT_THAT(w.Join(MakeHello("client-stats")), IsOk());
-  v1::TensorChunk h = Header("w", 0, {1});
-  *h.mutable_statistics() = ScalarSummary("w", 0, 42.0).statistics();
-  SONDE_ASSERT_OK(w.SendTensor(h, F32Bytes({1.0f})));
-  ASSERT_THAT(w.EndStep(0, 1), IsOk());
+  // A lie (mean 42 for the value 1.0) is replaced by the values' statistics.
+  v1::TensorChunk lie = Header("lie", 0, {1});
+  *lie.mutable_statistics() = ScalarSummary("lie", 0, 42.0).statistics();
+  SONDE_ASSERT_OK(w.SendTensor(lie, F32Bytes({1.0f})));
+  // Statistics that fit the values are kept, marked as checked.
+  v1::TensorChunk truth = Header("truth", 0, {3});
+  auto computed = ComputeStatistics(F32Bytes({1.0f, 2.0f, 4.0f}), v1::DTYPE_F32);
+  SONDE_ASSERT_OK(computed);
+  *truth.mutable_statistics() = *computed;
+  truth.mutable_statistics()->set_sum(computed->sum() * (1 + 1e-12));  // another order
+  SONDE_ASSERT_OK(w.SendTensor(truth, F32Bytes({1.0f, 2.0f, 4.0f})));
+  // Statistics alone are the client's word.
+  SONDE_ASSERT_OK(w.SendSummary(ScalarSummary("alone", 0, 7.0)));
+  ASSERT_THAT(w.EndStep(0, 3), IsOk());
   auto records = store_->TensorsAtStep(JobId("client-stats"), v1::MODE_TRAIN, 0);
   ASSERT_THAT(records, IsOk());
-  ASSERT_EQ(records->size(), 1u);
-  EXPECT_DOUBLE_EQ((*records)[0].statistics().mean(), 42.0);
+  ASSERT_EQ(records->size(), 3u);
+  std::map<std::string, v1::Statistics> by_name;
+  for (const auto& r : *records) by_name[r.tensor_name()] = r.statistics();
+  EXPECT_DOUBLE_EQ(by_name["lie"].mean(), 1.0);
+  EXPECT_EQ(by_name["lie"].source(), v1::Statistics::SOURCE_COLLECTOR);
+  EXPECT_DOUBLE_EQ(by_name["truth"].sum(), computed->sum() * (1 + 1e-12));
+  EXPECT_EQ(by_name["truth"].source(), v1::Statistics::SOURCE_CHECKED);
+  EXPECT_DOUBLE_EQ(by_name["alone"].mean(), 7.0);
+  EXPECT_EQ(by_name["alone"].source(), v1::Statistics::SOURCE_CLIENT);
 }
 
 // The histogram of `values` with the default bins, as a client sends it.
