@@ -100,7 +100,10 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& chunk) {
     header_.clear_chunk_index();
     header_.clear_byte_offset();
     header_.clear_crc32c();
-    bytes_.reserve(chunk.total_bytes());
+    // Memory is taken as bytes arrive, not as declared: a client that
+    // declares 1 GiB and sends 16 bytes holds 16 bytes (and the first
+    // chunk's worth of reservation).
+    bytes_.reserve(std::min<uint64_t>(chunk.total_bytes(), 2 * limits_.max_chunk_bytes));
     started_ = true;
   } else if (!SameDescription(header_, chunk)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -127,8 +127,13 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
                                                options.step_wait, c->webhooks_.get());
   c->registry_->set_worker_end_timeout(options.worker_end_timeout);
   c->registry_->set_worker_lease(options.worker_lease);
+  IngestLimits limits = options.limits;
+  if (options.max_open_step_bytes > 0) {
+    c->open_steps_ = std::make_unique<OpenStepBudget>(options.max_open_step_bytes);
+    limits.open_steps = c->open_steps_.get();
+  }
   c->collector_service_ = std::make_unique<CollectorService>(
-      c->registry_.get(), c->storage_pool_.get(), options.limits, c->tokens_.get());
+      c->registry_.get(), c->storage_pool_.get(), limits, c->tokens_.get());
   c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get(),
                                                      c->rule_factory_.get());
 

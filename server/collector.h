@@ -62,6 +62,10 @@ struct CollectorOptions {
   bool sync_writes = false;
   // Limits on what one stream may send.
   IngestLimits limits;
+  // Bytes of open steps (received, not yet committed) all streams together
+  // may hold in memory; past it a chunk ends its stream with
+  // RESOURCE_EXHAUSTED and the client resends later. 0: no limit.
+  uint64_t max_open_step_bytes = uint64_t{1} << 30;
   // Rules run for every job, besides those a client asks for in its hello.
   std::vector<v1::RuleSpec> default_rules;
   // Shared libraries of rule types (rules/plugin_api.h), loaded at start.
@@ -106,6 +110,8 @@ class Collector {
   // (NotFound for an unknown default rule type),
   // Unavailable if the address cannot be bound, store errors as they come.
   static absl::StatusOr<std::unique_ptr<Collector>> Start(const CollectorOptions& options);
+  // Bytes of open steps held now and at most (null: no limit set).
+  const OpenStepBudget* open_steps() const { return open_steps_.get(); }
   ~Collector();
 
   // The address actually listened on, e.g. "127.0.0.1:40123".
@@ -131,6 +137,7 @@ class Collector {
   std::unique_ptr<ThreadPool> rule_pool_;
   std::unique_ptr<WebhookNotifier> webhooks_;
   std::unique_ptr<JobRegistry> registry_;
+  std::unique_ptr<OpenStepBudget> open_steps_;  // null without a limit
   std::unique_ptr<CollectorService> collector_service_;
   std::unique_ptr<QueryService> query_service_;
   std::unique_ptr<TokenTable> tokens_;  // null without authentication

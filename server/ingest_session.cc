@@ -122,7 +122,35 @@ class ClientCounterMetrics {
 
 }  // namespace
 
-IngestSession::~IngestSession() = default;
+bool OpenStepBudget::TryTake(uint64_t n, uint64_t held) {
+  absl::MutexLock lock(&mu_);
+  if (held_ + n > limit_ && held_ > held) return false;
+  held_ += n;
+  peak_ = std::max(peak_, held_);
+  return true;
+}
+
+void OpenStepBudget::Give(uint64_t n) {
+  absl::MutexLock lock(&mu_);
+  held_ -= std::min(held_, n);
+}
+
+uint64_t OpenStepBudget::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
+}
+
+uint64_t OpenStepBudget::peak() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+IngestSession::~IngestSession() { ReleaseBudget(); }
+
+void IngestSession::ReleaseBudget() {
+  if (limits_.open_steps != nullptr && budget_held_ > 0) limits_.open_steps->Give(budget_held_);
+  budget_held_ = 0;
+}
 
 std::string IngestSession::Where() const {
   if (!hello_seen_) return "";
@@ -267,8 +295,16 @@ absl::Status IngestSession::OnChunk(const v1::TensorChunk& chunk) {
         absl::StrCat("step ", chunk.step(), " exceeds ", limits_.max_step_bytes,
                      " bytes of tensor values"));
   }
+  const uint64_t payload = chunk.payload().size();
+  if (limits_.open_steps != nullptr && !limits_.open_steps->TryTake(payload, budget_held_)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the collector holds ", limits_.open_steps->held(), " bytes of open steps, its limit is ",
+        limits_.open_steps->limit(), " (--max_open_step_bytes); send step ", chunk.step(),
+        " again later"));
+  }
+  budget_held_ += payload;
   SONDE_RETURN_IF_ERROR(assembler_->Add(chunk));
-  step_bytes_ += chunk.payload().size();
+  step_bytes_ += payload;
   if (!assembler_->complete()) return absl::OkStatus();
 
   const v1::TensorChunk& h = assembler_->header();
@@ -368,6 +404,11 @@ absl::StatusOr<JoinResult> IngestSession::Join(StreamHandle* stream) {
 absl::StatusOr<v1::Ack> IngestSession::Commit() {
   storage::StepWrite write = std::move(*step_);
   step_.reset();
+  // The step's bytes leave memory when this call ends, committed or not.
+  struct Release {
+    IngestSession* session;
+    ~Release() { session->ReleaseBudget(); }
+  } release{this};
   write.step.set_duration_seconds(step_end_.duration_seconds());
   write.step.set_tensor_count(static_cast<uint32_t>(write.tensors.size()));
   write.step.set_tensors_dropped(step_end_.tensors_dropped());
@@ -457,6 +498,9 @@ absl::StatusOr<v1::Ack> IngestSession::EndJob() {
 void IngestSession::Close(StreamHandle* stream) {
   if (joined_) registry_->Leave(hello_.job(), hello_.worker(), stream);
   joined_ = false;
+  step_.reset();
+  assembler_.reset();
+  ReleaseBudget();
 }
 
 }  // namespace sonde::server

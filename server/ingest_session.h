@@ -14,12 +14,35 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/tensor_chunks.h"
 #include "proto/collector.pb.h"
 #include "server/job_registry.h"
 #include "storage/store.h"
 
 namespace sonde::server {
+
+// Bytes of open steps held by all streams of a collector, against a limit.
+// A stream may pass the limit only while it is the only one holding bytes,
+// so some step can always complete. Thread-safe.
+class OpenStepBudget {
+ public:
+  explicit OpenStepBudget(uint64_t limit) : limit_(limit) {}
+  // Takes `n` more bytes for a stream that holds `held` already: false
+  // (nothing taken) when the total would pass the limit and others hold
+  // bytes too.
+  bool TryTake(uint64_t n, uint64_t held);
+  void Give(uint64_t n);
+  uint64_t held() const;
+  uint64_t peak() const;  // the most held at once
+  uint64_t limit() const { return limit_; }
+
+ private:
+  const uint64_t limit_;
+  mutable absl::Mutex mu_;
+  uint64_t held_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 struct IngestLimits {
   // Largest payload of one chunk. Default 4 MiB.
@@ -31,6 +54,11 @@ struct IngestLimits {
   uint64_t max_step_bytes = uint64_t{2} << 30;
   // Tensors one worker may send for one step. Default 100000.
   uint32_t max_tensors_per_step = 100000;
+  // Shared by every stream of the collector (null: no limit): bytes of
+  // open steps held in memory. A chunk that would pass it ends its stream
+  // with RESOURCE_EXHAUSTED, which the hook answers by reconnecting later
+  // and resending the step (nothing acknowledged is lost).
+  OpenStepBudget* open_steps = nullptr;
 };
 
 class IngestSession {
@@ -70,6 +98,8 @@ class IngestSession {
   int32_t worker() const { return hello_.worker(); }
 
  private:
+  // Gives back what the open step took from limits_.open_steps.
+  void ReleaseBudget();
   absl::Status OnChunk(const v1::TensorChunk& chunk);
   absl::Status OnSummary(const v1::TensorSummary& summary);
   absl::Status OpenStep(int64_t step, v1::Mode mode, int64_t mode_step);
@@ -96,6 +126,7 @@ class IngestSession {
   std::optional<storage::StepWrite> step_;
   std::set<std::string> step_names_;
   uint64_t step_bytes_ = 0;
+  uint64_t budget_held_ = 0;  // taken from limits_.open_steps for the open step
   std::optional<TensorAssembler> assembler_;
   v1::StepEnd step_end_;
   uint64_t step_end_seq_ = 0;

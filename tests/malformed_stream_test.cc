@@ -6,62 +6,18 @@
 
 #include "client/query_client.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/impl/codegen/client_context.h"
-#include "grpcpp/impl/codegen/rpc_method.h"
-#include "grpcpp/impl/codegen/sync_stream.h"
-#include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "proto/collector.pb.h"
 #include "tests/testing/in_process_collector.h"
+#include "tests/testing/raw_stream.h"
 #include "tests/testing/status_matchers.h"
 
 namespace sonde {
 namespace {
 
 using ::sonde::testing::InProcessCollector;
+using ::sonde::testing::RawStream;
 using ::testing::HasSubstr;
-
-// The ingest stream with raw bytes on the wire, as a broken or hostile
-// client would write them.
-class RawStream {
- public:
-  explicit RawStream(const std::string& address)
-      : channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
-        method_("/sonde.v1.Collector/Stream", grpc::internal::RpcMethod::BIDI_STREAMING) {
-    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::
-                      Create(channel_.get(), method_, &context_));
-  }
-  bool WriteBytes(const std::string& bytes) {
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer buffer(&slice, 1);
-    return stream_->Write(buffer);
-  }
-  bool Write(const v1::ClientMessage& m) { return WriteBytes(m.SerializeAsString()); }
-  bool Read(v1::ServerMessage* m) {
-    grpc::ByteBuffer buffer;
-    if (!stream_->Read(&buffer)) return false;
-    std::vector<grpc::Slice> slices;
-    if (!buffer.Dump(&slices).ok()) return false;
-    std::string bytes;
-    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    return m->ParseFromString(bytes);
-  }
-  grpc::Status Finish() {
-    stream_->WritesDone();
-    v1::ServerMessage ignored;
-    while (Read(&ignored)) {
-    }
-    return stream_->Finish();
-  }
-
- private:
-  std::shared_ptr<grpc::Channel> channel_;
-  grpc::internal::RpcMethod method_;
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
-};
 
 v1::ClientMessage Hello(const std::string& job) {
   v1::ClientMessage m;
