@@ -311,7 +311,9 @@ absl::Status Sender::Close(const std::string& reason, absl::Duration timeout) {
         "; ", left, " queued items unsent and ", unacked, " steps unacknowledged"));
   }
   if (!job_end_acked_) {
-    return absl::UnavailableError("the collector did not accept the job; see the log");
+    return absl::UnavailableError(refusal_.empty()
+                                      ? "the collector did not accept the job; see the log"
+                                      : refusal_);
   }
   return absl::OkStatus();
 }
@@ -888,8 +890,9 @@ bool Sender::StreamOnce() {
         unacked_.clear();
         return true;
       }
-      LogOnceLocked("disabled", absl::StrCat("the collector refused job '", options_.hello.job(),
-                                             "'; Sonde is disabled for this run"));
+      refusal_ = absl::StrCat("the collector refused job '", options_.hello.job(), "': ",
+                              status.error_message(), " (code ", status.error_code(), ")");
+      LogOnceLocked("disabled", absl::StrCat(refusal_, "; Sonde is disabled for this run"));
       give_up_ = true;
       return true;
     }

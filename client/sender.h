@@ -203,6 +203,7 @@ class Sender {
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // the sender thread has exited
   bool job_end_acked_ ABSL_GUARDED_BY(mu_) = false;
   bool give_up_ ABSL_GUARDED_BY(mu_) = false;   // Close timed out: stop retrying
+  std::string refusal_ ABSL_GUARDED_BY(mu_);    // why the collector refused the job
   bool connected_ ABSL_GUARDED_BY(mu_) = false;  // hello acked on the current stream
   bool broken_ ABSL_GUARDED_BY(mu_) = false;     // the current stream's reader ended
   bool stream_was_accepted_ ABSL_GUARDED_BY(mu_) = false;  // the last stream got a hello ack

@@ -70,7 +70,10 @@ CONFIGS = {
     "vanishing_gradient": Config(0.02, "tiny", {"VanishingGradient": 0, "DeadRelu": 1}),
 }
 
+# A healthy run's test accuracy: 0.9 from its second epoch on; after one
+# epoch (--epochs 1) the CNN is at about 0.89, so 0.8 there.
 HEALTHY_ACCURACY = 0.9
+HEALTHY_ACCURACY_ONE_EPOCH = 0.8
 DEAD_RELU_ALIVE = 32  # fc1 units the dead_relu initialisation leaves alive
 
 
@@ -245,9 +248,11 @@ def judge(summary, rules, save_interval):
             problems += ["%s is %s" % (rule, s) for rule, s in sorted(status.items())
                          if s != "NoIssuesFound"]
             accuracy = summary["accuracy"]
-            if accuracy is None or accuracy < HEALTHY_ACCURACY:
+            wanted = (HEALTHY_ACCURACY_ONE_EPOCH if summary.get("epochs", 0) <= 1
+                      else HEALTHY_ACCURACY)
+            if accuracy is None or accuracy < wanted:
                 problems.append("test accuracy %s < %s" % (
-                    "n/a" if accuracy is None else "%.3f" % accuracy, HEALTHY_ACCURACY))
+                    "n/a" if accuracy is None else "%.3f" % accuracy, wanted))
         else:
             problems.append("no StopTraining rule asked for catches %s" % summary["config"])
     else:
@@ -287,6 +292,7 @@ def run(collector, job, config, epochs=4, save_interval=2, seed=0, rules=RULES, 
         "stopped_by": action["rule"] if action else None,
         "stop_step": action.get("step") if action else None,
         "accuracy": accuracies[-1] if accuracies else None,
+        "epochs": len(accuracies),
         "rules": final_rule_results(collector, job),
     }
     summary["problems"] = judge(summary, rules, save_interval)

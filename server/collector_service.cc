@@ -74,6 +74,11 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
           v1::ServerMessage ack;
           *ack.mutable_hello_ack() = joined->ack;
           Send(ack);
+          for (const std::string& w : joined->warnings) {
+            v1::ServerMessage warning;
+            warning.mutable_warning()->set_message(w);
+            Send(warning);
+          }
           if (joined->pending_stop.has_value()) {
             v1::ServerMessage stop;
             *stop.mutable_action() = *joined->pending_stop;

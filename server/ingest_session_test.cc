@@ -1170,6 +1170,26 @@ TEST_F(IngestSessionTest, ResentStepOfTheSameClientIsAckedAsDuplicateAndStoredOn
   EXPECT_EQ((*steps)[0].tensor_count(), 1u);
 }
 
+TEST_F(IngestSessionTest, AJobsOwnSpecOfADefaultRuleReplacesTheDefaultAndSaysSo) {
+  v1::RuleSpec by_default;
+  by_default.set_rule_type("ExplodingTensor");
+  StartRegistry({by_default});
+  v1::Hello hello = MakeHello("own-spec");
+  v1::RuleSpec own;
+  own.set_rule_type("ExplodingTensor");
+  own.add_actions("StopTraining");
+  *hello.add_rules() = own;
+  Worker w(registry_.get());
+  auto joined = w.Join(hello);
+  ASSERT_THAT(joined, IsOk());
+  ASSERT_EQ(joined->warnings.size(), 1u);
+  EXPECT_THAT(joined->warnings[0], ::testing::HasSubstr("replaces the collector's default"));
+  ASSERT_EQ(joined->ack.rules_size(), 1);
+  EXPECT_EQ(joined->ack.rules(0).name(), "ExplodingTensor");
+  ASSERT_EQ(joined->ack.rules(0).actions_size(), 1);
+  EXPECT_EQ(joined->ack.rules(0).actions(0), "StopTraining");
+}
+
 TEST_F(IngestSessionTest, AnotherClientForALiveWorkerWaitsUntilTheOwnerEndsOrItsLeaseLapses) {
   {
     Worker first(registry_.get());

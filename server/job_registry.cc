@@ -229,9 +229,25 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     }
   }
   absl::MutexLock commit(&job->commit_mu);
+  std::vector<std::string> join_warnings;
   if (job->runner == nullptr) {
     // First hello of this job since the collector started: load or create it.
-    std::vector<v1::RuleSpec> specs = default_rules_;
+    // The job's own spec of a rule replaces the collector's default of the
+    // same name (and the client is told).
+    std::vector<v1::RuleSpec> specs;
+    for (const v1::RuleSpec& d : default_rules_) {
+      const std::string name = d.name().empty() ? d.rule_type() : d.name();
+      bool replaced = false;
+      for (const v1::RuleSpec& r : hello.rules()) {
+        replaced = replaced || (r.name().empty() ? r.rule_type() : r.name()) == name;
+      }
+      if (replaced) {
+        join_warnings.push_back(absl::StrCat(
+            "rule '", name, "': this job's spec replaces the collector's default"));
+        continue;
+      }
+      specs.push_back(d);
+    }
     for (const v1::RuleSpec& r : hello.rules()) specs.push_back(r);
     v1::JobInfo fresh;
     fresh.set_job(hello.job());
@@ -310,6 +326,7 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     job->runner = std::move(runner);
   }
   JoinResult result;
+  result.warnings = std::move(join_warnings);
   absl::MutexLock lock(&mu_);
   if (IsFinished(job->info.status())) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -51,6 +51,8 @@ struct JoinResult {
   // The worker's last stored step, whoever stored it (-1: none): a client
   // other than its owner may only send later steps.
   int64_t stored_last_step = -1;
+  // Said to the client as warnings (a rule of the hello replaced a default).
+  std::vector<std::string> warnings;
 };
 
 struct CommitResult {

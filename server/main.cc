@@ -12,6 +12,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "glog/logging.h"
 #include "rules/rule_config.h"
 #include "server/collector.h"
@@ -97,6 +99,14 @@ ABSL_FLAG(std::vector<std::string>, tensorboard_statistics,
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Sonde's collector. Example: sonde-collector --listen=127.0.0.1:0 --data_dir=/tmp/sonde");
+  // --help lists the collector's flags (by default Abseil lists only those
+  // of a file named after the program, "sonde-collector.cc", which does not
+  // exist: "No flags matched").
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/hook.h"
+#include "glog/logging.h"
 #include "client/python/options_json.h"
 #include "cuda/device_stats.h"
 
@@ -220,6 +221,12 @@ class PyHook {
 
 PYBIND11_MODULE(_sonde, m) {
   using sonde::PyHook;
+  // The hook logs through glog: to stderr, as before, and without glog's
+  // "Logging before InitGoogleLogging()" warning opening every run.
+  if (!google::IsGoogleLoggingInitialized()) {
+    FLAGS_logtostderr = true;
+    google::InitGoogleLogging("sonde");
+  }
   m.doc() = "Sonde's C++ client hook (internal; use sonde.torch.Hook)";
   m.def("check_options", [](const std::string& options_json) {
     absl::StatusOr<sonde::PythonHookOptions> parsed = sonde::ParsePythonHookOptions(options_json);
