@@ -14,7 +14,9 @@
 #include "server/collector_service.h"
 #include "server/job_registry.h"
 #include "server/operator_views.h"
+#include "proto/health.grpc.pb.h"
 #include "server/query_service.h"
+#include "server/reflection.h"
 #include "server/store_rule_environment.h"
 #include "server/webhook_notifier.h"
 #include "rules/plugin_loader.h"
@@ -138,7 +140,16 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
                                                      c->rule_factory_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // v1alpha
+  // gRPC's health service has no descriptor of its own; naming one of
+  // proto/health.proto's types links that file's, so that reflection (both
+  // versions) resolves grpc.health.v1.Health.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+  c->reflection_v1_ = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      v1::Collector::service_full_name(), v1::Query::service_full_name(),
+      grpc::health::v1::Health::service_full_name(),
+      grpc::reflection::v1::ServerReflection::service_full_name(),
+      "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, *credentials, &port);
@@ -160,6 +171,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   } else {
     builder.RegisterService(c->query_service_.get());
   }
+  builder.RegisterService(c->reflection_v1_.get());
   builder.experimental().SetInterceptorCreators(OperatorViews::Interceptors());
   c->server_ = builder.BuildAndStart();
   if (c->server_ == nullptr || port == 0) {

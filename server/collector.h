@@ -40,6 +40,7 @@ class CollectorService;
 class JobRegistry;
 class OperatorViews;
 class QueryService;
+class ReflectionV1Service;
 class AuthorizingQueryService;
 class TokenTable;
 
@@ -142,6 +143,7 @@ class Collector {
   std::unique_ptr<QueryService> query_service_;
   std::unique_ptr<TokenTable> tokens_;  // null without authentication
   std::unique_ptr<AuthorizingQueryService> authorizing_query_service_;  // likewise
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<RetentionThread> retention_;  // null when retention is off
   std::unique_ptr<tensorboard::Exporter> tensorboard_;
   std::unique_ptr<grpc::Server> server_;

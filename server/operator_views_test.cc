@@ -16,7 +16,7 @@
 #include "server/webhook_notifier.h"
 #include "storage/store.h"
 #include "tests/testing/exposition.h"
-#include "tests/testing/health.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "proto/collector.grpc.pb.h"
 #include "storage/store.h"
-#include "tests/testing/health.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/http_server.h"
 #include "tests/testing/in_process_collector.h"

@@ -19,7 +19,7 @@
 #include "rules/rule_config.h"
 #include "server/collector.h"
 #include "tests/testing/exposition.h"
-#include "tests/testing/health.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
