@@ -13,12 +13,13 @@
 #include "client/sender.h"
 #include "common/dtype.h"
 #include "common/names.h"
+#include "common/version.h"
 #include "glog/logging.h"
 
 namespace sonde {
 namespace {
 
-constexpr char kClientVersion[] = "sonde-cpp/0.1.0";
+constexpr char kClientVersion[] = "sonde-cpp/" SONDE_VERSION;
 
 // Everything Create checks but the collections (Create builds them once).
 absl::Status ValidateScalars(const HookOptions& options) {

@@ -12,3 +12,23 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from sonde import modes  # noqa: F401,E402
 from sonde.modes import ModeKeys  # noqa: F401,E402
+
+
+def _version():
+    """The installed distribution's version, else the repository's VERSION
+    file (the one place the version is written)."""
+    try:
+        from importlib.metadata import version
+        return version("sonde")
+    except Exception:  # noqa: BLE001 - not installed: a source tree
+        pass
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "VERSION")
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "0+unknown"
+
+
+__version__ = _version()

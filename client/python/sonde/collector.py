@@ -1,0 +1,27 @@
+"""`sonde-collector` from an installed wheel (also `python -m sonde.collector`):
+runs the collector binary shipped in the package, with the same flags
+(`sonde-collector --help` lists them)."""
+
+import os
+import sys
+
+
+def binary(name):
+    """The path of a binary shipped in the package (bin/<name>)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", name)
+    if not os.access(path, os.X_OK):
+        raise SystemExit(
+            "sonde: %s is not part of this installation (looked for %s). Install a wheel "
+            "made by deploy/build-wheels.sh, or in a source tree run "
+            "`bazel run //server:sonde-collector`." % (name, path))
+    return path
+
+
+def main(argv=None):
+    path = binary("sonde-collector")
+    args = sys.argv[1:] if argv is None else list(argv)
+    os.execv(path, [path] + args)
+
+
+if __name__ == "__main__":
+    main()
