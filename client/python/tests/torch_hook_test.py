@@ -779,6 +779,10 @@ def test_profiler_config_checks_the_nvml_library():
 
 def _in_forked_child(hook_module, address, model, results):
     """Runs in a forked child: every call on the parent's hook is a no-op."""
+    # As DataLoader does in its workers: torch 2.x's wheels use GNU OpenMP,
+    # whose thread team does not survive fork, and a parallel region in the
+    # child (oneDNN's convolution) waits forever for the parent's threads.
+    torch.set_num_threads(1)
     try:
         hook = hook_module.get_hook(create_if_not_exists=True, collector=address,
                                     job="child-job")
@@ -816,8 +820,12 @@ def test_a_forked_child_leaves_the_parents_hook_alone(collector, monkeypatch):
                         args=(hook_module, collector.address, model, results))
     started = time.monotonic()
     child.start()
-    got = results.get(timeout=60)
-    child.join(60)
+    try:
+        got = results.get(timeout=60)
+        child.join(60)
+    finally:
+        if child.is_alive():  # never leave a hung child behind the test run
+            child.kill()
     assert child.exitcode == 0
     assert time.monotonic() - started < 30  # the child exits promptly
     # get_hook gave the parent's hook, disabled: nothing raised, nothing sent.

@@ -47,6 +47,7 @@ import torch
 from sonde import _sonde
 from sonde import modes as _modes
 from sonde.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig
+from sonde.torch import _compile
 from sonde.v1 import profile_pb2
 
 _KIND = profile_pb2.TraceEvent  # KIND_DATA_WAIT, KIND_FORWARD, ...
@@ -78,6 +79,8 @@ _BUILTIN_COLLECTIONS = ("weights", "biases", "gradients", "losses", "inputs", "o
 # What Hook() takes that a hook config file replaces.
 _FILE_CONFIG_KWARGS = ("save_config", "reduction_config", "include_regex", "include_collections",
                        "save_all")
+
+
 
 CONFIG_FILE_ENV = ("SONDE_CONFIG_FILE_PATH", "SMDEBUG_CONFIG_FILE_PATH")
 DEFAULT_CONFIG_FILE = "/opt/ml/input/config/debughookconfig.json"
@@ -219,6 +222,10 @@ class Hook:
         self._plan_key = None       # what _plan_value was computed from
         self._plan_value = None     # (modules, gradients?, weights?) of a saving step
         self._hooked_plan = None    # the plan the step hooks in place follow
+        self._saving_modules = ()   # modules this saving step hooked...
+        self._ran = set()           # ...and the ids of those whose forward hook ran
+        self._modules_missed = 0    # hooked in a saving step, hook never ran
+        self._steps_begun = 0       # by a registered model's forward
         self._tops = set()          # ids of registered top-level modules
         self._losses = []           # registered loss modules
         if profiler is True:
@@ -550,6 +557,7 @@ class Hook:
             return
         if self._profiling():
             self._forward_start = _now_micros()  # this step's forward begins
+        self._account_modules()
         if self.raise_on_stop and not self._stop_raised and self.should_stop():
             self._stop_raised = True
             raise StopTrainingRequested(self.stop_action())
@@ -561,13 +569,59 @@ class Hook:
                 if plan is not self._hooked_plan:
                     self._unhook_step()
                     self._hook_step(plan)
+                self._saving_modules = plan[0]
             elif self._step_handles:
                 self._unhook_step()
         except Exception as e:  # noqa: BLE001
             self._fail("start_step", e)
             self._unhook_all()
 
+    def _account_modules(self):
+        """After a saving step: counts the modules it hooked whose forward
+        hook never ran eagerly (inside torch.compile'd code, or not called
+        in that step), whose inputs and outputs were therefore not saved,
+        and says so once."""
+        modules, ran = self._saving_modules, self._ran
+        self._saving_modules, self._ran = (), set()
+        missed = [m for m in modules if id(m) not in ran]
+        if not missed:
+            return
+        self._modules_missed += len(missed)
+        names = ", ".join(self._module_names.get(id(m), "?") for m in missed[:8])
+        if len(missed) > 8:
+            names += ", ..."
+        self._log_once("modules_missed",
+                       "the inputs and outputs of %d module(s) hooked for a saving step were "
+                       "not saved: %s (they ran inside torch.compile'd code, where Sonde saves "
+                       "no module inputs or outputs, or were not called in that step; counted "
+                       "in counters()['modules_missed'])" % (len(missed), names))
+
+    # The hooks PyTorch calls: under torch.compile they trace to nothing or
+    # run eagerly, never into a graph (see _compile.py).
+
     def _forward_pre_hook(self, module, inputs):
+        if _compile.is_compiling():
+            # Inlined: the model is called from a compiled function. A
+            # graph break begins the step eagerly, unless breaks are errors.
+            if not _compile.breaks_forbidden():
+                _call_eagerly(self._begin_forward, module, inputs)
+            return
+        _call_eagerly(self._begin_forward, module, inputs)
+
+    def _forward_hook(self, module, inputs, outputs):
+        if not _compile.is_compiling():  # inlined: counted by _account_modules
+            _call_eagerly(self._save_module_tensors, module, inputs, outputs)
+
+    def _profile_forward_end(self, module, inputs, outputs):
+        if not _compile.is_compiling():
+            _call_eagerly(self._end_forward, module, inputs, outputs)
+
+    def _profile_loss(self, module, inputs, outputs):
+        if not _compile.is_compiling():
+            _call_eagerly(self._watch_loss, module, inputs, outputs)
+
+    def _begin_forward(self, module, inputs):
+        self._steps_begun += 1
         self._start_step()
         if not self._due or not self._plan_value[2]:
             return
@@ -579,9 +633,10 @@ class Hook:
         except Exception as e:  # noqa: BLE001
             self._fail("saving weights", e)
 
-    def _forward_hook(self, module, inputs, outputs):
+    def _save_module_tensors(self, module, inputs, outputs):
         if not self._due or self._disabled:
             return
+        self._ran.add(id(module))
         try:
             name = self._module_names.get(id(module))
             if name is None:
@@ -600,8 +655,8 @@ class Hook:
 
     def _gradient_hook(self, name):
         def hook(grad):
-            if not self._due or self._disabled or grad is None:
-                return None
+            if _compile.is_compiling() or not self._due or self._disabled or grad is None:
+                return None  # compiled autograd traces gradient hooks
             try:
                 self._collect_param(self._grad_items, self._grad_keep, name, grad, None)
                 if self._grad_items and not self._grad_flush_queued:
@@ -666,12 +721,12 @@ class Hook:
         except Exception as e:  # noqa: BLE001
             self._fail("recording a profiler event", e)
 
-    def _profile_forward_end(self, module, inputs, outputs):
+    def _end_forward(self, module, inputs, outputs):
         if self._forward_start:
             self._record(_KIND.KIND_FORWARD, "", self._forward_start, _now_micros())
             self._forward_start = 0
 
-    def _profile_loss(self, module, inputs, outputs):
+    def _watch_loss(self, module, inputs, outputs):
         """The loss's gradient is the first computed in backward."""
         if not self._profiling():
             return
@@ -683,7 +738,7 @@ class Hook:
     def _profile_backward_begins(self, grad):
         """Backward has begun: times it until autograd's engine finishes
         (one callback per backward, instead of a hook on every parameter)."""
-        if self._profiling():
+        if not _compile.is_compiling() and self._profiling():
             self._backward_start = _now_micros()
             torch.autograd.Variable._execution_engine.queue_callback(self._profile_backward_ends)
         return None
@@ -867,9 +922,13 @@ class Hook:
         return err is None
 
     def counters(self):
-        """The native hook's counters (saved, dropped, spilled, resent...)."""
+        """The native hook's counters (saved, dropped, spilled, resent...),
+        and modules_missed: modules hooked for a saving step whose forward
+        hook never ran eagerly (see docs/python.md, "torch.compile")."""
         h = self._native
-        return h.counters() if h is not None else {}
+        counters = h.counters() if h is not None else {}
+        counters["modules_missed"] = self._modules_missed
+        return counters
 
     @property
     def disabled(self):
@@ -883,6 +942,11 @@ class Hook:
         self._closed = True
         if os.getpid() != self._pid:
             return  # a forked child: the C++ hook's threads live in the parent only
+        self._account_modules()
+        if self._tops and not self._steps_begun:
+            self._log_once("no_steps", "no step began: the registered model's forward never "
+                           "ran its hooks eagerly (called only from a function compiled with "
+                           "torch.compile(fullgraph=True)?); nothing of it was saved")
         self._unhook_all()
         h = self._native
         if h is None:
@@ -950,6 +1014,17 @@ class Hook:
 
 # Every hook of this process, so a forked child can disable its copies, and
 # every C++ hook, also those only a reference cycle still holds.
+def _call_eagerly(fn, *args):
+    """fn(*args), never traced by dynamo: from traced code, a graph break."""
+    return fn(*args)
+
+
+_call_eagerly = _compile.disable(_call_eagerly)
+# The hooks of the module torch.compile was given run as frames of their own:
+# run them eagerly (inlined into a graph they trace to nothing instead).
+_compile.skip_frames(Hook._forward_pre_hook, Hook._forward_hook, Hook._profile_forward_end,
+                     Hook._profile_loss)
+
 _LIVE_HOOKS = weakref.WeakSet()
 _NATIVES = weakref.WeakSet()
 # A forked child's copies of the parent's C++ hooks. Destroying one would
