@@ -11,6 +11,7 @@
 #include "client/device_capture.h"
 #include "client/hook_config_json.h"
 #include "client/sender.h"
+#include "client/spool/upload.h"
 #include "common/dtype.h"
 #include "common/names.h"
 #include "common/version.h"
@@ -65,6 +66,8 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
   so.max_queue_bytes = hook->options_.max_queue_bytes;
   so.backpressure = hook->options_.backpressure;
   so.max_chunk_bytes = hook->options_.max_chunk_bytes;
+  so.spool_dir = hook->options_.spool_dir;
+  so.max_spool_bytes = hook->options_.max_spool_bytes;
   Hook* raw = hook.get();
   so.on_action = [raw](const v1::Action& action) {
     if (action.type() != v1::ACTION_STOP_TRAINING) return;
@@ -83,6 +86,9 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
     return raw->AwaitDevice(p);
   };
   hook->sender_ = std::make_unique<Sender>(std::move(so));
+  if (!hook->options_.spool_dir.empty() && hook->options_.upload_left_spools) {
+    hook->uploader_ = std::thread([raw] { raw->UploadLeftSpools(); });
+  }
   if (hook->options_.profiler.enabled) {
     auto profiler = HookProfiler::Start(
         hook->options_.profiler, [raw](v1::ProfileBatch batch) { raw->SaveProfile(std::move(batch)); });
@@ -123,7 +129,36 @@ absl::StatusOr<HookOptions> Hook::ApplyJsonFile(const std::string& path, HookOpt
 Hook::Hook(HookOptions options, CollectionSet collections)
     : options_(std::move(options)), collections_(std::move(collections)) {}
 
-Hook::~Hook() { Close().IgnoreError(); }
+Hook::~Hook() {
+  Close().IgnoreError();
+  closing_uploads_ = true;
+  if (uploader_.joinable()) uploader_.join();
+}
+
+void Hook::UploadLeftSpools() {
+  const std::string own = sender_->spool_path();
+  for (const spool::LeftSpool& left : spool::FindLeft(options_.spool_dir)) {
+    if (closing_uploads_) return;
+    if (left.path == own || left.collector != options_.collector) continue;
+    spool::UploadOptions uo;
+    uo.collector = options_.collector;
+    uo.security = options_.security;
+    uo.cancel = &closing_uploads_;
+    spool::UploadResult result;
+    absl::Status s = spool::Upload(left, uo, &result);
+    if (s.ok()) {
+      ++left_spools_uploaded_;
+      left_steps_uploaded_ += result.steps_stored;
+      LOG(INFO) << "sonde: uploaded the spool an earlier client left (job '" << left.hello.job()
+                << "', worker " << left.hello.worker() << "): " << result.steps_stored
+                << " steps stored, " << result.steps_duplicate << " already there";
+    } else if (!absl::IsCancelled(s)) {
+      LOG(WARNING) << "sonde: the spool " << left.path << " an earlier client left was not "
+                   << "uploaded: " << s.message() << " (`sonde sync "
+                   << options_.spool_dir << "` retries)";
+    }
+  }
+}
 
 void Hook::LogOnce(const std::string& key, const std::string& message) {
   {
@@ -602,6 +637,12 @@ Hook::Counters Hook::counters() const {
   c.memory_bytes = sc.memory_bytes;
   c.profile_batches_queued = sc.profile_batches_queued;
   c.profile_batches_dropped = sc.profile_batches_dropped;
+  c.entries_spooled = sc.entries_spooled;
+  c.spool_refused = sc.spool_refused;
+  c.spool_bytes = sc.spool_bytes;
+  c.steps_left_in_spool = sc.steps_left_in_spool;
+  c.left_spools_uploaded = left_spools_uploaded_;
+  c.left_steps_uploaded = left_steps_uploaded_;
   {
     absl::MutexLock lock(&mu_);
     c.steps = steps_;

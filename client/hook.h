@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,6 +41,7 @@
 #include "cuda/device_stats.h"
 #include "cuda/histogram_math.h"
 #include "client/save_config.h"
+#include "client/spool/spool.h"
 #include "client/tensor_view.h"
 #include "common/channel.h"
 #include "proto/collector.pb.h"
@@ -82,6 +84,18 @@ struct HookOptions {
   // How long Close() waits for the collector to acknowledge everything.
   // Default 30 s.
   absl::Duration close_timeout = absl::Seconds(30);
+  // The durable spool (client/spool/spool.h): each step is also written
+  // here until the collector acknowledges it, so that what is not stored
+  // when the process ends (Close timing out, kill -9) stays on disk for
+  // `sonde sync`. Default spool::DefaultDir() ($SONDE_SPOOL_DIR, else
+  // ~/.cache/sonde/spool); empty: no spool.
+  std::string spool_dir = spool::DefaultDir();
+  // Most bytes this client's spool holds; past it steps are kept in memory
+  // only (counted in spool_refused). Default 4 GiB.
+  uint64_t max_spool_bytes = uint64_t{4} << 30;
+  // At start, upload in the background the spools that earlier clients of
+  // the same collector left in spool_dir (one pass). Default true.
+  bool upload_left_spools = true;
   // Called once, on a background thread, when a rule asks to stop training.
   std::function<void(const v1::Action&)> on_stop;
   // Bins of the histograms sent for collections with save_histogram.
@@ -269,6 +283,13 @@ class Hook {
     absl::Duration device_waited;      // their total wait
     uint64_t device_snapshot_bytes_peak = 0;
     uint64_t device_bytes_downloaded = 0;
+    // The durable spool.
+    uint64_t entries_spooled = 0;      // steps (and job end, profiler batches) written
+    uint64_t spool_refused = 0;        // not written: the spool was full or failing
+    uint64_t spool_bytes = 0;          // on disk now
+    uint64_t steps_left_in_spool = 0;  // at the end: kept for `sonde sync`
+    uint64_t left_spools_uploaded = 0; // earlier clients' spools uploaded at start
+    uint64_t left_steps_uploaded = 0;  // their steps stored (duplicates excluded)
   };
   Counters counters() const;
 
@@ -289,8 +310,15 @@ class Hook {
   // Counts a second save of `name` in the open step as dropped; the error.
   absl::Status SavedTwice(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The background upload of spools left by earlier clients.
+  void UploadLeftSpools();
+
   const HookOptions options_;
   std::unique_ptr<Sender> sender_;
+  std::atomic<bool> closing_uploads_{false};
+  std::atomic<uint64_t> left_spools_uploaded_{0};
+  std::atomic<uint64_t> left_steps_uploaded_{0};
+  std::thread uploader_;
   std::atomic<bool> stop_{false};
 
   mutable absl::Mutex mu_;

@@ -62,6 +62,21 @@ std::string SpillDir(const std::string& configured) {
 }  // namespace
 
 Sender::Sender(SenderOptions options) : options_(WithClientId(std::move(options))) {
+  chunk_limit_ = options_.max_chunk_bytes;  // until a stream says otherwise
+  if (!options_.spool_dir.empty()) {
+    auto made = spool::Spool::Create(options_.spool_dir, options_.hello, options_.collector,
+                                     options_.max_spool_bytes);
+    if (made.ok()) {
+      absl::MutexLock spool_lock(&spool_mu_);
+      spool_ = std::move(*made);
+      absl::MutexLock lock(&mu_);
+      spooling_ = true;
+    } else {
+      LOG(WARNING) << "sonde: no durable spool (" << made.status().message()
+                   << "); what the collector has not acknowledged when the process ends "
+                      "will be lost";
+    }
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -351,9 +366,15 @@ std::string Sender::AcquireBuffer(size_t bytes) {
   return buf;
 }
 
+std::string Sender::spool_path() const {
+  absl::MutexLock lock(&spool_mu_);
+  return spool_ != nullptr ? spool_->path() : "";
+}
+
 SenderCounters Sender::counters() const {
   absl::MutexLock lock(&mu_);
   SenderCounters c = counters_;
+  c.spool_bytes = spool_bytes_.load();
   c.memory_bytes = memory_bytes_;
   c.spill_file_bytes = spill_ != nullptr ? spill_->file_bytes() : 0;
   return c;
@@ -375,6 +396,9 @@ void Sender::PopAckedLocked() {
   while (!unacked_.empty() && unacked_.front().end_seq != 0 &&
          unacked_.front().end_seq <= stream_acked_seq_) {
     memory_bytes_ -= unacked_.front().cost;
+    if (unacked_.front().spool_index != 0) {
+      acked_segments_.push_back(unacked_.front().spool_index);
+    }
     if (unacked_.front().job_end) job_end_acked_ = true;
     unacked_.pop_front();
   }
@@ -440,29 +464,85 @@ bool Sender::TakeNextLocked(Item* item) {
 
 void Sender::Run() {
   absl::Duration backoff = options_.reconnect_min;
-  while (true) {
+  bool stop = false;
+  while (!stop) {
     if (StreamOnce()) break;
-    absl::MutexLock lock(&mu_);
-    ++counters_.reconnects;
-    // A stream that got as far as the hello ack starts the backoff afresh.
-    if (stream_was_accepted_) backoff = options_.reconnect_min;
-    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return give_up_; };
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) break;
+    RemoveAckedSegments();
+    {
+      absl::MutexLock lock(&mu_);
+      ++counters_.reconnects;
+      // A stream that got as far as the hello ack starts the backoff afresh.
+      if (stream_was_accepted_) backoff = options_.reconnect_min;
+    }
+    // While disconnected, what waits moves into the spool, out of memory.
+    const absl::Time until = absl::Now() + backoff;
+    while (true) {
+      const bool moved = DrainToSpool(false);
+      absl::MutexLock lock(&mu_);
+      (void)moved;
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return give_up_ || (spooling_ && !spool_stuck_ && CanTakeLocked());
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&wake), until);
+      if (give_up_) {
+        stop = true;
+        break;
+      }
+      if (absl::Now() >= until) break;
+    }
     backoff = std::min(backoff * 2, options_.reconnect_max);
   }
+  bool refused;
+  {
+    absl::MutexLock lock(&mu_);
+    refused = !refusal_.empty();
+  }
+  if (refused) {
+    // Nothing of this client can be stored there: counted as lost below,
+    // not kept to be refused again.
+    absl::MutexLock spool_lock(&spool_mu_);
+    if (spool_ != nullptr) spool_->RemoveAll();
+    spool_bytes_.store(0);
+    absl::MutexLock lock(&mu_);
+    for (Unacked& u : unacked_) u.spool_index = 0;
+    spooling_ = false;
+  } else {
+    // What is left goes to the spool, for `sonde sync` or the next hook.
+    DrainToSpool(true);
+  }
+  RemoveAckedSegments();
+  std::string spool_path;
+  {
+    absl::MutexLock spool_lock(&spool_mu_);
+    if (spool_ != nullptr) spool_path = spool_->path();
+    // Unlocked (and removed when empty): `sonde sync` and later hooks may
+    // take what is left while this process lives on.
+    spool_.reset();
+  }
   absl::MutexLock lock(&mu_);
-  // Whatever was not stored is lost now (the collector refused the job, or
-  // Close gave up): counted, never silent.
-  uint64_t tensors = 0, steps = 0;
+  // Whatever was not stored nor spooled is lost now (the collector refused
+  // the job, or Close gave up): counted, never silent.
+  uint64_t tensors = 0, steps = 0, spooled_steps = 0;
   for (const Item& item : queue_) {
     tensors += item.kind == Item::kTensor;
     steps += item.kind == Item::kStepEnd;
   }
   for (const Unacked& u : unacked_) {
-    for (const v1::ClientMessage& m : u.messages) {
-      tensors += m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
+    const bool step = u.complete && !u.job_end && !u.profile_only;
+    if (u.spool_index != 0) {
+      spooled_steps += step;
+      continue;
     }
-    steps += u.complete && !u.job_end && !u.profile_only;
+    tensors += u.tensors;
+    steps += step;
+  }
+  if (std::any_of(unacked_.begin(), unacked_.end(),
+                  [](const Unacked& u) { return u.spool_index != 0; })) {
+    counters_.steps_left_in_spool += spooled_steps;
+    LOG(WARNING) << "sonde: " << spooled_steps << " steps the collector has not stored are kept "
+                 << "in the spool " << spool_path << "; `sonde sync "
+                 << options_.spool_dir << "` (or the next hook with the same spool) "
+                 << "uploads them";
   }
   if (spill_ != nullptr) {
     steps += spill_->step_end_records();
@@ -483,6 +563,173 @@ void Sender::Run() {
   memory_bytes_ = 0;
   device_reserved_ = 0;
   done_ = true;
+}
+
+Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>& messages,
+                                      bool usable, size_t* from) {
+  Unacked* entry = nullptr;
+  memory_bytes_ -= item.cost;
+  if (item.kind == Item::kTensor) {
+    // Keep the buffer for the next copy, within a quarter of the queue's budget.
+    std::string& bytes = item.tensor.bytes;
+    if (bytes.capacity() > 0 && free_bytes_ + bytes.capacity() <= options_.max_queue_bytes / 4) {
+      free_bytes_ += bytes.capacity();
+      free_buffers_.push_back(std::move(bytes));
+    }
+  }
+  if (!usable) return nullptr;
+  if (unacked_.empty() || unacked_.back().complete) {
+    unacked_.emplace_back();
+    unacked_.back().step = item.kind == Item::kTensor ? item.tensor.step : -1;
+    if (item.kind == Item::kProfile) {
+      // Between steps: an entry of its own, acknowledged on its own.
+      // (Within a step it joins the step's entry and its ack.)
+      unacked_.back().profile_only = true;
+      unacked_.back().complete = true;
+    }
+  }
+  entry = &unacked_.back();
+  *from = entry->messages.size();
+  if (item.kind == Item::kStepEnd) {
+    // The step's tensors are the entry's summaries and first chunks,
+    // whichever stream carried them.
+    v1::StepEnd* end = messages[0].mutable_step_end();
+    end->set_tensor_count(entry->tensors);
+    end->set_tensors_dropped(end->tensors_dropped() + built_tensors_dropped_);
+    end->set_values_dropped(end->values_dropped() + built_values_dropped_);
+    built_tensors_dropped_ = 0;
+    built_values_dropped_ = 0;
+    *end->mutable_counters() = WireCounters();
+    entry->step = end->step();
+    entry->complete = true;
+  } else if (item.kind == Item::kJobEnd) {
+    if (!entry->messages.empty()) {
+      // Tensors saved after the last step end have no step end: they
+      // cannot be stored. (The hook always ends the step first.)
+      memory_bytes_ -= entry->cost;
+      unacked_.pop_back();
+      unacked_.emplace_back();
+      entry = &unacked_.back();
+      *from = 0;
+    }
+    *messages[0].mutable_job_end()->mutable_counters() = WireCounters();
+    entry->job_end = true;
+    entry->complete = true;
+  }
+  for (v1::ClientMessage& m : messages) {
+    entry->cost += MessageCost(m);
+    memory_bytes_ += MessageCost(m);
+    entry->tensors += m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
+    entry->messages.push_back(std::move(m));
+  }
+  return entry;
+}
+
+uint64_t Sender::SpoolEntry(Unacked* entry) {
+  // Only this thread touches the messages of an entry not yet written (or
+  // written and not acknowledged, whose end_seq was reset for a resend).
+  const uint64_t index = ++next_spool_index_;
+  absl::Status written;
+  {
+    absl::MutexLock spool_lock(&spool_mu_);
+    if (spool_ == nullptr) return 0;
+    written = spool_->Write(index, entry->messages);
+    spool_bytes_.store(spool_->bytes());
+  }
+  absl::MutexLock lock(&mu_);
+  spool_stuck_ = !written.ok();
+  if (!written.ok()) {
+    ++counters_.spool_refused;
+    LogOnceLocked(absl::StrCat("spool:", written.code()),
+                  absl::StrCat("not spooled: ", written.message(),
+                               "; such steps are kept in memory only"));
+    return 0;
+  }
+  entry->spool_index = index;
+  ++counters_.entries_spooled;
+  return index;
+}
+
+void Sender::EvictLocked(uint64_t spool_index) {
+  for (Unacked& u : unacked_) {
+    if (u.spool_index != spool_index) continue;
+    if (!u.evicted) {
+      memory_bytes_ -= u.cost;
+      u.cost = 0;
+      std::vector<v1::ClientMessage>().swap(u.messages);
+      u.evicted = true;
+    }
+    return;
+  }
+}
+
+void Sender::LoadEntry(Unacked* entry) {
+  absl::StatusOr<std::vector<v1::ClientMessage>> messages =
+      absl::NotFoundError("no spool");
+  {
+    absl::MutexLock spool_lock(&spool_mu_);
+    if (spool_ != nullptr) messages = spool_->Read(entry->spool_index);
+  }
+  absl::MutexLock lock(&mu_);
+  entry->evicted = false;
+  if (!messages.ok()) {
+    // Written as nothing: the next ack passes it. Its step is a gap.
+    counters_.tensors_dropped += entry->tensors;
+    counters_.steps_dropped += entry->complete && !entry->job_end && !entry->profile_only;
+    entry->tensors = 0;
+    LogOnceLocked("spool-read", absl::StrCat("a spooled step is lost: ",
+                                             messages.status().message()));
+    return;
+  }
+  entry->messages = std::move(*messages);
+  for (const v1::ClientMessage& m : entry->messages) entry->cost += MessageCost(m);
+  memory_bytes_ += entry->cost;
+}
+
+bool Sender::DrainToSpool(bool all) {
+  bool moved = false;
+  while (true) {
+    Item item;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!spooling_) return moved;
+      const bool can = all ? !queue_.empty() || spilling() || job_end_item_.has_value()
+                           : !give_up_ && CanTakeLocked();
+      if (!can) return moved;
+      if (!TakeNextLocked(&item)) continue;
+    }
+    std::vector<v1::ClientMessage> messages;
+    const bool usable = BuildMessages(item, &messages);
+    Unacked* entry;
+    size_t from = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      entry = AppendLocked(item, messages, usable, &from);
+    }
+    moved = true;
+    if (entry == nullptr || !entry->complete) continue;
+    const uint64_t index = SpoolEntry(entry);
+    if (index == 0) return moved;  // the spool is full or failing: the rest stays put
+    absl::MutexLock lock(&mu_);
+    EvictLocked(index);
+  }
+}
+
+void Sender::RemoveAckedSegments() {
+  std::vector<uint64_t> acked;
+  {
+    absl::MutexLock lock(&mu_);
+    acked.swap(acked_segments_);
+  }
+  if (acked.empty()) return;
+  {
+    absl::MutexLock spool_lock(&spool_mu_);
+    if (spool_ == nullptr) return;
+    for (uint64_t index : acked) spool_->Remove(index);
+    spool_bytes_.store(spool_->bytes());
+  }
+  absl::MutexLock lock(&mu_);
+  spool_stuck_ = false;  // room again, perhaps
 }
 
 bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
@@ -613,6 +860,13 @@ bool Sender::WriteEntry(Stream* stream, Unacked* entry, size_t from) {
   // the reader pops an entry only once end_seq is set.
   for (size_t i = from; i < entry->messages.size(); ++i) {
     v1::ClientMessage& m = entry->messages[i];
+    if (m.has_step_end() || m.has_job_end()) {
+      // The counters as they are now (built earlier, perhaps while
+      // disconnected or on an earlier stream).
+      absl::MutexLock lock(&mu_);
+      *(m.has_step_end() ? m.mutable_step_end()->mutable_counters()
+                         : m.mutable_job_end()->mutable_counters()) = WireCounters();
+    }
     m.set_seq(++seq_);
     if (!stream->Write(m)) return false;
   }
@@ -683,10 +937,10 @@ bool Sender::StreamOnce() {
           absl::MutexLock lock(&mu_);
           stream_acked_seq_ = std::max(stream_acked_seq_, in.ack().acked_seq());
           counters_.last_acked_seq = stream_acked_seq_;
-          if (in.ack().duplicate()) {
-            ++counters_.duplicates_acked;
-          } else if (in.ack().step() >= 0) {
-            ++counters_.steps_acked;
+          // Steps' acks carry their mode; the job end's and profiler
+          // batches' do not.
+          if (in.ack().mode() != v1::MODE_UNSPECIFIED) {
+            ++(in.ack().duplicate() ? counters_.duplicates_acked : counters_.steps_acked);
           }
           PopAckedLocked();
           break;
@@ -701,6 +955,7 @@ bool Sender::StreamOnce() {
         default:
           break;
       }
+      if (in.has_ack()) RemoveAckedSegments();
     }
     absl::MutexLock lock(&mu_);  // wakes the writer's Await
     broken_ = true;
@@ -744,20 +999,31 @@ bool Sender::StreamOnce() {
       }
       for (size_t i = 0; i < stored; ++i) {
         memory_bytes_ -= unacked_.front().cost;
+        if (unacked_.front().spool_index != 0) {
+          acked_segments_.push_back(unacked_.front().spool_index);
+        }
         unacked_.pop_front();
       }
       for (Unacked& u : unacked_) resend.push_back(&u);
     }
   }
-  uint64_t resent = 0;
   for (Unacked* u : resend) {
     if (!ok) break;
+    // Resending does not end an entry's wait in the spool: read back, it
+    // goes out and leaves memory again.
+    const bool evicted = u->evicted;
+    const uint64_t index = u->spool_index;  // once written, `u` may be acked and gone
+    if (evicted) LoadEntry(u);
+    {
+      // Counted first, so the step ends written now report them.
+      absl::MutexLock lock(&mu_);
+      counters_.messages_resent += u->messages.size();
+    }
     ok = WriteEntry(stream.get(), u, 0);
-    resent += u->messages.size();
-  }
-  if (resent > 0) {
-    absl::MutexLock lock(&mu_);
-    counters_.messages_resent += resent;
+    if (evicted) {
+      absl::MutexLock lock(&mu_);
+      EvictLocked(index);
+    }
   }
   while (ok) {
     Item item;
@@ -776,69 +1042,21 @@ bool Sender::StreamOnce() {
     }
     std::vector<v1::ClientMessage> messages;
     const bool usable = BuildMessages(item, &messages);
-    Unacked* entry = nullptr;
+    Unacked* entry;
     size_t from = 0;
     {
       absl::MutexLock lock(&mu_);
-      memory_bytes_ -= item.cost;
-      if (item.kind == Item::kTensor) {
-        // Keep the buffer for the next copy, within a quarter of the queue's budget.
-        std::string& bytes = item.tensor.bytes;
-        if (bytes.capacity() > 0 && free_bytes_ + bytes.capacity() <= options_.max_queue_bytes / 4) {
-          free_bytes_ += bytes.capacity();
-          free_buffers_.push_back(std::move(bytes));
-        }
-      }
-      if (!usable) continue;
-      if (unacked_.empty() || unacked_.back().complete) {
-        unacked_.emplace_back();
-        unacked_.back().step = item.kind == Item::kTensor ? item.tensor.step : -1;
-        if (item.kind == Item::kProfile) {
-          // Between steps: an entry of its own, acknowledged on its own.
-          // (Within a step it joins the step's entry and its ack.)
-          unacked_.back().profile_only = true;
-          unacked_.back().complete = true;
-        }
-      }
-      entry = &unacked_.back();
-      from = entry->messages.size();
-      if (item.kind == Item::kStepEnd) {
-        // The step's tensors are the entry's summaries and first chunks,
-        // whichever stream carried them.
-        uint32_t tensors = 0;
-        for (const v1::ClientMessage& m : entry->messages) {
-          tensors += m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
-        }
-        v1::StepEnd* end = messages[0].mutable_step_end();
-        end->set_tensor_count(tensors);
-        end->set_tensors_dropped(end->tensors_dropped() + built_tensors_dropped_);
-        end->set_values_dropped(end->values_dropped() + built_values_dropped_);
-        built_tensors_dropped_ = 0;
-        built_values_dropped_ = 0;
-        *end->mutable_counters() = WireCounters();
-        entry->step = end->step();
-        entry->complete = true;
-      } else if (item.kind == Item::kJobEnd) {
-        if (!entry->messages.empty()) {
-          // Tensors saved after the last step end have no step end: they
-          // cannot be stored. (The hook always ends the step first.)
-          memory_bytes_ -= entry->cost;
-          unacked_.pop_back();
-          unacked_.emplace_back();
-          entry = &unacked_.back();
-          from = 0;
-        }
-        *messages[0].mutable_job_end()->mutable_counters() = WireCounters();
-        entry->job_end = true;
-        entry->complete = true;
-      }
-      for (v1::ClientMessage& m : messages) {
-        entry->cost += MessageCost(m);
-        memory_bytes_ += MessageCost(m);
-        entry->messages.push_back(std::move(m));
-      }
+      entry = AppendLocked(item, messages, usable, &from);
     }
+    if (entry == nullptr) continue;
+    const uint64_t spooled = entry->complete ? SpoolEntry(entry) : 0;
     ok = WriteEntry(stream.get(), entry, from);
+    if (spooled != 0) {
+      // Written and on disk: past half the memory budget its messages wait
+      // for their ack in the spool only.
+      absl::MutexLock lock(&mu_);
+      if (memory_bytes_ > options_.max_queue_bytes / 2) EvictLocked(spooled);
+    }
   }
   if (finished_job) stream->WritesDone();
   {
@@ -866,14 +1084,13 @@ bool Sender::StreamOnce() {
       // unacknowledged, counted, and go on with what is queued.
       absl::MutexLock lock(&mu_);
       for (const Unacked& u : unacked_) {
-        for (const v1::ClientMessage& m : u.messages) {
-          counters_.tensors_dropped +=
-              m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
-        }
+        counters_.tensors_dropped += u.tensors;
         const bool step = u.complete && !u.job_end && !u.profile_only;
         counters_.steps_dropped += step;
         steps_dropped_pending_ += step;
         memory_bytes_ -= u.cost;
+        // Sent again later it would be refused again.
+        if (u.spool_index != 0) acked_segments_.push_back(u.spool_index);
       }
       unacked_.clear();
       LogOnceLocked(absl::StrCat("refused:", status.error_code()),

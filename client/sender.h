@@ -13,7 +13,17 @@
 // backpressure policy decides: spill tensor values to a local file and
 // send them later (default), drop them, or block for a while then drop.
 // Drops are counted per step and reported on the step end, so the
-// collector records them as gaps. Thread-safe. Internal to client/.
+// collector records them as gaps.
+//
+// With a spool directory (the default), every complete entry (a step's
+// messages and its end, a profiler batch, the job end) is also written to a
+// durable spool on local disk (client/spool/spool.h) and removed when
+// acknowledged. While the collector is unreachable the sender keeps moving
+// queued items into the spool and out of memory; when Close gives up, what
+// is left goes to the spool too, for `sonde sync` or the next hook. A kill
+// -9 loses only what had not reached the spool: the open step and items
+// still in the memory queue or the spill file. Thread-safe. Internal to
+// client/.
 #ifndef SONDE_CLIENT_SENDER_H_
 #define SONDE_CLIENT_SENDER_H_
 
@@ -36,6 +46,7 @@
 #include "client/device_capture.h"
 #include "client/queued_tensor.h"
 #include "client/spill_file.h"
+#include "client/spool/spool.h"
 #include "common/channel.h"
 #include "cuda/histogram.h"
 #include "proto/collector.grpc.pb.h"
@@ -54,6 +65,12 @@ struct SenderOptions {
   absl::Duration reconnect_max = absl::Seconds(5);
   std::function<void(const v1::Action&)> on_action;  // called on the reader thread
   std::function<void(const v1::HelloAck&)> on_hello_ack;  // likewise, once per stream
+  // The durable spool's directory (client/spool/spool.h). Empty: no spool.
+  std::string spool_dir;
+  // Most bytes the spool holds. Past it, entries are kept in memory only
+  // (subject to max_queue_bytes and the backpressure policy), counted in
+  // spool_refused.
+  uint64_t max_spool_bytes = uint64_t{4} << 30;
   // Waits for a device tensor's results (set when the hook captures device
   // tensors); the sender thread calls it.
   std::function<absl::Status(const std::shared_ptr<PendingDeviceTensor>&)> await_device;
@@ -76,6 +93,12 @@ struct SenderCounters {
   uint64_t spill_file_bytes = 0;  // current size of the spill file
   uint64_t profile_batches_queued = 0;
   uint64_t profile_batches_dropped = 0;  // no room in the queue, or closing
+  uint64_t entries_spooled = 0;       // entries written to the durable spool
+  uint64_t spool_refused = 0;         // complete entries the spool could not take
+  uint64_t spool_bytes = 0;           // bytes in the spool now
+  // At the end (Close gave up, or the job was refused): steps left in the
+  // spool for `sonde sync`, not lost.
+  uint64_t steps_left_in_spool = 0;
 };
 
 class Sender {
@@ -126,6 +149,9 @@ class Sender {
   // Waits until everything queued so far has been written and acknowledged.
   bool WaitForAcks(absl::Duration timeout);
 
+  // The spool's directory for this client; empty without a spool.
+  std::string spool_path() const;
+
  private:
   struct Item {
     enum Kind { kTensor, kStepEnd, kJobEnd, kProfile } kind;
@@ -146,6 +172,9 @@ class Sender {
     uint64_t cost = 0;
     uint64_t end_seq = 0;  // seq of its last message on this stream; 0: not (fully) written
     bool written = false;  // fully written on some stream: the collector may have stored it
+    uint32_t tensors = 0;  // tensors among the messages (summaries and first chunks)
+    uint64_t spool_index = 0;  // its segment in the spool; 0: not spooled
+    bool evicted = false;      // spooled, messages dropped from memory (read back to send)
   };
   using Stream = grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>;
 
@@ -157,6 +186,26 @@ class Sender {
   bool BuildMessages(Item& item, std::vector<v1::ClientMessage>* out);
   // Writes `entry`'s messages from `from` on, numbering them.
   bool WriteEntry(Stream* stream, Unacked* entry, size_t from);
+  // Adds a built item's messages to the last entry (a new one when that is
+  // complete), returning it and where its new messages begin; nullptr when
+  // the item built nothing (`usable` false).
+  Unacked* AppendLocked(Item& item, std::vector<v1::ClientMessage>& messages, bool usable,
+                        size_t* from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes a complete entry to the spool (sender thread, before the entry
+  // is written to a stream, or while disconnected). False if not spooled.
+  // Returns its segment index, 0 if not spooled.
+  uint64_t SpoolEntry(Unacked* entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the messages of the spooled entry `spool_index` from memory.
+  void EvictLocked(uint64_t spool_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads an evicted entry's messages back; false (entry emptied, counted
+  // as dropped) when its segment is damaged.
+  void LoadEntry(Unacked* entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // While disconnected (or at the end, `all`): moves what can be taken
+  // from the queue and the spill file into spooled entries, out of memory.
+  // True if it moved anything.
+  bool DrainToSpool(bool all) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the segments of entries acknowledged since the last call.
+  void RemoveAckedSegments() ABSL_LOCKS_EXCLUDED(mu_);
   bool Admit(uint64_t cost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool EnqueueTensorLocked(QueuedTensor tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,6 +269,17 @@ class Sender {
   std::optional<Item> job_end_item_ ABSL_GUARDED_BY(mu_);
 
   grpc::ClientContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  // The durable spool. File work happens under spool_mu_, never under mu_
+  // (training threads take mu_); the two are never held together.
+  mutable absl::Mutex spool_mu_;
+  std::unique_ptr<spool::Spool> spool_ ABSL_GUARDED_BY(spool_mu_);
+  bool spooling_ ABSL_GUARDED_BY(mu_) = false;  // spool_ exists
+  bool spool_stuck_ ABSL_GUARDED_BY(mu_) = false;  // the last write failed (full)
+  // Segments of acknowledged entries, for RemoveAckedSegments.
+  std::vector<uint64_t> acked_segments_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> spool_bytes_{0};
+  uint64_t next_spool_index_ = 0;  // sender thread only
 
   // Used by the sender thread only.
   uint64_t seq_ = 0;

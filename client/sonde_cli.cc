@@ -28,6 +28,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -37,6 +38,8 @@
 #include "absl/time/time.h"
 #include "client/format.h"
 #include "client/query_client.h"
+#include "client/spool/spool.h"
+#include "client/spool/upload.h"
 #include "common/channel.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -86,6 +89,9 @@ ABSL_FLAG(int32_t, max_values, 64, "values printed by show (0: all)");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
 ABSL_FLAG(std::string, out, "", "report: the HTML file to write (default: stdout)");
 ABSL_FLAG(absl::Duration, timeout, absl::Hours(24), "how long watch follows a job");
+ABSL_FLAG(bool, end_jobs, false,
+          "sync: end the job of a spool whose client was killed (no job end in it); "
+          "default: leave it open for a restarted run");
 ABSL_FLAG(std::string, rules, "",
           "enable-rules: 'Type(key=value,...);...' as the collector's --rules flag");
 
@@ -100,7 +106,7 @@ int Fail(const absl::Status& s) {
 int Usage(const std::string& msg) {
   std::cerr << "sonde: " << msg << "\n"
             << "usage: sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|"
-               "delete|report|metrics|events} "
+               "delete|report|metrics|events|sync} "
                "[flags]; "
                "sonde --help for flags\n";
   return 2;
@@ -560,10 +566,66 @@ int Events(QueryClient& q, const std::string& job, bool json) {
   return 0;
 }
 
+// sonde sync [DIR]: uploads the spools clients left in DIR.
+int Sync(const std::string& dir, const ChannelSecurity& security, bool json) {
+  spool::UploadOptions options;
+  const absl::CommandLineFlag* collector = absl::FindCommandLineFlag("collector");
+  // (This Abseil hides whether a flag was given: a value other than the
+  // default is taken as given.)
+  if (collector != nullptr && collector->CurrentValue() != collector->DefaultValue()) {
+    options.collector = absl::GetFlag(FLAGS_collector);
+  }
+  options.security = security;
+  options.end_job = absl::GetFlag(FLAGS_end_jobs);
+  const std::vector<spool::LeftSpool> left = spool::FindLeft(dir);
+  nlohmann::json out = nlohmann::json::array();
+  int failed = 0;
+  uint64_t stored = 0, duplicates = 0;
+  for (const spool::LeftSpool& l : left) {
+    spool::UploadResult result;
+    const absl::Status s = spool::Upload(l, options, &result);
+    failed += !s.ok();
+    stored += result.steps_stored;
+    duplicates += result.steps_duplicate;
+    const std::string target = options.collector.empty() ? l.collector : options.collector;
+    if (json) {
+      out.push_back({{"spool", l.path},
+                     {"job", l.hello.job()},
+                     {"worker", l.hello.worker()},
+                     {"collector", target},
+                     {"entries", l.segments.size()},
+                     {"bytes", l.bytes},
+                     {"steps_stored", result.steps_stored},
+                     {"steps_already_stored", result.steps_duplicate},
+                     {"removed", result.removed},
+                     {"error", s.ok() ? "" : std::string(s.message())}});
+      continue;
+    }
+    std::cout << "job " << l.hello.job() << " worker " << l.hello.worker() << " -> " << target
+              << ": " << l.segments.size() << " entries (" << l.bytes << " bytes): ";
+    if (s.ok()) {
+      std::cout << result.steps_stored << " steps stored, " << result.steps_duplicate
+                << " already stored; spool removed\n";
+    } else {
+      std::cout << "not uploaded: " << s.message() << "\n";
+    }
+  }
+  if (json) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::cout << left.size() << " spools in " << dir << ": " << stored << " steps stored, "
+              << duplicates << " already stored, " << failed << " failed\n";
+  }
+  return failed == 0 ? 0 : 1;
+}
+
 int Main(const std::vector<char*>& args) {
   if (args.size() < 2) return Usage("no command");
   const std::string cmd = args[1];
-  if (args.size() > 2) return Usage(absl::StrCat("unexpected argument '", args[2], "'"));
+  const size_t max_args = cmd == "sync" ? 3 : 2;
+  if (args.size() > max_args) {
+    return Usage(absl::StrCat("unexpected argument '", args[max_args], "'"));
+  }
   const bool json = absl::GetFlag(FLAGS_json);
   auto mode = ModeFlag();
   if (!mode.ok()) return Fail(mode.status());
@@ -576,6 +638,7 @@ int Main(const std::vector<char*>& args) {
   if (const char* env = std::getenv("SONDE_TOKEN"); security.token.empty() && env != nullptr) {
     security.token = env;
   }
+  if (cmd == "sync") return Sync(args.size() > 2 ? args[2] : spool::DefaultDir(), security, json);
   // A large job's report takes longer to render than a query to answer.
   const absl::Duration timeout = cmd == "report" ? absl::Minutes(2) : absl::Seconds(30);
   auto connected = QueryClient::Connect(absl::GetFlag(FLAGS_collector), security, timeout);
@@ -611,7 +674,7 @@ int Main(const std::vector<char*>& args) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "sonde {jobs|job|tensors|steps|show|series|rules|watch|rule-catalog|enable-rules|delete|"
-      "report|metrics|events} "
+      "report|metrics|events|sync} "
       "[--collector=host:port] [--tls_ca=ca.pem [--tls_cert=c.pem --tls_key=k.pem]] "
       "[--token=T, or SONDE_TOKEN in the environment] "
       "[--job=J] [--json] ...\n"
@@ -619,6 +682,9 @@ int main(int argc, char** argv) {
       "  sonde metrics --job=J --list\n"
       "  sonde events --job=J [--kind=step|data_wait|forward|backward|span|init] [--name=N] "
       "[--worker=W] [--start=T] [--end=T]\n"
+      "  sonde sync [DIR] [--collector=host:port] [--end_jobs]: upload the spools hooks "
+      "left in DIR (default $SONDE_SPOOL_DIR, else ~/.cache/sonde/spool), each to the "
+      "collector it was streaming to unless --collector is given\n"
       "Times T are unix microseconds (1714564800000000) or RFC3339 with a zone "
       "(2024-05-01T12:00:00Z, 2024-05-01T14:00:00.5+02:00); ranges are [start, end).");
   // --help lists the flags of this file (by default only those of a file

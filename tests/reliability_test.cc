@@ -224,6 +224,9 @@ constexpr size_t kFloats = 8192;  // 32 KiB per step: 1.25 MiB in all, 5x the bu
 std::unique_ptr<Hook> OfflineHook(const std::string& address, const std::string& job,
                                   BackpressurePolicy policy, const std::string& spill_dir = "") {
   HookOptions o = Options(address, job);
+  // The memory-only policies themselves: with a spool the sender would move
+  // steps to disk while disconnected (tests/spool_test).
+  o.spool_dir = "";
   o.max_queue_bytes = kBudget;
   o.backpressure.policy = policy;
   o.backpressure.spill_dir = spill_dir;

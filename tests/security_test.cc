@@ -321,10 +321,11 @@ TEST_F(TokenTest, AHookRefusedForItsTokenGivesUpInsteadOfRetrying) {
   // The refusal ends the hello's stream with PERMISSION_DENIED: the hook
   // disables itself at once (Close says so) rather than retrying until its
   // close timeout (20 s) runs out.
+  // The reason reaches Close's status.
   EXPECT_THAT(StreamJob(address(), Token(kARead), "teamA-refused"),
-              StatusIs(absl::StatusCode::kUnavailable, "did not accept the job"));
+              StatusIs(absl::StatusCode::kUnavailable, "has no write right on job"));
   EXPECT_THAT(StreamJob(address(), Token("tok-nobody"), "teamA-refused"),
-              StatusIs(absl::StatusCode::kUnavailable, "did not accept the job"));
+              StatusIs(absl::StatusCode::kUnavailable, "refused job 'teamA-refused': unknown token"));
 }
 
 TEST_F(TokenTest, WriteTokenStreamsItsProjectAndReadTokenReadsIt) {
