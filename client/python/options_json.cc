@@ -177,7 +177,8 @@ absl::StatusOr<PythonHookOptions> ParsePythonHookOptions(absl::string_view text)
       {"collector", "job", "worker", "world_size", "metadata", "rules", "token", "ca_file",
        "cert_file", "key_file", "server_name_override", "max_queue_bytes", "max_chunk_bytes",
        "backpressure", "spill_dir", "max_spill_bytes", "max_block_seconds",
-       "close_timeout_seconds", "config_file", "config", "profiler"},
+       "close_timeout_seconds", "spool_dir", "max_spool_bytes", "config_file", "config",
+       "profiler"},
       "hook options"));
   PythonHookOptions out;
   HookOptions& h = out.options;
@@ -224,6 +225,9 @@ absl::StatusOr<PythonHookOptions> ParsePythonHookOptions(absl::string_view text)
   SONDE_RETURN_IF_ERROR(GetInt(o, "max_spill_bytes", &h.backpressure.max_spill_bytes));
   SONDE_RETURN_IF_ERROR(GetSeconds(o, "max_block_seconds", &h.backpressure.max_block));
   SONDE_RETURN_IF_ERROR(GetSeconds(o, "close_timeout_seconds", &h.close_timeout));
+  // null: the default directory; "": no spool.
+  SONDE_RETURN_IF_ERROR(GetString(o, "spool_dir", &h.spool_dir));
+  SONDE_RETURN_IF_ERROR(GetInt(o, "max_spool_bytes", &h.max_spool_bytes));
   SONDE_RETURN_IF_ERROR(GetString(o, "config_file", &out.config_file));
   if (o.contains("profiler") && !o["profiler"].is_null()) {
     const json& p = o["profiler"];

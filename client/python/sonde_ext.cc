@@ -196,6 +196,12 @@ class PyHook {
     d["memory_bytes"] = c.memory_bytes;
     d["profile_batches_queued"] = c.profile_batches_queued;
     d["profile_batches_dropped"] = c.profile_batches_dropped;
+    d["entries_spooled"] = c.entries_spooled;
+    d["spool_refused"] = c.spool_refused;
+    d["spool_bytes"] = c.spool_bytes;
+    d["steps_left_in_spool"] = c.steps_left_in_spool;
+    d["left_spools_uploaded"] = c.left_spools_uploaded;
+    d["left_steps_uploaded"] = c.left_steps_uploaded;
     return d;
   }
 

@@ -165,6 +165,11 @@ class Hook:
         should_stop().
       max_queue_bytes, backpressure ("spill", "drop", "block"), spill_dir,
       close_timeout_seconds: see client/hook.h.
+      spool_dir: the durable spool, where each step waits on disk until the
+        collector acknowledges it, so that steps not stored when the
+        process ends (a collector down, kill -9) can be uploaded later with
+        `sonde sync` (default $SONDE_SPOOL_DIR, else ~/.cache/sonde/spool;
+        False: no spool). max_spool_bytes: its limit (default 4 GiB).
     """
 
     def __init__(self, collector=None, job=None, save_config=None, reduction_config=None,
@@ -173,7 +178,8 @@ class Hook:
                  token=None, ca_file=None, cert_file=None, key_file=None,
                  server_name_override=None, worker=None, world_size=None, strict=False,
                  raise_on_stop=False, max_queue_bytes=None, backpressure=None, spill_dir=None,
-                 close_timeout_seconds=None, profiler=None, _config_file=None):
+                 close_timeout_seconds=None, profiler=None, spool_dir=None,
+                 max_spool_bytes=None, _config_file=None):
         if include_workers not in ("one", "all"):
             raise ValueError("include_workers must be 'one' or 'all', not %r" % (include_workers,))
         if save_config is not None and not isinstance(save_config, SaveConfig):
@@ -257,6 +263,9 @@ class Hook:
             "backpressure": backpressure,
             "spill_dir": spill_dir,
             "close_timeout_seconds": close_timeout_seconds,
+            "spool_dir": "" if spool_dir is False else (
+                os.fspath(spool_dir) if spool_dir is not None else None),
+            "max_spool_bytes": max_spool_bytes,
             "config_file": _config_file,
             "profiler": self.profiler._json() if self.profiler is not None else None,
         }
