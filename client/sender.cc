@@ -565,6 +565,13 @@ void Sender::Run() {
   done_ = true;
 }
 
+Sender::Unacked* Sender::BuildAndAppend(Item& item, size_t* from) {
+  std::vector<v1::ClientMessage> messages;
+  const bool usable = BuildMessages(item, &messages);
+  absl::MutexLock lock(&mu_);
+  return AppendLocked(item, messages, usable, from);
+}
+
 Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>& messages,
                                       bool usable, size_t* from) {
   Unacked* entry = nullptr;
@@ -698,14 +705,8 @@ bool Sender::DrainToSpool(bool all) {
       if (!can) return moved;
       if (!TakeNextLocked(&item)) continue;
     }
-    std::vector<v1::ClientMessage> messages;
-    const bool usable = BuildMessages(item, &messages);
-    Unacked* entry;
     size_t from = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      entry = AppendLocked(item, messages, usable, &from);
-    }
+    Unacked* entry = BuildAndAppend(item, &from);
     moved = true;
     if (entry == nullptr || !entry->complete) continue;
     const uint64_t index = SpoolEntry(entry);
@@ -1040,14 +1041,8 @@ bool Sender::StreamOnce() {
       if (give_up_ || broken_) break;
       if (!TakeNextLocked(&item)) continue;
     }
-    std::vector<v1::ClientMessage> messages;
-    const bool usable = BuildMessages(item, &messages);
-    Unacked* entry;
     size_t from = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      entry = AppendLocked(item, messages, usable, &from);
-    }
+    Unacked* entry = BuildAndAppend(item, &from);
     if (entry == nullptr) continue;
     const uint64_t spooled = entry->complete ? SpoolEntry(entry) : 0;
     ok = WriteEntry(stream.get(), entry, from);

@@ -191,6 +191,8 @@ class Sender {
   // the item built nothing (`usable` false).
   Unacked* AppendLocked(Item& item, std::vector<v1::ClientMessage>& messages, bool usable,
                         size_t* from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BuildMessages (unlocked), then AppendLocked.
+  Unacked* BuildAndAppend(Item& item, size_t* from) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes a complete entry to the spool (sender thread, before the entry
   // is written to a stream, or while disconnected). False if not spooled.
   // Returns its segment index, 0 if not spooled.

@@ -22,6 +22,7 @@
 #include "server/collector.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/in_process_collector.h"
+#include "tests/testing/collector_later.h"
 #include "tests/testing/free_address.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tcp_proxy.h"
@@ -30,6 +31,7 @@
 namespace sonde {
 namespace {
 
+using ::sonde::testing::CollectorLater;
 using ::sonde::testing::InProcessCollector;
 using ::sonde::testing::IsOk;
 using ::sonde::testing::TcpProxy;
@@ -197,25 +199,6 @@ TEST(Reliability, AConnectionCutInTheMiddleOfATensorIsResentWhole) {
             static_cast<double>(c.messages_resent) - 1);  // the job end's resends may be unreported
   EXPECT_GE(::sonde::testing::SampleOr0(samples, "sonde_client_reconnects_total"), 1.0);
 }
-
-class CollectorLater {
- public:
-  CollectorLater() : address_(::sonde::testing::FreeLoopbackAddress()) {}
-  const std::string& address() const { return address_; }
-  void Start() {
-    server::CollectorOptions o;
-    o.listen = address_;
-    o.data_dir = dir_.Sub("db");
-    auto c = server::Collector::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    collector_ = std::move(*c);
-  }
-
- private:
-  TempDir dir_;
-  std::string address_;
-  std::unique_ptr<server::Collector> collector_;
-};
 
 constexpr uint64_t kBudget = 256 << 10;
 constexpr int64_t kSteps = 40;

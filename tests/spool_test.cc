@@ -23,6 +23,7 @@
 #include "client/spool/upload.h"
 #include "gtest/gtest.h"
 #include "server/collector.h"
+#include "tests/testing/collector_later.h"
 #include "tests/testing/free_address.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -31,6 +32,7 @@ namespace sonde {
 namespace {
 
 namespace fs = std::filesystem;
+using ::sonde::testing::CollectorLater;
 using ::sonde::testing::IsOk;
 using ::sonde::testing::TempDir;
 
@@ -49,27 +51,6 @@ std::string Runfile(const std::string& path) {
   const char* workspace = std::getenv("TEST_WORKSPACE");
   return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "sonde", "/", path);
 }
-
-// A collector that starts when asked, on an address fixed in advance.
-class CollectorLater {
- public:
-  CollectorLater() : address_(::sonde::testing::FreeLoopbackAddress()) {}
-  const std::string& address() const { return address_; }
-  void Start() {
-    server::CollectorOptions o;
-    o.listen = address_;
-    o.data_dir = dir_.Sub("db");
-    auto c = server::Collector::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    collector_ = std::move(*c);
-  }
-  void Stop() { collector_.reset(); }
-
- private:
-  TempDir dir_;
-  std::string address_;
-  std::unique_ptr<server::Collector> collector_;
-};
 
 HookOptions Options(const std::string& address, const std::string& job,
                     const std::string& spool_dir) {

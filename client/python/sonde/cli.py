@@ -1,16 +1,11 @@
 """`sonde`, the command-line client, from an installed wheel (also
 `python -m sonde.cli`): runs the CLI binary shipped in the package."""
 
-import os
-import sys
-
-from sonde.collector import binary
+from sonde.collector import run
 
 
 def main(argv=None):
-    path = binary("sonde")
-    args = sys.argv[1:] if argv is None else list(argv)
-    os.execv(path, [path] + args)
+    run("sonde", argv)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,16 @@ def binary(name):
     return path
 
 
-def main(argv=None):
-    path = binary("sonde-collector")
+def run(name, argv=None):
+    """Replaces this process with the shipped binary `name`, given `argv`
+    (default: this process's arguments)."""
+    path = binary(name)
     args = sys.argv[1:] if argv is None else list(argv)
     os.execv(path, [path] + args)
+
+
+def main(argv=None):
+    run("sonde-collector", argv)
 
 
 if __name__ == "__main__":
