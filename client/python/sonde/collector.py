@@ -6,9 +6,14 @@ import os
 import sys
 
 
+def shipped_path(name):
+    """Where a wheel puts the binary `name` (bin/<name> in the package)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", name)
+
+
 def binary(name):
     """The path of a binary shipped in the package (bin/<name>)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", name)
+    path = shipped_path(name)
     if not os.access(path, os.X_OK):
         raise SystemExit(
             "sonde: %s is not part of this installation (looked for %s). Install a wheel "

@@ -17,13 +17,13 @@ import subprocess
 import tempfile
 import threading
 
+from sonde.collector import shipped_path
+
 
 def find_collector_binary():
-    """$SONDE_COLLECTOR_BINARY, the runfiles' collector, the one an installed
-    wheel ships (sonde/bin), or bazel-bin's."""
-    candidates = [os.environ.get("SONDE_COLLECTOR_BINARY")]
-    candidates.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin",
-                                   "sonde-collector"))
+    """$SONDE_COLLECTOR_BINARY, the one an installed wheel ships
+    (sonde/bin), the runfiles' collector, or bazel-bin's."""
+    candidates = [os.environ.get("SONDE_COLLECTOR_BINARY"), shipped_path("sonde-collector")]
     for root in (os.environ.get("SONDE_RUNFILES"), os.environ.get("RUNFILES_DIR")):
         if root:
             candidates.append(os.path.join(root, "server/sonde-collector"))

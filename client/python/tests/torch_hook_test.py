@@ -232,8 +232,10 @@ def test_a_second_backward_in_a_step_is_counted_not_sent_twice(collector, caplog
 def test_a_step_saving_weights_and_gradients_hooks_no_module(collector):
     """A saving step hooks only the modules whose tensors can be saved:
     with weights and gradients due, PyTorch runs every module of the model
-    on its hook-free path (the registered loss is hooked for "losses");
-    with "outputs" due, every module is hooked."""
+    on its hook-free path (the registered loss is hooked for "losses")
+    once the first saving step has seen how many inputs and outputs each
+    has (it hooks them all to see); with "outputs" due, every module is
+    hooked."""
     def forward_hooks(model):
         return sum(len(m._forward_hooks) for m in model.modules())
 
@@ -250,13 +252,93 @@ def test_a_step_saving_weights_and_gradients_hooks_no_module(collector):
               on_step=lambda m, loss: counts.append((forward_hooks(m), len(loss_fn._forward_hooks))))
         hook.close()
         modules = len(list(model.modules()))
-        assert counts == [(modules if hooked else 0, 1)] * 3, (collections, counts)
+        assert counts == [(modules, 1)] + [(modules if hooked else 0, 1)] * 2, \
+            (collections, counts)
         names = Reader(collector.address, job).names()
         if hooked:
             assert "Net_output_0" in names and "fc1_output_0" in names
         else:
             assert "gradient/Net_fc1.weight" in names and "Net_fc1.weight" in names
             assert not [n for n in names if "_output_" in n and "Loss" not in n]
+
+
+class TwoOutputs(nn.Module):
+    """Returns (features, a summary): a later output, as an LSTM's state."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y, y.sum(dim=1)
+
+
+def test_a_module_whose_only_due_tensor_is_a_later_output_is_hooked(collector):
+    """include_regex matching only `<m>_output_1`: the plan learns each
+    module's number of outputs and keeps hooking it (it used to ask about
+    `_output_0` only, and the tensor was never saved, without a trace)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(TwoOutputs())
+    hook = smd.Hook(collector=collector.address, job="later-output", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_regex=["0_output_1"])
+    hook.register_module(model)
+    for x in [torch.randn(2, 4) for _ in range(4)]:
+        model(x)[1].sum()
+    hook.close()
+    r = Reader(collector.address, "later-output")
+    assert r.names() == ["0_output_1"]
+    assert [s for s, _, _ in r.steps()] == [0, 1, 2, 3]
+    assert hook.counters()["modules_missed"] == 0
+
+
+class _FailOnce(torch.autograd.Function):
+    """Identity whose backward raises once, when armed."""
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _FailOnce.armed:
+            _FailOnce.armed = False
+            raise RuntimeError("backward failed on purpose")
+        return grad
+
+
+class _FailingMiddle(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(_FailOnce.apply(self.a(x)))
+
+
+def test_a_failed_backward_does_not_stop_later_gradients(collector):
+    """A backward that raises after some gradients were computed drops
+    autograd's end callback: the next steps' gradients are saved anyway."""
+    torch.manual_seed(0)
+    model = _FailingMiddle()
+    hook = smd.Hook(collector=collector.address, job="failed-backward", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["gradients"])
+    hook.register_module(model)
+    for step in range(4):
+        loss = model(torch.randn(2, 4)).sum()
+        if step == 1:
+            _FailOnce.armed = True
+            with pytest.raises(RuntimeError, match="on purpose"):
+                loss.backward()
+        else:
+            loss.backward()
+    hook.close()
+    steps = Reader(collector.address, "failed-backward").steps()
+    assert [s for s, _, _ in steps] == [0, 2, 3], steps
 
 
 def test_save_config_per_mode_and_collection(collector):
@@ -788,7 +870,15 @@ def _in_forked_child(hook_module, address, model, results):
                                     job="child-job")
         loss_fn = nn.CrossEntropyLoss()
         for x, y in batches(2):
-            loss_fn(model(x), y).backward()
+            loss = loss_fn(model(x), y)
+            try:
+                loss.backward()
+            except RuntimeError as e:
+                # torch 2.x refuses autograd in a child forked after the
+                # parent's autograd went multithreaded (torch.compile does):
+                # torch's limit, not Sonde's; the forward still ran hooked.
+                if "Autograd-and-Fork" not in str(e):
+                    raise
         hook.save_scalar("child_scalar", 1.0)
         hook.save_tensor("child_tensor", np.ones(3))
         results.put((hook is hook_module._GLOBAL_HOOK, hook.disabled, hook.flush(1.0),

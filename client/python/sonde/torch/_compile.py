@@ -33,23 +33,18 @@ def _lookup(*paths):
     return None
 
 
-def _import_dynamo():
-    try:
-        import torch._dynamo  # noqa: F401  (torch 2.x; absent in 1.x)
-        return True
-    except ImportError:
-        return False
-
-
-_HAS_DYNAMO = _import_dynamo()
+# Importing torch._dynamo (torch 2.x; absent in 1.x) makes torch._dynamo.*
+# reachable for _lookup below.
+try:
+    import torch._dynamo  # noqa: F401
+except ImportError:
+    pass
 
 # True while dynamo traces (folded to a constant there), False when run.
-is_compiling = (_lookup("compiler.is_compiling", "_dynamo.is_compiling")
-                if _HAS_DYNAMO else None) or (lambda: False)
+is_compiling = _lookup("compiler.is_compiling", "_dynamo.is_compiling") or (lambda: False)
 
-_disable = _lookup("compiler.disable", "_dynamo.disable") if _HAS_DYNAMO else None
-_assume_constant = (_lookup("compiler.assume_constant_result", "_dynamo.assume_constant_result")
-                    if _HAS_DYNAMO else None)
+_disable = _lookup("compiler.disable", "_dynamo.disable")
+_assume_constant = _lookup("compiler.assume_constant_result", "_dynamo.assume_constant_result")
 
 
 def disable(fn):
@@ -62,8 +57,6 @@ def skip_frames(*functions):
     """Frames of these functions' code run eagerly when dynamo meets them as
     frames of their own (inlining them is unaffected). Returns whether it
     could; without it such hooks trace to nothing too."""
-    if not _HAS_DYNAMO:
-        return False
     try:
         from torch._dynamo.eval_frame import skip_code
         for fn in functions:

@@ -80,8 +80,6 @@ _BUILTIN_COLLECTIONS = ("weights", "biases", "gradients", "losses", "inputs", "o
 _FILE_CONFIG_KWARGS = ("save_config", "reduction_config", "include_regex", "include_collections",
                        "save_all")
 
-
-
 CONFIG_FILE_ENV = ("SONDE_CONFIG_FILE_PATH", "SMDEBUG_CONFIG_FILE_PATH")
 DEFAULT_CONFIG_FILE = "/opt/ml/input/config/debughookconfig.json"
 
@@ -228,10 +226,10 @@ class Hook:
         self._plan_key = None       # what _plan_value was computed from
         self._plan_value = None     # (modules, gradients?, weights?) of a saving step
         self._hooked_plan = None    # the plan the step hooks in place follow
-        self._saving_modules = ()   # modules this saving step hooked...
-        self._ran = set()           # ...and the ids of those whose forward hook ran
-        self._modules_missed = 0    # hooked in a saving step, hook never ran
-        self._steps_begun = 0       # by a registered model's forward
+        self._ran = set()           # ids of modules whose forward hook ran this step
+        self._modules_missed = 0    # due in a saving step, hook never ran
+        self._began_step = False    # a registered model's forward began a step
+        self._arity = {}            # id(module) -> (inputs, outputs), once seen
         self._tops = set()          # ids of registered top-level modules
         self._losses = []           # registered loss modules
         if profiler is True:
@@ -469,13 +467,16 @@ class Hook:
         collections due now (one call to the C++ hook) and the collections
         each name belongs to (asked again only when collections change): a
         step that saves weights and gradients hooks no module, so PyTorch
-        runs every module on its hook-free path. A module counts by its first
-        input's and first output's names (`<m>_input_0`, `<m>_output_0`)."""
+        runs every module on its hook-free path. A module counts by the names
+        of its inputs and outputs (`<m>_input_<i>`, `<m>_output_<i>`); until
+        one has run hooked, their number is unknown and it is hooked to see
+        (not counted in modules_missed if it then does not run).
+        (hooked, gradients?, weights?, the hooked modules known to be due)."""
         h = self._native
         due = frozenset(h.due_collections())
         modules = self._step_modules()
         key = (due, h.collections_version(), self._modules_key, self._mode,
-               len(self._gradients), len(self._weights))
+               len(self._gradients), len(self._weights), len(self._arity))
         if key == self._plan_key:
             return self._plan_value
 
@@ -492,25 +493,35 @@ class Hook:
                 hooked.append(m)
             else:
                 candidates.append(m)
+        probing = []
         if candidates:
-            names = []
-            for m in candidates:
+            names, owner = [], []
+            for k, m in enumerate(candidates):
                 n = self._module_names[id(m)]
-                names += [n + "_input_0", n + "_output_0"]
-            members = h.collections_of(names)
-            hooked += [m for k, m in enumerate(candidates)
-                       if due.intersection(members[2 * k]) or due.intersection(members[2 * k + 1])]
+                inputs, outputs = self._arity.get(id(m), (1, 1))
+                module_names = ["%s_input_%d" % (n, i) for i in range(inputs)] + \
+                    ["%s_output_%d" % (n, i) for i in range(outputs)]
+                names += module_names
+                owner += [k] * len(module_names)
+            is_due = [False] * len(candidates)
+            for k, member in zip(owner, h.collections_of(names) if names else []):
+                is_due[k] = is_due[k] or bool(due.intersection(member))
+            for k, m in enumerate(candidates):
+                if is_due[k]:
+                    hooked.append(m)
+                elif id(m) not in self._arity:
+                    probing.append(m)  # a later input or output may be due
         gradients = self._mode not in (_modes.EVAL, _modes.PREDICT) and \
             any_due([n for n, _ in self._gradients])
         weights = any_due([n for ws in self._weights.values() for n, _ in ws])
         self._plan_key = key
-        self._plan_value = (tuple(hooked), gradients, weights)
+        self._plan_value = (tuple(hooked + probing), gradients, weights, tuple(hooked))
         return self._plan_value
 
     def _hook_step(self, plan):
         """Adds the forward and gradient hooks of a saving step's plan; they
         stay while the next steps save by the same plan."""
-        modules, gradients, _ = plan
+        modules, gradients = plan[0], plan[1]
         for m in modules:
             self._step_handles.append(m.register_forward_hook(self._forward_hook))
         if gradients:
@@ -567,6 +578,13 @@ class Hook:
         if self._profiling():
             self._forward_start = _now_micros()  # this step's forward begins
         self._account_modules()
+        if self._grad_flush_queued:
+            # The last backward raised before its end callback ran (autograd
+            # drops it): its gradients were never saved.
+            self._grad_items, self._grad_keep = [], []
+            self._grad_flush_queued = False
+            self._log_once("backward-failed", "a backward pass failed before it ended; its "
+                           "gradients were not saved")
         if self.raise_on_stop and not self._stop_raised and self.should_stop():
             self._stop_raised = True
             raise StopTrainingRequested(self.stop_action())
@@ -578,7 +596,6 @@ class Hook:
                 if plan is not self._hooked_plan:
                     self._unhook_step()
                     self._hook_step(plan)
-                self._saving_modules = plan[0]
             elif self._step_handles:
                 self._unhook_step()
         except Exception as e:  # noqa: BLE001
@@ -590,9 +607,10 @@ class Hook:
         hook never ran eagerly (inside torch.compile'd code, or not called
         in that step), whose inputs and outputs were therefore not saved,
         and says so once."""
-        modules, ran = self._saving_modules, self._ran
-        self._saving_modules, self._ran = (), set()
-        missed = [m for m in modules if id(m) not in ran]
+        if not self._due or self._hooked_plan is None:
+            return
+        ran, self._ran = self._ran, set()
+        missed = [m for m in self._hooked_plan[3] if id(m) not in ran]
         if not missed:
             return
         self._modules_missed += len(missed)
@@ -609,13 +627,10 @@ class Hook:
     # run eagerly, never into a graph (see _compile.py).
 
     def _forward_pre_hook(self, module, inputs):
-        if _compile.is_compiling():
-            # Inlined: the model is called from a compiled function. A
-            # graph break begins the step eagerly, unless breaks are errors.
-            if not _compile.breaks_forbidden():
-                _call_eagerly(self._begin_forward, module, inputs)
-            return
-        _call_eagerly(self._begin_forward, module, inputs)
+        # Inlined (the model called from a compiled function): a graph break
+        # begins the step eagerly, unless breaks are errors there.
+        if not (_compile.is_compiling() and _compile.breaks_forbidden()):
+            _call_eagerly(self._begin_forward, module, inputs)
 
     def _forward_hook(self, module, inputs, outputs):
         if not _compile.is_compiling():  # inlined: counted by _account_modules
@@ -630,7 +645,7 @@ class Hook:
             _call_eagerly(self._watch_loss, module, inputs, outputs)
 
     def _begin_forward(self, module, inputs):
-        self._steps_begun += 1
+        self._began_step = True
         self._start_step()
         if not self._due or not self._plan_value[2]:
             return
@@ -654,9 +669,12 @@ class Hook:
             items, keep = [], []
             in_colls = ["inputs"] + [c for (c, i, _) in extra if i]
             out_colls = ["outputs"] + [c for (c, _, o) in extra if o]
-            for i, t in enumerate(_flatten(inputs)):
+            inputs, outputs = list(_flatten(inputs)), list(_flatten(outputs))
+            if id(module) not in self._arity:  # the names later plans ask about
+                self._arity[id(module)] = (len(inputs), len(outputs))
+            for i, t in enumerate(inputs):
                 self._collect(items, keep, "%s_input_%d" % (name, i), t.detach(), in_colls)
-            for i, t in enumerate(_flatten(outputs)):
+            for i, t in enumerate(outputs):
                 self._collect(items, keep, "%s_output_%d" % (name, i), t.detach(), out_colls)
             self._save_items(items)
         except Exception as e:  # noqa: BLE001
@@ -684,7 +702,9 @@ class Hook:
         """Saves the gradients of the backward pass that just ended, in one
         native call (all CUDA gradients of a device and stream share one
         statistics batch)."""
-        items, keep = self._grad_items, self._grad_keep
+        # The kept tensors stay alive (referenced here) until save_many has
+        # copied or enqueued them.
+        items, _kept = self._grad_items, self._grad_keep
         self._grad_items, self._grad_keep = [], []
         self._grad_flush_queued = False
         if not items or self._disabled or self._native is None:
@@ -703,8 +723,6 @@ class Hook:
             raise
         except Exception as e:  # noqa: BLE001
             self._fail("saving gradients", e)
-        finally:
-            del keep
 
     # ---- profiler -----------------------------------------------------
 
@@ -773,34 +791,19 @@ class Hook:
         h = self._native
         if h is None or not h.should_save(name, collections):
             return
-        dtype = _DTYPES.get(t.dtype)
-        if dtype is None:
-            self._log_once("dtype:" + name, "tensor '%s' not saved: dtype %s is not supported"
-                           % (name, t.dtype))
-            return
-        if t.is_sparse:
-            t = t.to_dense()
-        if t.is_cuda:
-            if t.dtype not in _CUDA_DTYPES:
-                self._log_once("cuda-dtype:" + name,
-                               "tensor '%s' not saved: %s on a GPU would need a copy to the host "
-                               "that waits for the GPU" % (name, t.dtype))
-                return
-            t = t.contiguous()
-            stream = torch.cuda.current_stream(t.device).cuda_stream
-            items.append((name, t.data_ptr(), dtype, list(t.shape), collections, 1,
-                          t.device.index or 0, stream))
-        else:
-            t = t.contiguous()
-            items.append((name, t.data_ptr(), dtype, list(t.shape), collections, 0, 0, 0))
-        keep.append(t)  # alive until the native call has copied or enqueued it
+        self._append_item(items, keep, name, t, collections, {})
 
     def _collect_param(self, items, keep, name, t, streams):
         """_collect for weights and gradients, the tensors of every saving
         step: no should_save call (the C++ hook decides in save_many, and
         the plan already asked whether these collections are due), no
-        detach (only the pointer is read). `streams` caches each device's
-        current stream for one call (None: set later, as for gradients)."""
+        detach (only the pointer is read)."""
+        self._append_item(items, keep, name, t, [], streams)
+
+    def _append_item(self, items, keep, name, t, collections, streams):
+        """Appends the native save tuple of `t`. `streams` caches each
+        device's current stream for one call ({}: look them up now), or is
+        None: the stream is set when the items are saved (gradients)."""
         dtype = _DTYPES.get(t.dtype)
         if dtype is None:
             self._log_once("dtype:" + name, "tensor '%s' not saved: dtype %s is not supported"
@@ -822,9 +825,9 @@ class Hook:
                 stream = streams.get(device)
                 if stream is None:
                     stream = streams[device] = torch.cuda.current_stream(t.device).cuda_stream
-            items.append((name, t.data_ptr(), dtype, list(t.shape), [], 1, device, stream))
+            items.append((name, t.data_ptr(), dtype, list(t.shape), collections, 1, device, stream))
         else:
-            items.append((name, t.data_ptr(), dtype, list(t.shape), [], 0, 0, 0))
+            items.append((name, t.data_ptr(), dtype, list(t.shape), collections, 0, 0, 0))
         keep.append(t)  # alive until the native call has copied or enqueued it
 
     def _save_items(self, items):
@@ -952,7 +955,7 @@ class Hook:
         if os.getpid() != self._pid:
             return  # a forked child: the C++ hook's threads live in the parent only
         self._account_modules()
-        if self._tops and not self._steps_begun:
+        if self._tops and not self._began_step:
             self._log_once("no_steps", "no step began: the registered model's forward never "
                            "ran its hooks eagerly (called only from a function compiled with "
                            "torch.compile(fullgraph=True)?); nothing of it was saved")
@@ -1021,8 +1024,6 @@ class Hook:
         self._due = False
 
 
-# Every hook of this process, so a forked child can disable its copies, and
-# every C++ hook, also those only a reference cycle still holds.
 def _call_eagerly(fn, *args):
     """fn(*args), never traced by dynamo: from traced code, a graph break."""
     return fn(*args)
@@ -1034,6 +1035,8 @@ _call_eagerly = _compile.disable(_call_eagerly)
 _compile.skip_frames(Hook._forward_pre_hook, Hook._forward_hook, Hook._profile_forward_end,
                      Hook._profile_loss)
 
+# Every hook of this process, so a forked child can disable its copies, and
+# every C++ hook, also those only a reference cycle still holds.
 _LIVE_HOOKS = weakref.WeakSet()
 _NATIVES = weakref.WeakSet()
 # A forked child's copies of the parent's C++ hooks. Destroying one would
