@@ -612,7 +612,14 @@ Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>
   } else if (item.kind == Item::kJobEnd) {
     if (!entry->messages.empty()) {
       // Tensors saved after the last step end have no step end: they
-      // cannot be stored. (The hook always ends the step first.)
+      // cannot be stored, and are counted. (The hook always ends the step
+      // first.)
+      counters_.tensors_dropped += entry->tensors;
+      if (entry->tensors > 0) {
+        LogOnceLocked("open-at-job-end",
+                      absl::StrCat(entry->tensors, " tensors saved after the last step end "
+                                   "are dropped at the job end"));
+      }
       memory_bytes_ -= entry->cost;
       unacked_.pop_back();
       unacked_.emplace_back();
@@ -680,10 +687,16 @@ void Sender::LoadEntry(Unacked* entry) {
   absl::MutexLock lock(&mu_);
   entry->evicted = false;
   if (!messages.ok()) {
-    // Written as nothing: the next ack passes it. Its step is a gap.
+    // Written as nothing: the next ack passes it. Its step is a gap the
+    // next step end reports; its segment goes (it is counted here, not
+    // left in the spool).
+    const bool step = entry->complete && !entry->job_end && !entry->profile_only;
     counters_.tensors_dropped += entry->tensors;
-    counters_.steps_dropped += entry->complete && !entry->job_end && !entry->profile_only;
+    counters_.steps_dropped += step;
+    steps_dropped_pending_ += step;
     entry->tensors = 0;
+    acked_segments_.push_back(entry->spool_index);
+    entry->spool_index = 0;
     LogOnceLocked("spool-read", absl::StrCat("a spooled step is lost: ",
                                              messages.status().message()));
     return;
@@ -863,10 +876,19 @@ bool Sender::WriteEntry(Stream* stream, Unacked* entry, size_t from) {
     v1::ClientMessage& m = entry->messages[i];
     if (m.has_step_end() || m.has_job_end()) {
       // The counters as they are now (built earlier, perhaps while
-      // disconnected or on an earlier stream).
+      // disconnected or on an earlier stream), and the steps dropped
+      // since it was built (a spooled step that could not be read back).
       absl::MutexLock lock(&mu_);
-      *(m.has_step_end() ? m.mutable_step_end()->mutable_counters()
-                         : m.mutable_job_end()->mutable_counters()) = WireCounters();
+      if (m.has_step_end()) {
+        v1::StepEnd* end = m.mutable_step_end();
+        *end->mutable_counters() = WireCounters();
+        end->set_steps_dropped(end->steps_dropped() + steps_dropped_pending_);
+      } else {
+        v1::JobEnd* end = m.mutable_job_end();
+        *end->mutable_counters() = WireCounters();
+        end->set_steps_dropped(end->steps_dropped() + steps_dropped_pending_);
+      }
+      steps_dropped_pending_ = 0;
     }
     m.set_seq(++seq_);
     if (!stream->Write(m)) return false;

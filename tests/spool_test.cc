@@ -8,14 +8,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/hook.h"
 #include "client/query_client.h"
@@ -152,6 +155,50 @@ TEST(Spool, ACollectorDownForTheWholeRunLosesNothing) {
   EXPECT_EQ(job->tensors_dropped(), 0u);
 }
 
+TEST(Spool, ADamagedEntryFailsTheUploadAndStaysWhileTheRestIsStored) {
+  CollectorLater collector;
+  TempDir spool;
+  constexpr int64_t kSteps = 6;
+  constexpr size_t kFloats = 500;
+  {
+    auto hook = Hook::Create(Options(collector.address(), "damaged", spool.path()));
+    SONDE_ASSERT_OK(hook);
+    SaveSteps(**hook, 0, kSteps, kFloats);
+    EXPECT_TRUE(absl::IsDeadlineExceeded((*hook)->Close()));
+  }
+  std::vector<spool::LeftSpool> left = spool::FindLeft(spool.path());
+  ASSERT_EQ(left.size(), 1u);
+  ASSERT_GE(left[0].segments.size(), 3u);
+  // Flip one byte inside the third entry (step 2).
+  const std::string damaged =
+      absl::StrCat(left[0].path, "/", absl::StrFormat("%020d", left[0].segments[2]), ".seg");
+  ASSERT_TRUE(fs::exists(damaged)) << damaged;
+  {
+    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(60);
+    f.put('#');
+  }
+
+  collector.Start();
+  spool::UploadResult result;
+  const absl::Status s = spool::Upload(left[0], spool::UploadOptions(), &result);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("1 of the spool's entries are damaged"), std::string::npos) << s;
+  EXPECT_EQ(result.segments_damaged, 1u);
+  EXPECT_EQ(result.steps_stored, static_cast<uint64_t>(kSteps - 1));
+  EXPECT_FALSE(result.removed);
+  // Only the damaged entry is left, for inspection.
+  EXPECT_TRUE(fs::exists(damaged));
+  EXPECT_EQ(SegmentFiles(spool.path()), 1u);
+
+  auto q = QueryClient::Connect(collector.address());
+  ASSERT_NE(q, nullptr);
+  auto listed = q->ListSteps("damaged");
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), static_cast<size_t>(kSteps - 1));
+  for (const v1::StepInfo& step : *listed) EXPECT_NE(step.step(), 2);
+}
+
 TEST(Spool, KillDashNineThenSondeSyncStoresEveryCompletedStepOnce) {
   CollectorLater collector;
   TempDir spool;
@@ -247,6 +294,57 @@ TEST(Spool, MemoryStaysBoundedWhileDisconnectedAndSpooledStepsGoOutFromDisk) {
   auto q = QueryClient::Connect(collector.address());
   ASSERT_NE(q, nullptr);
   ExpectStoredOnce(*q, "bounded", kSteps, kFloats);
+}
+
+// A spooled step that cannot be read back when it is due again is a
+// counted gap at the client and at the collector, never a silent one.
+TEST(Spool, ASpooledStepThatCannotBeReadBackIsACountedGap) {
+  CollectorLater collector;
+  TempDir spool;
+  constexpr int64_t kSteps = 12;
+  constexpr size_t kFloats = 8192;
+  HookOptions o = Options(collector.address(), "unreadable", spool.path());
+  o.max_queue_bytes = 64 << 10;
+  o.close_timeout = absl::Seconds(60);
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  SaveSteps(**hook, 0, kSteps, kFloats);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while ((*hook)->counters().entries_spooled < static_cast<uint64_t>(kSteps) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ((*hook)->counters().entries_spooled, static_cast<uint64_t>(kSteps));
+  // Every spooled step is out of memory; damage the last step's entry.
+  std::vector<std::string> segments;
+  for (const auto& e : fs::recursive_directory_iterator(spool.path())) {
+    if (e.path().extension() == ".seg") segments.push_back(e.path().string());
+  }
+  std::sort(segments.begin(), segments.end());
+  ASSERT_EQ(segments.size(), static_cast<size_t>(kSteps));
+  {
+    std::fstream f(segments.back(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(60);
+    f.put('#');
+  }
+
+  collector.Start();
+  SONDE_ASSERT_OK((*hook)->Close());
+  const Hook::Counters c = (*hook)->counters();
+  EXPECT_EQ(c.steps_dropped, 1u);
+  EXPECT_EQ(c.tensors_dropped, 2u);  // its weight and its loss
+  EXPECT_EQ(c.steps_left_in_spool, 0u);
+  hook->reset();
+  EXPECT_EQ(SegmentFiles(spool.path()), 0u);
+
+  auto q = QueryClient::Connect(collector.address());
+  ASSERT_NE(q, nullptr);
+  auto listed = q->ListSteps("unreadable");
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ(listed->size(), static_cast<size_t>(kSteps - 1));
+  auto job = q->GetJob("unreadable");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->steps_dropped(), 1u);  // the gap reached the collector
 }
 
 TEST(Spool, AHealthyRunLeavesNothingOnDisk) {

@@ -176,14 +176,16 @@ absl::Status Upload(const LeftSpool& left, const UploadOptions& options, UploadR
   }
 
   bool job_end = false;
+  std::string first_damage;
   for (uint64_t index : left.segments) {
     if (cancelled()) return finish(absl::CancelledError("cancelled"));
     absl::StatusOr<std::vector<v1::ClientMessage>> messages = ReadSegment(left.path, index);
     if (!messages.ok()) {
-      // A damaged segment: its step is missing at the collector, a gap
-      // the collector shows. Kept for inspection.
-      LOG(WARNING) << "sonde: spool " << left.path << ": " << messages.status().message()
-                   << "; that entry is skipped";
+      // A damaged segment cannot be stored. It is counted, kept in the
+      // spool for inspection, and makes the upload fail below, so the
+      // loss is never silent; the rest is uploaded all the same.
+      ++result->segments_damaged;
+      if (first_damage.empty()) first_damage = std::string(messages.status().message());
       continue;
     }
     job_end = job_end || HasJobEnd(*messages);
@@ -215,6 +217,12 @@ absl::Status Upload(const LeftSpool& left, const UploadOptions& options, UploadR
     absl::MutexLock l(&acks.mu);
     result->steps_stored = acks.stored;
     result->steps_duplicate = acks.duplicates;
+  }
+  if (result->segments_damaged > 0) {
+    return absl::DataLossError(absl::StrCat(
+        result->segments_damaged, " of the spool's entries are damaged and were not stored (",
+        first_damage, "); they are kept in ", left.path,
+        " for inspection; remove it by hand once looked at"));
   }
   RemoveLeft(left.path);
   result->removed = true;

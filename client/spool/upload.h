@@ -39,6 +39,7 @@ struct UploadResult {
   uint64_t segments_sent = 0;   // acknowledged (duplicates included)
   uint64_t steps_stored = 0;    // acknowledged as newly stored
   uint64_t steps_duplicate = 0; // acknowledged as already stored
+  uint64_t segments_damaged = 0;  // unreadable: not sent, kept in the spool
   bool removed = false;         // the spool is gone: everything in it is stored
 };
 
@@ -48,7 +49,9 @@ struct UploadResult {
 // (they can no longer be stored; the spool is kept; a spool holding only
 // its job end is removed: everything else was stored). Unavailable when the
 // collector cannot be reached or the spool is in use; what was acknowledged
-// by then is removed from the spool.
+// by then is removed from the spool. DataLoss when entries of the spool
+// are damaged: everything readable is uploaded and removed, the damaged
+// entries are counted in `segments_damaged` and kept.
 absl::Status Upload(const LeftSpool& left, const UploadOptions& options, UploadResult* result);
 
 }  // namespace sonde::spool
