@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/thread_pool.h"
-#include "proto/collector.pb.h"
+#include "proto/profile.pb.h"
 #include "proto/rule.pb.h"
 #include "rules/rule.h"
 #include "rules/rule_factory.h"

@@ -24,7 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/profile.pb.h"
-#include "proto/query.pb.h"
+#include "proto/records.pb.h"
 #include "proto/rule.pb.h"
 #include "proto/tensor.pb.h"
 
