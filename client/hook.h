@@ -39,7 +39,7 @@
 #include "client/collections.h"
 #include "client/hook_profiler.h"
 #include "cuda/device_stats.h"
-#include "cuda/histogram_math.h"
+#include "math/histogram_math.h"
 #include "client/save_config.h"
 #include "client/spool/spool.h"
 #include "client/tensor_view.h"

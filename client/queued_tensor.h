@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "client/device_capture.h"
-#include "cuda/histogram_math.h"
+#include "math/histogram_math.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde {

@@ -15,9 +15,9 @@
 #include "common/channel.h"
 #include "common/dtype.h"
 #include "common/tensor_chunks.h"
-#include "cuda/cpu_stats.h"
-#include "cuda/histogram.h"
-#include "cuda/statistics.h"
+#include "stats/cpu_stats.h"
+#include "stats/histogram.h"
+#include "stats/statistics.h"
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
 

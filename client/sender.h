@@ -48,7 +48,7 @@
 #include "client/spill_file.h"
 #include "client/spool/spool.h"
 #include "common/channel.h"
-#include "cuda/histogram.h"
+#include "stats/histogram.h"
 #include "proto/collector.grpc.pb.h"
 
 namespace sonde {

@@ -1,6 +1,6 @@
 #include "common/dtype.h"
 
-#include "cuda/float16_math.h"
+#include "math/float16_math.h"
 
 #include <cstring>
 #include <limits>

@@ -48,7 +48,7 @@ absl::StatusOr<std::vector<double>> DecodeAsDouble(absl::string_view bytes, v1::
 double ElementAsDouble(const char* data, v1::DType dtype, uint64_t i);
 
 // IEEE binary16 and bfloat16 to float, exactly (the same conversion the
-// CUDA kernels use: cuda/float16_math.h).
+// CUDA kernels use: math/float16_math.h).
 float HalfToFloat(uint16_t h);
 float BFloat16ToFloat(uint16_t b);
 

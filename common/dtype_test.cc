@@ -1,9 +1,12 @@
 #include "common/dtype.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "math/float16_math.h"
 #include "tests/testing/status_matchers.h"
 
 namespace sonde {
@@ -52,6 +55,21 @@ TEST(DType, HalfConversionIsExact) {
   EXPECT_EQ(HalfToFloat(0x7c00), std::numeric_limits<float>::infinity());
   EXPECT_TRUE(std::isnan(HalfToFloat(0x7e00)));
   EXPECT_TRUE(std::signbit(HalfToFloat(0x8000)));
+}
+
+// The host codec is the device path's conversion (math/float16_math.h),
+// bit for bit, for every half and bfloat16.
+TEST(DType, TheHostCodecIsTheDeviceMathForEveryValue) {
+  auto bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof(b));
+    return b;
+  };
+  for (uint32_t h = 0; h <= 0xFFFF; ++h) {
+    const uint16_t v = static_cast<uint16_t>(h);
+    EXPECT_EQ(bits(HalfToFloat(v)), bits(SondeHalfToFloat(v))) << h;
+    EXPECT_EQ(bits(BFloat16ToFloat(v)), bits(SondeBf16ToFloat(v))) << h;
+  }
 }
 
 TEST(DType, BFloat16ConversionIsExact) {

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/float16_math.h"
+#include "math/float16_math.h"
 
 namespace sonde {
 namespace {

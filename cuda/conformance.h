@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cuda/histogram.h"
-#include "cuda/stats_math.h"
+#include "stats/histogram.h"
+#include "math/stats_math.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde {

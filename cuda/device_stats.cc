@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "cuda/device_stats.h"
-#include "cuda/histogram_math.h"
+#include "math/histogram_math.h"
 #include "cuda/multi_tensor.h"
 
 namespace sonde {

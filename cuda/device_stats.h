@@ -32,8 +32,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "cuda/histogram.h"
-#include "cuda/stats_math.h"
+#include "stats/histogram.h"
+#include "math/stats_math.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde {

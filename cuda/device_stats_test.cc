@@ -10,9 +10,9 @@
 
 #include "cuda/conformance.h"
 #include "cuda/engine_contract.h"
-#include "cuda/float16_math.h"
-#include "cuda/histogram.h"
-#include "cuda/statistics.h"
+#include "math/float16_math.h"
+#include "stats/histogram.h"
+#include "stats/statistics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -6,9 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
-#include "cuda/cpu_stats.h"
-#include "cuda/float16_math.h"
-#include "cuda/histogram.h"
+#include "stats/cpu_stats.h"
+#include "math/float16_math.h"
+#include "stats/histogram.h"
 
 namespace sonde {
 namespace {

@@ -5,9 +5,9 @@
 
 #include "absl/time/clock.h"
 #include "cuda/conformance.h"
-#include "cuda/float16_math.h"
-#include "cuda/histogram.h"
-#include "cuda/statistics.h"
+#include "math/float16_math.h"
+#include "stats/histogram.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 
 namespace sonde {

@@ -23,8 +23,8 @@
 #include "absl/strings/match.h"
 #include "cuda/conformance.h"
 #include "cuda/device_stats.h"
-#include "cuda/histogram.h"
-#include "cuda/statistics.h"
+#include "stats/histogram.h"
+#include "stats/statistics.h"
 
 namespace sonde {
 

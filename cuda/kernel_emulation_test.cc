@@ -7,11 +7,11 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda/chunk_math.h"
+#include "math/chunk_math.h"
 #include "cuda/conformance.h"
-#include "cuda/float16_math.h"
+#include "math/float16_math.h"
 #include "cuda/multi_tensor.h"
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 
 namespace sonde {

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/histogram_math.h"
-#include "cuda/stats_math.h"
+#include "math/histogram_math.h"
+#include "math/stats_math.h"
 
 namespace sonde {
 

@@ -10,12 +10,12 @@
 
 #include <cstdint>
 
-#include "cuda/chunk_math.h"
-#include "cuda/float16_math.h"
-#include "cuda/histogram_math.h"
+#include "math/chunk_math.h"
+#include "math/float16_math.h"
+#include "math/histogram_math.h"
 #include "cuda/multi_tensor.h"
 #include "cuda/stats_kernels.h"
-#include "cuda/stats_math.h"
+#include "math/stats_math.h"
 
 namespace sonde {
 namespace {

@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "cuda/histogram_math.h"
+#include "math/histogram_math.h"
 #include "cuda/multi_tensor.h"
-#include "cuda/stats_math.h"
+#include "math/stats_math.h"
 
 namespace sonde {
 

@@ -4,7 +4,7 @@
 # cases, every shard of sharded targets included (a test target
 # that fails without reporting cases counts as one failure).
 #
-# Then it checks what users install: deploy/check-wheel.sh --fresh builds
+# Then the layering (deploy/check-layers.py), and what users install: deploy/check-wheel.sh --fresh builds
 # the `sonde` wheel for Debian's Python from this tree, installs it into a
 # fresh venv and runs the digits example and the Python suite against the
 # installed package; its counts are added. SONDE_SKIP_WHEEL_CHECK=1 leaves
@@ -47,6 +47,18 @@ while read -r target status; do
 done < <(sed -n 's#^\(//[^ ]*\) \+\((cached) \)\?\(PASSED\|FAILED\|TIMEOUT\|NO STATUS\|FLAKY\|FAILED TO BUILD\|INCOMPLETE\).*#\1 \3#p' "$log" | sed 's/ NO STATUS$/ NO_STATUS/; s/ FAILED TO BUILD$/ FAILED_TO_BUILD/')
 
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+
+# The tree's layering (deploy/check-layers.py): no folder includes one
+# above it; storage/, rules/, math/ and stats/ do not link gRPC.
+/usr/bin/python3 deploy/check-layers.py | tee "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+counts=$(sed -n 's/^check-layers: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped$/\1 \2 \3/p' "$log" | tail -1)
+if [ -z "$counts" ]; then
+  failed=$((failed + 1)); rc=1
+else
+  read -r p f s <<<"$counts"
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+fi
 
 if [ "${SONDE_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
   bash deploy/check-wheel.sh --fresh 2>&1 | tee "$log"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

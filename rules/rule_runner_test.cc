@@ -8,7 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 #include "rules/builtin_rules.h"
 #include "rules/rule_config.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "examples/mlp.h"
 #include "gtest/gtest.h"
 #include "rules/builtin_rules.h"

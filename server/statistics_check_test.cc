@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/float16_math.h"
-#include "cuda/statistics.h"
+#include "math/float16_math.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -36,7 +36,7 @@
 #include "absl/time/clock.h"
 #include "client/hook.h"
 #include "client/query_client.h"
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/http_server.h"
 #include "tests/testing/free_address.h"

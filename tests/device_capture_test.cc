@@ -18,7 +18,7 @@
 #include "client/hook.h"
 #include "client/query_client.h"
 #include "cuda/emulated_device_stats.h"
-#include "cuda/float16_math.h"
+#include "math/float16_math.h"
 #include "gtest/gtest.h"
 #include "server/collector.h"
 #include "tests/testing/in_process_collector.h"

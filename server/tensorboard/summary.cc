@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 
 namespace sonde::server::tensorboard {
 namespace {

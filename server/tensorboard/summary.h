@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "cuda/histogram.h"
+#include "stats/histogram.h"
 #include "proto/tensor.pb.h"
 #include "proto/tensorboard.pb.h"
 

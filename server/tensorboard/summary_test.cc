@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/histogram.h"
-#include "cuda/statistics.h"
+#include "stats/histogram.h"
+#include "stats/statistics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/hook.h"
 #include "common/crc32c.h"
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "glog/logging.h"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"

@@ -18,7 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 #include "common/thread_pool.h"
 #include "rules/rule_factory.h"
 #include "rules/rule_runner.h"

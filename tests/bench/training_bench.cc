@@ -17,8 +17,8 @@
 #include "client/query_client.h"
 #include "cuda/conformance.h"
 #include "cuda/emulated_device_stats.h"
-#include "cuda/histogram.h"
-#include "cuda/statistics.h"
+#include "stats/histogram.h"
+#include "stats/statistics.h"
 #include "server/collector.h"
 #include "tests/bench/training_device.h"
 

@@ -6,8 +6,8 @@
 
 #include "common/crc32c.h"
 #include "common/tensor_chunks.h"
-#include "cuda/histogram.h"
-#include "cuda/statistics.h"
+#include "stats/histogram.h"
+#include "stats/statistics.h"
 #include "proto/collector.pb.h"
 #include "storage/keys.h"
 #include "tests/fuzz/chunks_fuzz.h"

@@ -1,4 +1,4 @@
-#include "cuda/cpu_stats.h"
+#include "stats/cpu_stats.h"
 
 #include <algorithm>
 #include <atomic>
@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
-#include "cuda/cpu_stats_kernels.h"
+#include "stats/cpu_stats_kernels.h"
 
 namespace sonde {
 namespace {

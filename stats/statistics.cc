@@ -1,11 +1,11 @@
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
-#include "cuda/cpu_stats.h"
+#include "stats/cpu_stats.h"
 
 namespace sonde {
 

@@ -7,13 +7,13 @@
 // the chunk's shift K: s1 = sum(x-K), s2 = sum((x-K)^2), l1, sum_squares.
 // Partials of one chunk combine by addition; FinishChunk turns the chunk's
 // partial into a StatsAccumulator (m2 = s2 - s1^2/n, exact around K).
-#ifndef SONDE_CUDA_CHUNK_MATH_H_
-#define SONDE_CUDA_CHUNK_MATH_H_
+#ifndef SONDE_MATH_CHUNK_MATH_H_
+#define SONDE_MATH_CHUNK_MATH_H_
 
 #include <cmath>
 #include <cstdint>
 
-#include "cuda/stats_math.h"
+#include "math/stats_math.h"
 
 namespace sonde {
 
@@ -119,4 +119,4 @@ SONDE_HD inline StatsAccumulator FinishChunk(const ChunkPartial<Acc>& b, uint64_
 
 }  // namespace sonde
 
-#endif  // SONDE_CUDA_CHUNK_MATH_H_
+#endif  // SONDE_MATH_CHUNK_MATH_H_

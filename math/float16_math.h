@@ -2,13 +2,13 @@
 // host and the device (no dependence on cuda_fp16.h), so that a kernel and
 // the CPU read and write F16/BF16 identically. Narrowing rounds to nearest,
 // ties to even; NaN stays NaN; overflow goes to infinity.
-#ifndef SONDE_CUDA_FLOAT16_MATH_H_
-#define SONDE_CUDA_FLOAT16_MATH_H_
+#ifndef SONDE_MATH_FLOAT16_MATH_H_
+#define SONDE_MATH_FLOAT16_MATH_H_
 
 #include <cstdint>
 #include <cstring>
 
-#include "cuda/stats_math.h"
+#include "math/stats_math.h"
 
 namespace sonde {
 
@@ -81,4 +81,4 @@ SONDE_HD inline uint16_t SondeFloatToHalf(float f) {
 
 }  // namespace sonde
 
-#endif  // SONDE_CUDA_FLOAT16_MATH_H_
+#endif  // SONDE_MATH_FLOAT16_MATH_H_

@@ -1,4 +1,4 @@
-#include "cuda/histogram.h"
+#include "stats/histogram.h"
 
 #include <cmath>
 #include <cstring>

@@ -20,13 +20,13 @@
 //
 // NaN, +Inf and -Inf are never in the counters; they are counted apart, so
 // the counters always sum to the number of finite elements.
-#ifndef SONDE_CUDA_HISTOGRAM_MATH_H_
-#define SONDE_CUDA_HISTOGRAM_MATH_H_
+#ifndef SONDE_MATH_HISTOGRAM_MATH_H_
+#define SONDE_MATH_HISTOGRAM_MATH_H_
 
 #include <cstdint>
 #include <cstring>
 
-#include "cuda/stats_math.h"
+#include "math/stats_math.h"
 
 namespace sonde {
 
@@ -208,4 +208,4 @@ SONDE_HD inline uint32_t HistogramBinF64(const HistogramParams& p, double x) {
 
 }  // namespace sonde
 
-#endif  // SONDE_CUDA_HISTOGRAM_MATH_H_
+#endif  // SONDE_MATH_HISTOGRAM_MATH_H_

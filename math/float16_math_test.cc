@@ -1,21 +1,14 @@
-#include "cuda/float16_math.h"
+#include "math/float16_math.h"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 
-#include "common/dtype.h"
 #include "gtest/gtest.h"
 
 namespace sonde {
 namespace {
-
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
 
 // The formats' definitions, written with ldexp: value = (-1)^s * 2^(e-bias)
 // * 1.m for normal numbers, 2^(1-bias) * 0.m for subnormals.
@@ -53,8 +46,6 @@ TEST(Float16MathTest, WideningFollowsTheDefinitionsForEveryValue) {
     } else {
       EXPECT_EQ(SondeBf16ToFloat(v), want_b) << h;
     }
-    // The host codec in common/dtype is this same conversion.
-    EXPECT_EQ(Bits(HalfToFloat(v)), Bits(SondeHalfToFloat(v)));
   }
 }
 

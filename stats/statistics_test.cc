@@ -1,4 +1,4 @@
-#include "cuda/statistics.h"
+#include "stats/statistics.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "cuda/histogram.h"
+#include "stats/histogram.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "cuda/cpu_stats.h"
-#include "cuda/statistics.h"
+#include "stats/cpu_stats.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -3,9 +3,9 @@
 // every figure is a ratio to it (the machine is shared and noisy, so each
 // measurement alternates with its baseline and the ratio is the median of
 // the per-pair ratios). Also times the same numbers from
-// separate numpy calls (cuda/numpy_baseline.py) when numpy is installed.
+// separate numpy calls (stats/numpy_baseline.py) when numpy is installed.
 //
-//   bazel run -c opt //cuda:stats_bench [-- --mb=256 --reps=7 --threads=0]
+//   bazel run -c opt //stats:stats_bench [-- --mb=256 --reps=7 --threads=0]
 //
 // The last line is `stats/read = R`: statistics throughput over read-pass
 // throughput, both with the same number of threads.
@@ -25,8 +25,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "cuda/cpu_stats.h"
-#include "cuda/histogram.h"
+#include "stats/cpu_stats.h"
+#include "stats/histogram.h"
 
 ABSL_FLAG(int, mb, 256, "buffer size in MiB of F32 values");
 ABSL_FLAG(int, reps, 11,
@@ -137,12 +137,12 @@ std::string FindNumpyScript(const char* argv0) {
     candidates.push_back(absl::GetFlag(FLAGS_numpy_script));
   }
   if (const char* dir = std::getenv("RUNFILES_DIR")) {
-    candidates.push_back(absl::StrCat(dir, "/sonde/cuda/numpy_baseline.py"));
+    candidates.push_back(absl::StrCat(dir, "/sonde/stats/numpy_baseline.py"));
   }
   candidates.push_back(
-      "cuda/numpy_baseline.py");  // bazel run's working directory
+      "stats/numpy_baseline.py");  // bazel run's working directory
   candidates.push_back(
-      absl::StrCat(argv0, ".runfiles/sonde/cuda/numpy_baseline.py"));
+      absl::StrCat(argv0, ".runfiles/sonde/stats/numpy_baseline.py"));
   for (const std::string& c : candidates) {
     if (FILE* f = std::fopen(c.c_str(), "r")) {
       std::fclose(f);

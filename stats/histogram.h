@@ -1,15 +1,15 @@
 // Histograms with data-independent bins (see histogram_math.h for the bin
 // rules): specs and counts, their wire records, validation and exact merge.
 // Thread-compatible values; no shared state.
-#ifndef SONDE_CUDA_HISTOGRAM_H_
-#define SONDE_CUDA_HISTOGRAM_H_
+#ifndef SONDE_STATS_HISTOGRAM_H_
+#define SONDE_STATS_HISTOGRAM_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cuda/histogram_math.h"
+#include "math/histogram_math.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde {
@@ -72,4 +72,4 @@ void AccumulateHistogramScalar(HistogramCounts& h, const void* data, v1::DType d
 
 }  // namespace sonde
 
-#endif  // SONDE_CUDA_HISTOGRAM_H_
+#endif  // SONDE_STATS_HISTOGRAM_H_

@@ -2,15 +2,15 @@
 // proto/tensor.proto for the definitions, stats_math.h for the per-element
 // reference) computed by the fast path of cpu_stats.h, and the record's
 // conversions, merge and checks. Thread-safe; no state of its own.
-#ifndef SONDE_CUDA_STATISTICS_H_
-#define SONDE_CUDA_STATISTICS_H_
+#ifndef SONDE_STATS_STATISTICS_H_
+#define SONDE_STATS_STATISTICS_H_
 
 #include <cstddef>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "cuda/stats_math.h"
+#include "math/stats_math.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde {
@@ -46,4 +46,4 @@ absl::StatusOr<double> ReductionValue(const v1::Statistics& stats,
 
 }  // namespace sonde
 
-#endif  // SONDE_CUDA_STATISTICS_H_
+#endif  // SONDE_STATS_STATISTICS_H_

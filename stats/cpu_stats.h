@@ -20,14 +20,14 @@
 //
 // Thread-safe: any number of callers may run at once (they share the pool,
 // and each caller also works on its own call, so none waits on the others).
-#ifndef SONDE_CUDA_CPU_STATS_H_
-#define SONDE_CUDA_CPU_STATS_H_
+#ifndef SONDE_STATS_CPU_STATS_H_
+#define SONDE_STATS_CPU_STATS_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "cuda/histogram.h"
-#include "cuda/stats_math.h"
+#include "stats/histogram.h"
+#include "math/stats_math.h"
 #include "proto/tensor.pb.h"
 
 namespace sonde {
@@ -64,4 +64,4 @@ inline constexpr double kCpuStatsRelTolerance = 1e-15;
 
 }  // namespace sonde
 
-#endif  // SONDE_CUDA_CPU_STATS_H_
+#endif  // SONDE_STATS_CPU_STATS_H_

@@ -1,4 +1,4 @@
-#include "cuda/cpu_stats.h"
+#include "stats/cpu_stats.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "cuda/cpu_stats_kernels.h"
-#include "cuda/histogram.h"
-#include "cuda/statistics.h"
+#include "stats/cpu_stats_kernels.h"
+#include "stats/histogram.h"
+#include "stats/statistics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -34,7 +34,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cuda/cpu_stats_kernels.h"
+#include "stats/cpu_stats_kernels.h"
 
 namespace sonde {
 namespace cpu_stats_internal {

@@ -3,8 +3,8 @@
 // A StatsAccumulator is a plain value; merging two accumulators of disjoint
 // parts of a tensor gives the accumulator of the union (Chan et al.'s
 // parallel variance for m2). Not thread-safe: one accumulator per thread.
-#ifndef SONDE_CUDA_STATS_MATH_H_
-#define SONDE_CUDA_STATS_MATH_H_
+#ifndef SONDE_MATH_STATS_MATH_H_
+#define SONDE_MATH_STATS_MATH_H_
 
 #include <cstdint>
 
@@ -120,4 +120,4 @@ SONDE_HD inline void StatsMerge(StatsAccumulator& a, const StatsAccumulator& b) 
 
 }  // namespace sonde
 
-#endif  // SONDE_CUDA_STATS_MATH_H_
+#endif  // SONDE_MATH_STATS_MATH_H_

@@ -1,7 +1,7 @@
 """What Sonde's CPU statistics cost with numpy: the same numbers from
 separate numpy calls on a float32 array of normal values.
 
-Run by //cuda:stats_bench, which reads the last line,
+Run by //stats:stats_bench, which reads the last line,
 `numpy_seconds STATS HISTOGRAM`: the median time of the statistics calls and
 of np.histogram, in seconds. Accumulations are in float64 where numpy offers
 it (as Sonde's are); the sum of squares uses np.dot in float32 (BLAS), the

@@ -12,13 +12,13 @@
 // plain structs, and whatever per-element scalar work remains (the last
 // < 8 elements of a tensor) is done by the caller in portable code.
 // Stateless; thread-safe.
-#ifndef SONDE_CUDA_CPU_STATS_KERNELS_H_
-#define SONDE_CUDA_CPU_STATS_KERNELS_H_
+#ifndef SONDE_STATS_CPU_STATS_KERNELS_H_
+#define SONDE_STATS_CPU_STATS_KERNELS_H_
 
 #include <cstdint>
 
-#include "cuda/histogram_math.h"
-#include "cuda/stats_math.h"
+#include "math/histogram_math.h"
+#include "math/stats_math.h"
 
 namespace sonde {
 namespace cpu_stats_internal {
@@ -75,4 +75,4 @@ const CpuBlockKernels& Avx2Kernels();
 }  // namespace cpu_stats_internal
 }  // namespace sonde
 
-#endif  // SONDE_CUDA_CPU_STATS_KERNELS_H_
+#endif  // SONDE_STATS_CPU_STATS_KERNELS_H_
