@@ -1,13 +1,17 @@
 // The Query service behind bearer-token checks: every call is authenticated
-// against a TokenTable and authorized for the job it names before the
-// QueryService underneath sees it; ListJobs answers only the jobs the token
-// may read. Registered instead of the QueryService when the collector has
+// against a TokenTable and authorized by the access table (server/access.h:
+// the method's right on the job its request names) before the QueryService
+// underneath sees it; ListJobs answers only the jobs the token may read.
+// Each method here only names itself: what it needs is the table's.
+// Registered instead of the QueryService when the collector has
 // --auth_tokens. Thread-safe.
 #ifndef SONDE_SERVER_AUTHORIZING_QUERY_SERVICE_H_
 #define SONDE_SERVER_AUTHORIZING_QUERY_SERVICE_H_
 
 #include "grpcpp/server_context.h"
 #include "proto/query.grpc.pb.h"
+#include "common/grpc_status.h"
+#include "server/access.h"
 #include "server/auth.h"
 #include "server/query_service.h"
 
@@ -54,9 +58,15 @@ class AuthorizingQueryService final : public v1::Query::Service {
                          v1::DeleteJobResponse*) override;
 
  private:
-  // OK if the call's token has `right` on `job`.
-  absl::Status Allow(const grpc::ServerContext& context, const std::string& job,
-                     Right right) const;
+  // Runs `call` if the access table (server/access.h) lets the call's
+  // token make `method` with `request`; the refusal otherwise.
+  template <typename Request, typename Call>
+  grpc::Status Guarded(grpc::ServerContext* context, absl::string_view method,
+                       const Request& request, Call call) const {
+    absl::StatusOr<const TokenGrant*> grant = AuthorizeCall(*tokens_, *context, method, request);
+    if (!grant.ok()) return ToGrpcStatus(grant.status());
+    return call();
+  }
 
   const TokenTable* const tokens_;
   QueryService* const inner_;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/access.h"
 #include "server/rpc_metrics.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "glog/logging.h"
@@ -20,7 +21,10 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   void Begin() { Read(); }
   // The stream's token (null without authentication); set before Begin.
-  void SetGrant(const TokenGrant* grant) { grant_ = grant; }
+  void SetGrant(const TokenGrant* grant, std::string peer) {
+    grant_ = grant;
+    peer_ = std::move(peer);
+  }
 
   void OnReadDone(bool ok) override {
     {
@@ -57,10 +61,8 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         return;
       case IngestSession::Next::kHello:
         if (grant_ != nullptr) {
-          absl::Status allowed = TokenTable::Check(*grant_, in_.hello().job(), Right::kWrite);
+          absl::Status allowed = Authorize(*grant_, "/sonde.v1.Collector/Stream", in_, peer_);
           if (!allowed.ok()) {
-            LOG(WARNING) << "refused a stream (token fingerprint " << grant_->fingerprint
-                         << "): " << allowed.message();
             AfterStorage(ToGrpcStatus(allowed));
             return;
           }
@@ -218,6 +220,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   CollectorService* const service_;
   const TokenGrant* grant_ = nullptr;
+  std::string peer_;  // for the log of a refusal
   IngestSession session_;
   grpc::ByteBuffer raw_in_;
   v1::ClientMessage in_;
@@ -251,7 +254,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CollectorService::S
   } else if (!grant.ok()) {
     reactor->FinishOnce(ToGrpcStatus(grant.status()));
   } else {
-    reactor->SetGrant(*grant);
+    reactor->SetGrant(*grant, context->peer());
     reactor->Begin();
   }
   return reactor;

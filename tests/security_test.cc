@@ -4,6 +4,7 @@
 // hook, query client, a raw ingest stream, and the sonde-collector binary.
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -11,14 +12,20 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/hook.h"
 #include "client/query_client.h"
 #include "common/channel.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/collector.grpc.pb.h"
+#include "server/access.h"
 #include "server/auth.h"
 #include "server/collector.h"
 #include "tests/testing/status_matchers.h"
@@ -391,6 +398,109 @@ TEST_F(TokenTest, RefusalIsTheSameForExistingAndMissingJobs) {
   EXPECT_EQ(delete_existing.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(delete_missing.code(), delete_existing.code());
   EXPECT_EQ(delete_existing.message(), "token 'b' has no admin right on job 'teamB-run'");
+}
+
+// One raw call of any method (unary or server streaming) with `request`,
+// as `token`: its final status.
+grpc::Status CallRaw(const std::string& address, const std::string& token,
+                     const std::string& method, const google::protobuf::Message& request) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc::CompletionQueue cq;
+  void* tag;
+  bool ok;
+  auto call = stub.PrepareCall(&context, method, &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  const std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer buffer(&slice, 1);
+  call->WriteLast(buffer, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer answer;
+  do {
+    call->Read(&answer, reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+  } while (ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// Sets the string at `path` ("job", "result.job") of `m`.
+void SetJob(google::protobuf::Message* m, absl::string_view path, const std::string& job) {
+  const std::vector<std::string> parts = absl::StrSplit(path, '.');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    m = m->GetReflection()->MutableMessage(m, m->GetDescriptor()->FindFieldByName(parts[i]));
+  }
+  m->GetReflection()->SetString(m, m->GetDescriptor()->FindFieldByName(parts.back()), job);
+}
+
+// Every method of the Query service has an entry in the access table, and
+// each entry is enforced over real gRPC: a token without the entry's right
+// on the job its request names is refused with that right in the message,
+// a token with it is let through, and no token is unauthenticated.
+TEST_F(TokenTest, EveryMethodIsCheckedAsTheAccessTableSays) {
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName("sonde.v1.Query");
+  ASSERT_NE(service, nullptr);
+  ASSERT_GT(service->method_count(), 10);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const google::protobuf::MethodDescriptor* method = service->method(i);
+    const std::string name = absl::StrCat("/", service->full_name(), "/", method->name());
+    SCOPED_TRACE(name);
+    const server::MethodAccess* access = server::FindAccess(name);
+    ASSERT_NE(access, nullptr) << name << " has no entry in server/access.cc";
+    std::unique_ptr<google::protobuf::Message> request(
+        google::protobuf::MessageFactory::generated_factory()
+            ->GetPrototype(method->input_type())
+            ->New());
+    EXPECT_THAT(CallRaw(address(), "", name, *request).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+    if (access->job_field.empty()) {  // about no job: any known token
+      EXPECT_TRUE(CallRaw(address(), kAWrite, name, *request).ok());
+      continue;
+    }
+    SetJob(request.get(), access->job_field, "teamB-run");
+    SONDE_EXPECT_OK(server::JobOf(*access, *request).status());
+    // a-read has only read on teamA-: refused for teamB-run whatever the right.
+    const grpc::Status refused = CallRaw(address(), kARead, name, *request);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(refused.error_message(),
+              absl::StrCat("token 'a-read' has no ", server::RightName(access->right),
+                           " right on job 'teamB-run'"));
+    // b has read and write on teamB-; admin needs ops.
+    const char* allowed_token = access->right == server::Right::kAdmin ? kAdmin : kB;
+    const grpc::Status let = CallRaw(address(), allowed_token, name, *request);
+    EXPECT_NE(let.error_code(), grpc::StatusCode::PERMISSION_DENIED) << let.error_message();
+    EXPECT_NE(let.error_code(), grpc::StatusCode::UNAUTHENTICATED) << let.error_message();
+    if (access->right != server::Right::kAdmin) {
+      // The admin right covers the others.
+      EXPECT_NE(CallRaw(address(), kAdmin, name, *request).error_code(),
+                grpc::StatusCode::PERMISSION_DENIED);
+    }
+  }
+  // And the table names nothing the services do not serve.
+  for (const server::MethodAccess& a : server::AccessTable()) {
+    const std::vector<std::string> parts = absl::StrSplit(a.method, '/');
+    ASSERT_EQ(parts.size(), 3u) << a.method;
+    const google::protobuf::ServiceDescriptor* s =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(parts[1]);
+    ASSERT_NE(s, nullptr) << a.method;
+    const google::protobuf::MethodDescriptor* m = s->FindMethodByName(parts[2]);
+    ASSERT_NE(m, nullptr) << a.method;
+    if (!a.job_field.empty()) {
+      std::unique_ptr<google::protobuf::Message> request(
+          google::protobuf::MessageFactory::generated_factory()->GetPrototype(m->input_type())->New());
+      SONDE_EXPECT_OK(server::JobOf(a, *request).status()) << a.method;
+    }
+  }
 }
 
 TEST_F(TokenTest, ListJobsShowsOnlyReadableJobs) {
