@@ -93,11 +93,10 @@ grpc::Status AuthorizingQueryService::GetRuleResults(grpc::ServerContext* contex
                  [&] { return inner_->GetRuleResults(context, request, response); });
 }
 
-grpc::Status AuthorizingQueryService::WatchRuleResults(
-    grpc::ServerContext* context, const v1::GetRuleResultsRequest* request,
-    grpc::ServerWriter<v1::RuleResult>* writer) {
-  return Guarded(context, "/sonde.v1.Query/WatchRuleResults", *request,
-                 [&] { return inner_->WatchRuleResults(context, request, writer); });
+grpc::ServerWriteReactor<v1::RuleResult>* AuthorizingQueryService::WatchRuleResults(
+    grpc::CallbackServerContext* context, const v1::GetRuleResultsRequest* request) {
+  return GuardedWatch<v1::RuleResult>(context, "/sonde.v1.Query/WatchRuleResults", *request,
+                           [&] { return inner_->WatchRuleResults(context, request); });
 }
 
 grpc::Status AuthorizingQueryService::ListRuleCatalog(grpc::ServerContext* context,
@@ -107,11 +106,10 @@ grpc::Status AuthorizingQueryService::ListRuleCatalog(grpc::ServerContext* conte
                  [&] { return inner_->ListRuleCatalog(context, request, response); });
 }
 
-grpc::Status AuthorizingQueryService::WatchSteps(grpc::ServerContext* context,
-                                                 const v1::WatchStepsRequest* request,
-                                                 grpc::ServerWriter<v1::CompletedStep>* writer) {
-  return Guarded(context, "/sonde.v1.Query/WatchSteps", *request,
-                 [&] { return inner_->WatchSteps(context, request, writer); });
+grpc::ServerWriteReactor<v1::CompletedStep>* AuthorizingQueryService::WatchSteps(
+    grpc::CallbackServerContext* context, const v1::WatchStepsRequest* request) {
+  return GuardedWatch<v1::CompletedStep>(context, "/sonde.v1.Query/WatchSteps", *request,
+                           [&] { return inner_->WatchSteps(context, request); });
 }
 
 grpc::Status AuthorizingQueryService::PostRuleResult(grpc::ServerContext* context,

@@ -14,10 +14,11 @@
 #include "server/access.h"
 #include "server/auth.h"
 #include "server/query_service.h"
+#include "server/watch_calls.h"
 
 namespace sonde::server {
 
-class AuthorizingQueryService final : public v1::Query::Service {
+class AuthorizingQueryService final : public QueryServiceBase {
  public:
   // Neither is owned; both outlive this.
   AuthorizingQueryService(const TokenTable* tokens, QueryService* inner)
@@ -44,12 +45,12 @@ class AuthorizingQueryService final : public v1::Query::Service {
                           v1::ReadSeriesResponse*) override;
   grpc::Status GetRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
                               v1::GetRuleResultsResponse*) override;
-  grpc::Status WatchRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
-                                grpc::ServerWriter<v1::RuleResult>*) override;
+  grpc::ServerWriteReactor<v1::RuleResult>* WatchRuleResults(
+      grpc::CallbackServerContext*, const v1::GetRuleResultsRequest*) override;
   grpc::Status ListRuleCatalog(grpc::ServerContext*, const v1::ListRuleCatalogRequest*,
                                v1::ListRuleCatalogResponse*) override;
-  grpc::Status WatchSteps(grpc::ServerContext*, const v1::WatchStepsRequest*,
-                          grpc::ServerWriter<v1::CompletedStep>*) override;
+  grpc::ServerWriteReactor<v1::CompletedStep>* WatchSteps(
+      grpc::CallbackServerContext*, const v1::WatchStepsRequest*) override;
   grpc::Status PostRuleResult(grpc::ServerContext*, const v1::PostRuleResultRequest*,
                               v1::PostRuleResultResponse*) override;
   grpc::Status EnableRules(grpc::ServerContext*, const v1::EnableRulesRequest*,
@@ -65,6 +66,16 @@ class AuthorizingQueryService final : public v1::Query::Service {
                        const Request& request, Call call) const {
     absl::StatusOr<const TokenGrant*> grant = AuthorizeCall(*tokens_, *context, method, request);
     if (!grant.ok()) return ToGrpcStatus(grant.status());
+    return call();
+  }
+  // The same for the watches (callback API): the inner reactor, or one
+  // that ends the call with the refusal.
+  template <typename T, typename Request, typename Call>
+  grpc::ServerWriteReactor<T>* GuardedWatch(grpc::CallbackServerContext* context,
+                                            absl::string_view method, const Request& request,
+                                            Call call) const {
+    absl::StatusOr<const TokenGrant*> grant = AuthorizeCall(*tokens_, *context, method, request);
+    if (!grant.ok()) return new RefusedWrite<T>(ToGrpcStatus(grant.status()));
     return call();
   }
 

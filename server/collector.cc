@@ -137,7 +137,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   c->collector_service_ = std::make_unique<CollectorService>(
       c->registry_.get(), c->storage_pool_.get(), limits, c->tokens_.get());
   c->query_service_ = std::make_unique<QueryService>(c->store_.get(), c->registry_.get(),
-                                                     c->rule_factory_.get());
+                                                     c->rule_factory_.get(), options.watch);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // v1alpha
@@ -197,6 +197,8 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
 }
 
 Collector::~Collector() { Shutdown(); }
+
+size_t Collector::open_watches() const { return registry_->open_watches(); }
 
 void Collector::Shutdown() {
   {

@@ -19,6 +19,7 @@
 #include "server/retention.h"
 #include "server/security.h"
 #include "server/tensorboard/exporter.h"
+#include "server/watch_options.h"
 #include "server/webhook_notifier.h"
 
 namespace grpc {
@@ -103,6 +104,8 @@ struct CollectorOptions {
   // hello metadata asks ("sonde.tensorboard" = "on" or "per_worker"), into
   // <data_dir>/tensorboard when `tensorboard.dir` is empty.
   tensorboard::ExportOptions tensorboard;
+  // How far a WatchSteps reader may fall behind (server/watch_calls.h).
+  WatchOptions watch;
 };
 
 class Collector {
@@ -119,6 +122,8 @@ class Collector {
   const std::string& address() const { return address_; }
   // The metrics endpoint's address, e.g. "127.0.0.1:9464"; empty when off.
   const std::string& metrics_address() const { return metrics_address_; }
+  // WatchRuleResults and WatchSteps calls open now.
+  size_t open_watches() const;
 
   // Stops accepting, ends open streams (acknowledged data stays stored),
   // waits for rules to finish what they were given, closes the store.

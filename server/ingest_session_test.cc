@@ -1320,15 +1320,17 @@ const v1::RuleResult* FindResult(const std::vector<v1::RuleResult>& results,
 }
 
 // Records every rule result the registry publishes for one job.
-class ResultRecorder {
+class ResultRecorder : public WatchSink {
  public:
   ResultRecorder(JobRegistry* registry, const std::string& job) : registry_(registry) {
-    id_ = registry_->Subscribe(job, [this](const v1::RuleResult& r) {
-      absl::MutexLock lock(&mu_);
-      results_.push_back(r);
-    });
+    id_ = registry_->Watch(job, this);
   }
-  ~ResultRecorder() { registry_->Unsubscribe(id_); }
+  ~ResultRecorder() override { registry_->Unwatch(id_); }
+
+  void OnResult(const v1::RuleResult& r) override {
+    absl::MutexLock lock(&mu_);
+    results_.push_back(r);
+  }
 
   std::vector<v1::RuleResult> Results() {
     absl::MutexLock lock(&mu_);
@@ -1524,14 +1526,19 @@ TEST_F(IngestSessionTest, RuleResultNamesTheWorkerWhoseTensorHadTheIssue) {
 
 TEST_F(IngestSessionTest, AStepIsJudgedWithoutASilentWorkerAfterTheStepWait) {
   StartRegistry({StopOnExplodingTensor()}, absl::Milliseconds(100));
-  absl::Notification judged;
-  v1::RuleResult verdict;
-  const uint64_t sub = registry_->Subscribe("slow-peer", [&](const v1::RuleResult& r) {
-    if (r.status() == v1::RULE_STATUS_ISSUES_FOUND && !judged.HasBeenNotified()) {
-      verdict = r;
-      judged.Notify();
+  struct FirstIssue : WatchSink {
+    absl::Notification judged;
+    v1::RuleResult verdict;
+    void OnResult(const v1::RuleResult& r) override {
+      if (r.status() == v1::RULE_STATUS_ISSUES_FOUND && !judged.HasBeenNotified()) {
+        verdict = r;
+        judged.Notify();
+      }
     }
-  });
+  } first;
+  absl::Notification& judged = first.judged;
+  const v1::RuleResult& verdict = first.verdict;
+  const uint64_t sub = registry_->Watch("slow-peer", &first);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Worker w0(registry_.get());
   Worker w1(registry_.get());
@@ -1540,7 +1547,7 @@ TEST_F(IngestSessionTest, AStepIsJudgedWithoutASilentWorkerAfterTheStepWait) {
   SONDE_ASSERT_OK(w0.SendTensor(Header("grad", 0, {2}), F32Bytes({nan, 1})));
   ASSERT_THAT(w0.EndStep(0, 1), IsOk());
   ASSERT_TRUE(judged.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  registry_->Unsubscribe(sub);
+  registry_->Unwatch(sub);
   EXPECT_EQ(verdict.step(), 0);
   EXPECT_NE(verdict.message().find("judged without worker 1"), std::string::npos)
       << verdict.message();

@@ -146,6 +146,7 @@ void JobRegistry::TickLoop() {
       for (auto& [name, job] : jobs_) jobs.push_back(job.get());
     }
     const absl::Time now = absl::Now();
+    std::vector<std::string> ended;
     for (LiveJob* job : jobs) {
       absl::MutexLock commit(&job->commit_mu);
       absl::MutexLock lock(&mu_);
@@ -160,6 +161,7 @@ void JobRegistry::TickLoop() {
         LOG(WARNING) << "job '" << job->info.job() << "': " << reason;
         job->info.set_end_reason(reason);
         MaybeEndJobLocked(*job);
+        ended.push_back(job->info.job());
         continue;
       }
       if (job->info.status() == v1::JOB_STATUS_RUNNING) job->runner->Tick(now);
@@ -176,6 +178,7 @@ void JobRegistry::TickLoop() {
         DeliverStep(*job, std::move(missing));
       }
     }
+    for (const std::string& job : ended) PublishIfEnded(job);
   }
 }
 
@@ -193,9 +196,7 @@ void JobRegistry::DeliverStep(LiveJob& job, std::vector<int32_t> missing) {
   auto it = job.pending.begin();
   it->second.missing_workers = std::move(missing);
   job.delivered_through = it->first;
-  for (auto& [id, sub] : step_subscribers_) {
-    if (sub.first == job.info.job()) sub.second(it->second);
-  }
+  watchers_.PublishStep(job.info.job(), it->second);
   job.runner->SubmitStep(std::move(it->second));
   job.pending_since.erase(it->first);
   job.pending.erase(it);
@@ -461,6 +462,12 @@ absl::StatusOr<std::map<int64_t, rules::StepData>> JobRegistry::Replay(
 }
 
 void JobRegistry::Leave(const std::string& job_name, int32_t worker, StreamHandle* stream) {
+  RemoveStream(job_name, worker, stream);
+  PublishIfEnded(job_name);
+}
+
+void JobRegistry::RemoveStream(const std::string& job_name, int32_t worker,
+                               StreamHandle* stream) {
   LiveJob* job;
   {
     absl::MutexLock lock(&mu_);
@@ -630,6 +637,13 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
 
 absl::Status JobRegistry::EndJob(const std::string& job_name, int32_t worker,
                                  const std::string& reason, uint64_t steps_dropped) {
+  const absl::Status s = MarkWorkerEnded(job_name, worker, reason, steps_dropped);
+  PublishIfEnded(job_name);
+  return s;
+}
+
+absl::Status JobRegistry::MarkWorkerEnded(const std::string& job_name, int32_t worker,
+                                          const std::string& reason, uint64_t steps_dropped) {
   LiveJob* job;
   {
     absl::MutexLock lock(&mu_);
@@ -685,18 +699,6 @@ absl::StatusOr<std::vector<v1::RuleResult>> JobRegistry::RuleResults(const std::
     if (!own) live->push_back(r);
   }
   return *live;
-}
-
-uint64_t JobRegistry::SubscribeSteps(const std::string& job,
-                                     std::function<void(const rules::StepData&)> fn) {
-  absl::MutexLock lock(&mu_);
-  uint64_t id;
-  {
-    absl::MutexLock sub(&subscribers_mu_);
-    id = next_subscriber_++;
-  }
-  step_subscribers_[id] = {job, std::move(fn)};
-  return id;
 }
 
 int64_t JobRegistry::DeliveredThrough(const std::string& job_name) {
@@ -809,28 +811,15 @@ absl::StatusOr<std::vector<v1::RuleSpec>> JobRegistry::EnableRules(
   return std::vector<v1::RuleSpec>(info.rules().begin(), info.rules().end());
 }
 
-uint64_t JobRegistry::Subscribe(const std::string& job,
-                                std::function<void(const v1::RuleResult&)> fn) {
-  absl::MutexLock lock(&subscribers_mu_);
-  const uint64_t id = next_subscriber_++;
-  subscribers_[id] = {job, std::move(fn)};
-  return id;
-}
-
-void JobRegistry::Unsubscribe(uint64_t id) {
-  {
-    absl::MutexLock lock(&subscribers_mu_);
-    if (subscribers_.erase(id) > 0) return;
-  }
-  absl::MutexLock lock(&mu_);
-  step_subscribers_.erase(id);
-}
-
 void JobRegistry::Notify(const std::string& job, const v1::RuleResult& result) {
-  absl::MutexLock lock(&subscribers_mu_);
-  for (auto& [id, sub] : subscribers_) {
-    if (sub.first == job) sub.second(result);
-  }
+  watchers_.PublishResult(job, result);
+  PublishIfEnded(job);
+}
+
+void JobRegistry::PublishIfEnded(const std::string& job) {
+  if (!watchers_.Watched(job) || IsActive(job)) return;
+  absl::StatusOr<std::vector<v1::RuleResult>> results = RuleResults(job);
+  watchers_.PublishEnded(job, results.ok() ? *results : std::vector<v1::RuleResult>());
 }
 
 void JobRegistry::Broadcast(const std::string& job_name, const v1::Action& action) {

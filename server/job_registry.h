@@ -25,6 +25,7 @@
 #include "rules/rule.h"
 #include "rules/rule_factory.h"
 #include "rules/rule_runner.h"
+#include "server/watchers.h"
 #include "server/webhook_notifier.h"
 #include "storage/store.h"
 
@@ -115,15 +116,15 @@ class JobRegistry {
   // else what the store has.
   absl::StatusOr<std::vector<v1::RuleResult>> RuleResults(const std::string& job);
 
-  // Calls `fn` with every changed result of `job` until the returned id is
-  // passed to Unsubscribe. `fn` runs on a rule thread and must not block.
-  uint64_t Subscribe(const std::string& job, std::function<void(const v1::RuleResult&)> fn);
-  void Unsubscribe(uint64_t id);
+  // `sink` hears of every changed rule result of `job`, every step handed
+  // to its rules, and the job's end (server/watchers.h), from now until
+  // Unwatch(returned id).
+  uint64_t Watch(const std::string& job, WatchSink* sink) { return watchers_.Add(job, sink); }
+  void Unwatch(uint64_t id) { watchers_.Remove(id); }
+  // Ends every watch (collector shutting down).
+  void CloseWatches() { watchers_.CloseAll(); }
+  size_t open_watches() const { return watchers_.size(); }
 
-  // Calls `fn` with every step of `job` handed to the rules from now on,
-  // until Unsubscribe. `fn` runs under the registry's lock: it must only
-  // queue the step.
-  uint64_t SubscribeSteps(const std::string& job, std::function<void(const rules::StepData&)> fn);
   // The last step of the job handed to its rules (-1: none yet, or the job
   // is not live here).
   int64_t DeliveredThrough(const std::string& job);
@@ -173,7 +174,15 @@ class JobRegistry {
   // The step-wait clock: hands overdue steps to the rules.
   void TickLoop();
   void MaybeEndJobLocked(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leave and EndJob without telling watchers (they do, after).
+  void RemoveStream(const std::string& job, int32_t worker, StreamHandle* stream)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status MarkWorkerEnded(const std::string& job, int32_t worker, const std::string& reason,
+                               uint64_t steps_dropped) ABSL_LOCKS_EXCLUDED(mu_);
   void Notify(const std::string& job, const v1::RuleResult& result);
+  // Tells the job's watchers it ended, if it is watched and no longer
+  // active. Called without locks after anything that may end a job.
+  void PublishIfEnded(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
   void Broadcast(const std::string& job, const v1::Action& action);
 
   storage::Store* const store_;
@@ -191,12 +200,7 @@ class JobRegistry {
   std::thread ticker_;
 
   absl::Mutex external_mu_;  // serialises PostExternalResult's read-modify-write
-  absl::Mutex subscribers_mu_;
-  uint64_t next_subscriber_ ABSL_GUARDED_BY(subscribers_mu_) = 1;
-  std::map<uint64_t, std::pair<std::string, std::function<void(const v1::RuleResult&)>>>
-      subscribers_ ABSL_GUARDED_BY(subscribers_mu_);
-  std::map<uint64_t, std::pair<std::string, std::function<void(const rules::StepData&)>>>
-      step_subscribers_ ABSL_GUARDED_BY(mu_);
+  Watchers watchers_;  // its lock comes after mu_
 };
 
 }  // namespace sonde::server

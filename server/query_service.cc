@@ -292,60 +292,9 @@ grpc::Status QueryService::GetRuleResults(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status QueryService::WatchRuleResults(grpc::ServerContext* context,
-                                            const v1::GetRuleResultsRequest* request,
-                                            grpc::ServerWriter<v1::RuleResult>* writer) {
-  if (request->job().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no job given");
-  }
-  absl::Mutex mu;
-  std::deque<v1::RuleResult> queue;
-  // Subscribe before reading the current state so no change falls between.
-  const uint64_t id = registry_->Subscribe(request->job(), [&](const v1::RuleResult& r) {
-    absl::MutexLock lock(&mu);
-    queue.push_back(r);
-  });
-  struct Unsubscribe {
-    JobRegistry* registry;
-    uint64_t id;
-    ~Unsubscribe() { registry->Unsubscribe(id); }
-  } unsubscribe{registry_, id};
-
-  std::map<std::string, int64_t> sent;  // rule -> updated_unix_micros last written
-  auto write = [&](const v1::RuleResult& r) {
-    sent[r.rule()] = r.updated_unix_micros();
-    return writer->Write(r);
-  };
-  auto current = registry_->RuleResults(request->job());
-  if (!current.ok()) return ToGrpcStatus(current.status());
-  for (const auto& r : *current) {
-    if (!write(r)) return grpc::Status::OK;
-  }
-  while (!context->IsCancelled() && !closing_) {
-    std::deque<v1::RuleResult> batch;
-    {
-      absl::MutexLock lock(&mu);
-      auto ready = [&queue]() { return !queue.empty(); };
-      mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200));
-      batch.swap(queue);
-    }
-    for (const auto& r : batch) {
-      if (!write(r)) return grpc::Status::OK;
-    }
-    if (batch.empty() && !registry_->IsActive(request->job())) {
-      // A verdict can be in the results before its notification is queued:
-      // send whatever the final results hold that was not sent yet.
-      auto final_results = registry_->RuleResults(request->job());
-      if (!final_results.ok()) return ToGrpcStatus(final_results.status());
-      for (const auto& r : *final_results) {
-        auto it = sent.find(r.rule());
-        if (it != sent.end() && it->second >= r.updated_unix_micros()) continue;
-        if (!write(r)) return grpc::Status::OK;
-      }
-      break;
-    }
-  }
-  return grpc::Status::OK;
+grpc::ServerWriteReactor<v1::RuleResult>* QueryService::WatchRuleResults(
+    grpc::CallbackServerContext*, const v1::GetRuleResultsRequest* request) {
+  return NewRuleResultsWatch(registry_, request->job());
 }
 
 grpc::Status QueryService::ListRuleCatalog(grpc::ServerContext*,
@@ -357,82 +306,10 @@ grpc::Status QueryService::ListRuleCatalog(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-namespace {
 
-v1::CompletedStep ToCompleted(const rules::StepData& d) {
-  v1::CompletedStep c;
-  c.set_step(d.step);
-  c.set_mode(d.mode);
-  c.set_mode_step(d.mode_step);
-  for (const auto& t : d.tensors) *c.add_tensors() = t;
-  for (int32_t w : d.missing_workers) c.add_missing_workers(w);
-  return c;
-}
-
-}  // namespace
-
-grpc::Status QueryService::WatchSteps(grpc::ServerContext* context,
-                                      const v1::WatchStepsRequest* request,
-                                      grpc::ServerWriter<v1::CompletedStep>* writer) {
-  auto job = FindJob(store_, request->job());
-  if (!job.ok()) return ToGrpcStatus(job.status());
-  absl::Mutex mu;
-  std::deque<v1::CompletedStep> queue;
-  // Subscribe first, then send what is stored, so no step falls between.
-  const uint64_t id = registry_->SubscribeSteps(request->job(), [&](const rules::StepData& d) {
-    absl::MutexLock lock(&mu);
-    queue.push_back(ToCompleted(d));
-  });
-  struct Unsubscribe {
-    JobRegistry* registry;
-    uint64_t id;
-    ~Unsubscribe() { registry->Unsubscribe(id); }
-  } unsubscribe{registry_, id};
-
-  // Stored steps the rules have seen (all of them for a job not live here).
-  const bool live = registry_->IsActive(request->job());
-  const int64_t through = live ? registry_->DeliveredThrough(request->job()) : INT64_MAX;
-  int64_t sent_through = request->from_step() - 1;
-  auto steps = store_->ListSteps(job->job_id(), v1::MODE_UNSPECIFIED);
-  if (!steps.ok()) return ToGrpcStatus(steps.status());
-  for (const v1::StepInfo& s : *steps) {
-    if (s.step() < request->from_step() || s.step() > through) continue;
-    auto records = store_->TensorsAtStep(job->job_id(), s.mode(), s.mode_step());
-    if (!records.ok()) return ToGrpcStatus(records.status());
-    v1::CompletedStep c;
-    c.set_step(s.step());
-    c.set_mode(s.mode());
-    c.set_mode_step(s.mode_step());
-    for (auto& r : *records) *c.add_tensors() = std::move(r);
-    if (!writer->Write(c)) return grpc::Status::OK;
-    sent_through = s.step();
-  }
-  while (!context->IsCancelled() && !closing_) {
-    std::deque<v1::CompletedStep> batch;
-    {
-      absl::MutexLock lock(&mu);
-      auto ready = [&queue]() { return !queue.empty(); };
-      mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200));
-      batch.swap(queue);
-    }
-    for (const auto& c : batch) {
-      if (c.step() <= sent_through) continue;
-      if (!writer->Write(c)) return grpc::Status::OK;
-      sent_through = c.step();
-    }
-    if (batch.empty() && !registry_->IsActive(request->job())) {
-      // Steps are queued under the registry's lock before the job can turn
-      // inactive: one last look finds any that arrived after the wait.
-      absl::MutexLock lock(&mu);
-      for (const auto& c : queue) {
-        if (c.step() <= sent_through) continue;
-        if (!writer->Write(c)) return grpc::Status::OK;
-        sent_through = c.step();
-      }
-      break;
-    }
-  }
-  return grpc::Status::OK;
+grpc::ServerWriteReactor<v1::CompletedStep>* QueryService::WatchSteps(
+    grpc::CallbackServerContext*, const v1::WatchStepsRequest* request) {
+  return NewStepsWatch(registry_, store_, *request, watch_options_);
 }
 
 grpc::Status QueryService::PostRuleResult(grpc::ServerContext*,

@@ -1,6 +1,7 @@
 // The gRPC edge of queries: validates each request, calls the Store or the
-// JobRegistry, converts the status once. Runs on the synchronous server's
-// threads (a bounded pool separate from ingest). Thread-safe.
+// JobRegistry, converts the status once. Unary and ReadTensor calls run on
+// the synchronous server's threads (a bounded pool separate from ingest);
+// the watches are callback reactors that hold no thread. Thread-safe.
 #ifndef SONDE_SERVER_QUERY_SERVICE_H_
 #define SONDE_SERVER_QUERY_SERVICE_H_
 
@@ -11,6 +12,7 @@
 #include "proto/query.grpc.pb.h"
 #include "rules/rule_factory.h"
 #include "server/job_registry.h"
+#include "server/watch_calls.h"
 #include "storage/store.h"
 
 namespace sonde::server {
@@ -24,14 +26,23 @@ absl::StatusOr<std::string> RenderReportPage(storage::Store& store,
                                              const rules::RuleFactory* rule_factory,
                                              const std::string& job);
 
-class QueryService final : public v1::Query::Service {
+// The Query service: the watches are served with gRPC's callback API
+// (server/watch_calls.h: pushed as they happen, no thread per watch), the
+// rest on the synchronous server's pool.
+using QueryServiceBase = v1::Query::WithCallbackMethod_WatchRuleResults<
+    v1::Query::WithCallbackMethod_WatchSteps<v1::Query::Service>>;
+
+class QueryService final : public QueryServiceBase {
  public:
   QueryService(storage::Store* store, JobRegistry* registry,
-               const rules::RuleFactory* rule_factory)
-      : store_(store), registry_(registry), rule_factory_(rule_factory) {}
+               const rules::RuleFactory* rule_factory, WatchOptions watch_options = {})
+      : store_(store),
+        registry_(registry),
+        rule_factory_(rule_factory),
+        watch_options_(watch_options) {}
 
-  // Makes open WatchRuleResults calls return (collector shutting down).
-  void Close() { closing_ = true; }
+  // Ends every open watch (collector shutting down).
+  void Close() { registry_->CloseWatches(); }
 
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
                         v1::ListJobsResponse*) override;
@@ -52,12 +63,12 @@ class QueryService final : public v1::Query::Service {
                           v1::ReadSeriesResponse*) override;
   grpc::Status GetRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
                               v1::GetRuleResultsResponse*) override;
-  grpc::Status WatchRuleResults(grpc::ServerContext*, const v1::GetRuleResultsRequest*,
-                                grpc::ServerWriter<v1::RuleResult>*) override;
+  grpc::ServerWriteReactor<v1::RuleResult>* WatchRuleResults(
+      grpc::CallbackServerContext*, const v1::GetRuleResultsRequest*) override;
   grpc::Status ListRuleCatalog(grpc::ServerContext*, const v1::ListRuleCatalogRequest*,
                                v1::ListRuleCatalogResponse*) override;
-  grpc::Status WatchSteps(grpc::ServerContext*, const v1::WatchStepsRequest*,
-                          grpc::ServerWriter<v1::CompletedStep>*) override;
+  grpc::ServerWriteReactor<v1::CompletedStep>* WatchSteps(
+      grpc::CallbackServerContext*, const v1::WatchStepsRequest*) override;
   grpc::Status PostRuleResult(grpc::ServerContext*, const v1::PostRuleResultRequest*,
                               v1::PostRuleResultResponse*) override;
   grpc::Status EnableRules(grpc::ServerContext*, const v1::EnableRulesRequest*,
@@ -71,7 +82,7 @@ class QueryService final : public v1::Query::Service {
   storage::Store* const store_;
   JobRegistry* const registry_;
   const rules::RuleFactory* const rule_factory_;
-  std::atomic<bool> closing_{false};
+  const WatchOptions watch_options_;
 };
 
 }  // namespace sonde::server

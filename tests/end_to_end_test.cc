@@ -536,8 +536,10 @@ TEST(EndToEnd, AnUnreachableCollectorNeverBlocksTraining) {
   }
   auto counters = (*hook)->counters();
   EXPECT_GT(counters.tensors_dropped, 0u);  // the bounded queue overflowed...
-  EXPECT_LE(counters.tensors_saved * 4096, 1u << 16);  // ...and memory stayed bounded
-  EXPECT_LE(counters.memory_bytes, (1u << 16) + (64u << 10));  // (step ends ride over it)
+  // ...and memory stayed bounded (step ends ride over it). How many were
+  // saved depends on how fast the sender moves steps to the spool, which
+  // frees memory for more: not asserted.
+  EXPECT_LE(counters.memory_bytes, (1u << 16) + (64u << 10));
   EXPECT_THAT((*hook)->Close(), StatusIs(absl::StatusCode::kDeadlineExceeded, "acknowledge"));
 }
 

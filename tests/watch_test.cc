@@ -1,0 +1,235 @@
+// The Query service's watches end to end: a real collector, a real hook
+// streaming a live job, real gRPC watchers (async clients, so a thousand
+// watches need no thousand client threads either).
+//
+// What is checked: watches are pushed, not polled (an open watch holds no
+// collector thread: a thousand of them add no threads, and every one
+// hears a posted verdict); a slow WatchSteps reader is cut off with
+// RESOURCE_EXHAUSTED naming the step to resume from, and resuming there
+// loses nothing.
+#include <dirent.h>
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/hook.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/query.grpc.pb.h"
+#include "tests/testing/in_process_collector.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde {
+namespace {
+
+size_t ThreadsOfThisProcess() {
+  size_t n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+
+HookOptions Options(const std::string& address, const std::string& job) {
+  HookOptions o;
+  o.collector = address;
+  o.job = job;
+  o.config.save_config = SaveConfig::Every(1);
+  o.config.include_collections = {"weights"};
+  o.upload_left_spools = false;
+  return o;
+}
+
+// Waits until `done` holds, checking every few milliseconds: for state
+// that changes on other threads with nothing to wait on here.
+template <typename Fn>
+bool Eventually(Fn done, absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// One async call of a server-streaming method; its tag is this object.
+template <typename T>
+struct AsyncWatch {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientAsyncReader<T>> reader;
+  T message;
+  grpc::Status status;
+};
+
+TEST(Watch, AThousandOpenWatchesHoldNoThreadAndAllHearAVerdict) {
+  testing::InProcessCollector collector;
+  auto hook = Hook::Create(Options(collector.address(), "watched"));
+  SONDE_ASSERT_OK(hook);
+  SONDE_ASSERT_OK((*hook)->WaitUntilConnected(absl::Seconds(20)));  // the job is live
+
+  auto channel = grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Query::NewStub(channel);
+  // Warm the channel (and the server's pools) before counting threads.
+  {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest req;
+    req.set_job("watched");
+    v1::JobInfo info;
+    ASSERT_TRUE(stub->GetJob(&ctx, req, &info).ok());
+  }
+  const size_t threads_before = ThreadsOfThisProcess();
+
+  constexpr int kWatches = 1000;
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<AsyncWatch<v1::RuleResult>>> watches;
+  v1::GetRuleResultsRequest request;
+  request.set_job("watched");
+  for (int i = 0; i < kWatches; ++i) {
+    auto w = std::make_unique<AsyncWatch<v1::RuleResult>>();
+    w->reader = stub->PrepareAsyncWatchRuleResults(&w->context, request, &cq);
+    w->reader->StartCall(w.get());
+    watches.push_back(std::move(w));
+  }
+  void* tag;
+  bool ok;
+  for (int i = 0; i < kWatches; ++i) {  // every call started
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    ASSERT_TRUE(ok);
+  }
+  ASSERT_TRUE(Eventually([&] { return collector.collector().open_watches() == kWatches; }))
+      << collector.collector().open_watches();
+  const size_t threads_open = ThreadsOfThisProcess();
+  // The synchronous pool may grow by a few; a thread per watch would be 1000.
+  EXPECT_LT(threads_open, threads_before + 50)
+      << threads_before << " threads before, " << threads_open << " with the watches open";
+
+  for (auto& w : watches) w->reader->Read(&w->message, w.get());
+  {
+    grpc::ClientContext ctx;
+    v1::PostRuleResultRequest post;
+    post.mutable_result()->set_job("watched");
+    post.mutable_result()->set_rule("external");
+    post.mutable_result()->set_status(v1::RULE_STATUS_ISSUES_FOUND);
+    post.mutable_result()->set_message("seen by all");
+    v1::PostRuleResultResponse resp;
+    ASSERT_TRUE(stub->PostRuleResult(&ctx, post, &resp).ok());
+  }
+  std::set<void*> heard;
+  for (int i = 0; i < kWatches; ++i) {
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    ASSERT_TRUE(ok) << "a watch ended instead of reading the verdict";
+    auto* w = static_cast<AsyncWatch<v1::RuleResult>*>(tag);
+    EXPECT_EQ(w->message.rule(), "external");
+    EXPECT_EQ(w->message.message(), "seen by all");
+    heard.insert(tag);
+  }
+  EXPECT_EQ(heard.size(), static_cast<size_t>(kWatches));
+
+  // Cancelled by their clients, the watches go away on the server too.
+  for (auto& w : watches) w->context.TryCancel();
+  for (auto& w : watches) w->reader->Finish(&w->status, w.get());
+  for (int i = 0; i < kWatches; ++i) ASSERT_TRUE(cq.Next(&tag, &ok));
+  for (auto& w : watches) EXPECT_EQ(w->status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(Eventually([&] { return collector.collector().open_watches() == 0; }))
+      << collector.collector().open_watches();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  SONDE_EXPECT_OK((*hook)->Close());
+}
+
+TEST(Watch, ASlowStepsReaderIsCutOffWithWhereToResumeAndResumingLosesNothing) {
+  testing::InProcessCollector collector("", server::IngestLimits(),
+                                        [](server::CollectorOptions& o) {
+                                          o.watch.max_queued_steps = 4;
+                                        });
+  auto channel = grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Query::NewStub(channel);
+  auto hook = Hook::Create(Options(collector.address(), "flood"));
+  SONDE_ASSERT_OK(hook);
+  SONDE_ASSERT_OK((*hook)->WaitUntilConnected(absl::Seconds(20)));
+
+  // A watcher that reads nothing while 300 steps of 64 tensors arrive (each
+  // step's records about 20 KB: 6 MB in all), far more than gRPC's
+  // flow-control windows hold, so its queue fills.
+  grpc::CompletionQueue cq;
+  AsyncWatch<v1::CompletedStep> slow;
+  v1::WatchStepsRequest request;
+  request.set_job("flood");
+  slow.reader = stub->PrepareAsyncWatchSteps(&slow.context, request, &cq);
+  slow.reader->StartCall(&slow);
+  void* tag;
+  bool ok;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(Eventually([&] { return collector.collector().open_watches() == 1; }));
+
+  constexpr int64_t kSteps = 300;
+  constexpr int kTensors = 64;
+  std::vector<float> w(4);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    std::fill(w.begin(), w.end(), static_cast<float>(step));
+    (*hook)->StartStep();
+    for (int t = 0; t < kTensors; ++t) {
+      SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("layer", t, "/", std::string(200, 'w')),
+                                          HostTensor(w.data(), {4}), {"weights"}));
+    }
+  }
+  SONDE_ASSERT_OK((*hook)->Close());  // every step stored, the job ended
+
+  // Now read: some steps, in order, then the cut-off.
+  std::vector<int64_t> got;
+  while (true) {
+    slow.reader->Read(&slow.message, &slow);
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    if (!ok) break;
+    got.push_back(slow.message.step());
+    ASSERT_EQ(slow.message.tensors_size(), kTensors);
+    EXPECT_EQ(slow.message.tensors(0).statistics().max(), static_cast<double>(got.back()));
+  }
+  slow.reader->Finish(&slow.status, &slow);
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_EQ(slow.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << slow.status.error_message();
+  const std::string marker = "from_step=";
+  const size_t at = slow.status.error_message().find(marker);
+  ASSERT_NE(at, std::string::npos) << slow.status.error_message();
+  int64_t resume = -1;
+  ASSERT_TRUE(absl::SimpleAtoi(
+      slow.status.error_message().substr(at + marker.size()).substr(
+          0, slow.status.error_message().find_first_not_of("0123456789", at + marker.size()) -
+                 (at + marker.size())),
+      &resume))
+      << slow.status.error_message();
+  ASSERT_LT(got.size(), static_cast<size_t>(kSteps));  // it was cut off...
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], static_cast<int64_t>(i));
+  EXPECT_EQ(resume, static_cast<int64_t>(got.size()));  // ...right after what it wrote
+
+  // Resuming there gets the rest from storage, in order, and ends (the job
+  // has ended).
+  grpc::ClientContext ctx;
+  request.set_from_step(resume);
+  auto reader = stub->WatchSteps(&ctx, request);
+  v1::CompletedStep c;
+  while (reader->Read(&c)) {
+    got.push_back(c.step());
+    ASSERT_EQ(c.tensors_size(), kTensors);
+    EXPECT_EQ(c.tensors(0).statistics().max(), static_cast<double>(c.step()));
+  }
+  SONDE_EXPECT_OK(absl::Status(static_cast<absl::StatusCode>(reader->Finish().error_code()), ""));
+  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
+  for (int64_t i = 0; i < kSteps; ++i) EXPECT_EQ(got[i], i);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+}  // namespace
+}  // namespace sonde
