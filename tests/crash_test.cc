@@ -219,7 +219,8 @@ TEST(CrashTest, EveryAcknowledgedStepSurvivesRepeatedKill9BitExactAndExactlyOnce
   const int quiet_ms = EnvInt("SONDE_CRASH_QUIET_MS", 3000);
   TempDir dir;
   TestHttpServer webhook;
-  const std::string address = ::sonde::testing::FreeLoopbackAddress();
+  const ::sonde::testing::ReservedLoopbackAddress reserved;
+  const std::string& address = reserved.address();
   // ExplodingTensor fires (once) on job B's NaN, posting a webhook and
   // stopping its training.
   const std::string rules = absl::StrCat(

@@ -381,7 +381,8 @@ TEST(DeviceCapture, ATensorSavedTwiceInAStepIsRefusedAndCounted) {
 // them in order (their results wait in memory or on the device), and once
 // the collector is up every step arrives whole.
 TEST(DeviceCapture, DeviceTensorsSpillInOrderWhileTheCollectorIsAway) {
-  const std::string address = ::sonde::testing::FreeLoopbackAddress();
+  const ::sonde::testing::ReservedLoopbackAddress reserved;
+  const std::string& address = reserved.address();
   ::sonde::testing::TempDir dir;
   HookOptions o = Options(address, "away", {}, nullptr);
   o.max_queue_bytes = 256 << 10;

@@ -402,8 +402,8 @@ TEST(Spool, TheNextHookUploadsWhatAnEarlierOneLeftForItsCollector) {
   }
   // A spool for another collector stays where it is.
   {
-    auto other = Hook::Create(Options(::sonde::testing::FreeLoopbackAddress(), "elsewhere",
-                                      spool.path()));
+    const ::sonde::testing::ReservedLoopbackAddress elsewhere;
+    auto other = Hook::Create(Options(elsewhere.address(), "elsewhere", spool.path()));
     SONDE_ASSERT_OK(other);
     SaveSteps(**other, 0, 2, 10);
     EXPECT_FALSE((*other)->Close().ok());

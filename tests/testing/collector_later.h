@@ -16,11 +16,10 @@ namespace sonde::testing {
 
 class CollectorLater {
  public:
-  CollectorLater() : address_(FreeLoopbackAddress()) {}
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return reserved_.address(); }
   void Start() {
     server::CollectorOptions o;
-    o.listen = address_;
+    o.listen = reserved_.address();
     o.data_dir = dir_.Sub("db");
     auto c = server::Collector::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -30,7 +29,7 @@ class CollectorLater {
 
  private:
   TempDir dir_;
-  std::string address_;
+  ReservedLoopbackAddress reserved_;
   std::unique_ptr<server::Collector> collector_;
 };
 

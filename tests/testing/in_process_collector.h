@@ -11,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "rules/rule_config.h"
 #include "server/collector.h"
+#include "absl/strings/numbers.h"
+#include "tests/testing/free_address.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sonde::testing {
@@ -47,6 +49,11 @@ class InProcessCollector {
   // no collector is up (e.g. to leave files as a crash would).
   void RestartInPlace(const std::function<void()>& between = nullptr) {
     const std::string address = collector_->address();
+    // Held from before the stop until the new collector listens, so no
+    // other socket takes the port in between.
+    uint32_t port = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) << address;
+    ReservedLoopbackAddress held(static_cast<uint16_t>(port));
     Stop();
     if (between) between();
     options_.listen = address;
