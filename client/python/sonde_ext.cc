@@ -28,6 +28,7 @@
 #include "client/hook.h"
 #include "glog/logging.h"
 #include "client/python/options_json.h"
+#include "common/crc32c.h"
 #include "cuda/device_stats.h"
 
 namespace py = pybind11;
@@ -246,6 +247,14 @@ PYBIND11_MODULE(_sonde, m) {
     }
     return sonde::StatusToPython(sonde::Hook::Validate(options));
   }, py::arg("options_json"), "None if a hook could be created with these options, else (code, why)");
+  m.def("crc32c", [](py::buffer data) {
+    // The collector's own CRC-32C (common/crc32c.h, SSE4.2 where present),
+    // so sonde.trials checks chunks with the implementation that made them.
+    py::buffer_info info = data.request();
+    const size_t n = static_cast<size_t>(info.size) * static_cast<size_t>(info.itemsize);
+    py::gil_scoped_release release;
+    return sonde::Crc32cExtend(0, info.ptr, n);
+  }, py::arg("data"), "CRC-32C (Castagnoli) of a contiguous bytes-like object, as an int");
   m.def("probe_device", [](int device) {
     return sonde::WithoutGil([&] { return sonde::DeviceStats::Probe(device); });
   }, py::arg("device"), "None if CUDA device `device` can be measured, else (code, why)");

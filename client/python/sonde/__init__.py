@@ -10,6 +10,18 @@
 # bazel-bin/client/python); this makes them one package.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
+# The extension carries the C++ protobuf code of sonde.v1. With protobuf's
+# C++ Python backend (Debian's python3-protobuf), which shares the C++
+# descriptor pool with it, a sonde.v1 module imported before the extension
+# and one imported after it disagree on their messages' descriptors
+# ("TypeError: No message class registered for 'sonde.v1.RuleSpec'"; pip's
+# upb backend keeps a pool of its own and is not affected). Loading it
+# first, before anything can import sonde.v1, keeps them one.
+try:
+    from sonde import _sonde  # noqa: F401,E402
+except ImportError:  # a source tree whose extension is not built
+    pass
+
 from sonde import modes  # noqa: F401,E402
 from sonde.modes import ModeKeys  # noqa: F401,E402
 

@@ -23,3 +23,18 @@ def test_list_jobs_on_a_fresh_collector(collector):
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.NOT_FOUND
             assert "nope" in e.details()
+
+
+def test_stubs_and_the_extension_agree_in_any_import_order():
+    # A sonde.v1 module imported before the extension, another after: with
+    # protobuf's C++ backend they disagreed on descriptors until `sonde`
+    # loaded the extension first (a message with a field of the earlier
+    # module's type could not be built).
+    import subprocess
+    import sys
+    code = ("from sonde.v1 import query_pb2\n"
+            "from sonde import _sonde\n"
+            "from sonde.v1 import collector_pb2, rule_pb2\n"
+            "h = collector_pb2.Hello(job='j', rules=[rule_pb2.RuleSpec(name='r')])\n"
+            "assert collector_pb2.Hello.FromString(h.SerializeToString()).rules[0].name == 'r'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

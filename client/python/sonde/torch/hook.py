@@ -48,23 +48,25 @@ from sonde import _sonde
 from sonde import modes as _modes
 from sonde.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig
 from sonde.torch import _compile
-from sonde.v1 import profile_pb2
+from sonde.v1 import profile_pb2, tensor_pb2
 
 _KIND = profile_pb2.TraceEvent  # KIND_DATA_WAIT, KIND_FORWARD, ...
 
 log = logging.getLogger("sonde")
 
+# torch dtypes Sonde saves as they are, to their sonde.v1.DType (the wire's
+# enum, proto/tensor.proto).
 _DTYPES = {
-    torch.float32: 1,
-    torch.float16: 2,
-    torch.bfloat16: 3,
-    torch.float64: 4,
-    torch.int8: 5,
-    torch.int16: 6,
-    torch.int32: 7,
-    torch.int64: 8,
-    torch.uint8: 9,
-    torch.bool: 10,
+    torch.float32: tensor_pb2.DTYPE_F32,
+    torch.float16: tensor_pb2.DTYPE_F16,
+    torch.bfloat16: tensor_pb2.DTYPE_BF16,
+    torch.float64: tensor_pb2.DTYPE_F64,
+    torch.int8: tensor_pb2.DTYPE_I8,
+    torch.int16: tensor_pb2.DTYPE_I16,
+    torch.int32: tensor_pb2.DTYPE_I32,
+    torch.int64: tensor_pb2.DTYPE_I64,
+    torch.uint8: tensor_pb2.DTYPE_U8,
+    torch.bool: tensor_pb2.DTYPE_BOOL,
 }
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # numpy dtypes that torch.from_numpy takes and Sonde saves as they are;
