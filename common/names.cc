@@ -29,13 +29,16 @@ absl::Status ValidateJobName(absl::string_view job) {
 }
 
 absl::Status ValidateDataName(absl::string_view what, absl::string_view name) {
-  if (name.empty() || name.size() > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " must be 1 to 1024 bytes, got ", name.size()));
+  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (name.size() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is ", name.size(), " bytes long; the limit is 1024"));
   }
+  // Keys end names with 0x00 (storage/keys.h).
   if (name.find('\0') != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte"));
   }
+  // Records hold names in protobuf strings, which refuse invalid UTF-8.
   if (!IsValidUtf8(name)) return absl::InvalidArgumentError(absl::StrCat(what, " is not valid UTF-8"));
   return absl::OkStatus();
 }

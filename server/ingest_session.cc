@@ -17,6 +17,7 @@
 #include "glog/logging.h"
 #include "server/statistics_check.h"
 #include "storage/keys.h"
+#include "common/names.h"
 
 namespace sonde::server {
 namespace {
@@ -282,7 +283,7 @@ absl::Status IngestSession::OnChunk(const v1::TensorChunk& chunk) {
           absl::StrCat("chunk ", chunk.chunk_index(), " of tensor '", chunk.tensor_name(),
                        "' at step ", chunk.step(), " arrived before its chunk 0"));
     }
-    SONDE_RETURN_IF_ERROR(storage::ValidateKeyName("tensor name", chunk.tensor_name()));
+    SONDE_RETURN_IF_ERROR(ValidateDataName("tensor name", chunk.tensor_name()));
     if (!step_names_.insert(chunk.tensor_name()).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", chunk.tensor_name(), "' sent twice in step ", chunk.step()));
@@ -342,7 +343,7 @@ absl::Status IngestSession::OnSummary(const v1::TensorSummary& s) {
         "summary of '", s.tensor_name(), "' while tensor '",
         assembler_->header().tensor_name(), "' is incomplete"));
   }
-  SONDE_RETURN_IF_ERROR(storage::ValidateKeyName("tensor name", s.tensor_name()));
+  SONDE_RETURN_IF_ERROR(ValidateDataName("tensor name", s.tensor_name()));
   if (DTypeSize(s.dtype()) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("summary of '", s.tensor_name(),
                                                    "' has unsupported dtype ",

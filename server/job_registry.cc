@@ -710,7 +710,7 @@ int64_t JobRegistry::DeliveredThrough(const std::string& job_name) {
 absl::Status JobRegistry::PostExternalResult(v1::RuleResult result,
                                              const std::vector<std::string>& actions) {
   SONDE_RETURN_IF_ERROR(ValidateJobName(result.job()));
-  SONDE_RETURN_IF_ERROR(storage::ValidateKeyName("rule name", result.rule()));
+  SONDE_RETURN_IF_ERROR(ValidateDataName("rule name", result.rule()));
   if (!v1::RuleStatus_IsValid(result.status()) ||
       result.status() == v1::RULE_STATUS_UNSPECIFIED) {
     return absl::InvalidArgumentError(

@@ -1,7 +1,6 @@
 #include "storage/keys.h"
 
 #include "common/status_macros.h"
-#include "common/utf8.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -64,22 +63,6 @@ absl::StatusOr<std::string> ConsumeName(absl::string_view& in) {
   std::string name(in.substr(0, end));
   in.remove_prefix(end + 1);
   return name;
-}
-
-absl::Status ValidateKeyName(absl::string_view what, absl::string_view name) {
-  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
-  if (name.size() > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " is ", name.size(), " bytes long; the limit is 1024"));
-  }
-  if (name.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte"));
-  }
-  if (!IsValidUtf8(name)) {
-    // Records hold names in protobuf strings, which refuse invalid UTF-8.
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid UTF-8"));
-  }
-  return absl::OkStatus();
 }
 
 std::string JobNameKey(absl::string_view name) { return absl::StrCat("N", name); }

@@ -65,8 +65,8 @@ absl::StatusOr<int32_t> ConsumeI32(absl::string_view& in);
 // A 0x00-terminated name.
 absl::StatusOr<std::string> ConsumeName(absl::string_view& in);
 
-// A tensor, job or rule name that keys can hold: 1..1024 bytes, no 0x00.
-absl::Status ValidateKeyName(absl::string_view what, absl::string_view name);
+// Names reach keys only once ValidateDataName (common/names.h) accepted
+// them: 1..1024 bytes of UTF-8 without 0x00.
 
 // The decoded identity of one tensor at one step of one worker.
 struct TensorKey {

@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "common/names.h"
 
 namespace sonde::storage {
 namespace {
@@ -105,13 +106,13 @@ TEST(Keys, PrefixEnd) {
   EXPECT_EQ(PrefixEnd(std::string("\xff\xff", 2)), "");
 }
 
-TEST(Keys, ValidateKeyName) {
-  SONDE_EXPECT_OK(ValidateKeyName("tensor name", "fc1.weight"));
-  EXPECT_THAT(ValidateKeyName("tensor name", ""),
+TEST(Keys, ValidateDataName) {
+  SONDE_EXPECT_OK(ValidateDataName("tensor name", "fc1.weight"));
+  EXPECT_THAT(ValidateDataName("tensor name", ""),
               StatusIs(absl::StatusCode::kInvalidArgument, "tensor name is empty"));
-  EXPECT_THAT(ValidateKeyName("tensor name", std::string("a\0b", 3)),
+  EXPECT_THAT(ValidateDataName("tensor name", std::string("a\0b", 3)),
               StatusIs(absl::StatusCode::kInvalidArgument, "NUL"));
-  EXPECT_THAT(ValidateKeyName("job name", std::string(2000, 'x')),
+  EXPECT_THAT(ValidateDataName("job name", std::string(2000, 'x')),
               StatusIs(absl::StatusCode::kInvalidArgument, "2000 bytes"));
 }
 

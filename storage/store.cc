@@ -16,6 +16,7 @@
 #include "rocksdb/cache.h"
 #include "rocksdb/write_batch.h"
 #include "storage/keys.h"
+#include "common/names.h"
 
 namespace sonde::storage {
 namespace {
@@ -139,7 +140,7 @@ absl::Status Store::ScanPrefix(
 }
 
 absl::StatusOr<v1::JobInfo> Store::CreateJob(const v1::JobInfo& info) {
-  SONDE_RETURN_IF_ERROR(ValidateKeyName("job name", info.job()));
+  SONDE_RETURN_IF_ERROR(ValidateDataName("job name", info.job()));
   absl::MutexLock lock(&create_mu_);
   auto existing = GetJob(info.job());
   if (existing.ok() || existing.status().code() != absl::StatusCode::kNotFound) {
@@ -206,7 +207,7 @@ absl::Status Store::CommitStep(const StepWrite& w) {
   const uint8_t mode = ModeKeyByte(w.step.mode());
   const int64_t mode_step = w.step.mode_step();
   for (const TensorWrite& t : w.tensors) {
-    SONDE_RETURN_IF_ERROR(ValidateKeyName("tensor name", t.record.tensor_name()));
+    SONDE_RETURN_IF_ERROR(ValidateDataName("tensor name", t.record.tensor_name()));
     TensorKey key{w.job_id, mode, mode_step, t.record.tensor_name(), w.worker};
     v1::TensorRecord record = t.record;
     record.set_worker(w.worker);
@@ -331,7 +332,7 @@ absl::StatusOr<std::vector<v1::TensorInfo>> Store::ListTensors(uint64_t job_id) 
 absl::StatusOr<v1::TensorRecord> Store::ReadTensor(
     uint64_t job_id, v1::Mode mode, int64_t mode_step, absl::string_view name,
     int32_t worker, const PieceFn& on_piece) {
-  SONDE_RETURN_IF_ERROR(ValidateKeyName("tensor name", name));
+  SONDE_RETURN_IF_ERROR(ValidateDataName("tensor name", name));
   TensorKey key{job_id, ModeKeyByte(mode), mode_step, std::string(name), worker};
   // One snapshot so the record and its pieces come from the same commit.
   const rocksdb::Snapshot* snapshot = db_->GetSnapshot();
@@ -374,7 +375,7 @@ absl::StatusOr<v1::TensorRecord> Store::ReadTensor(
 absl::StatusOr<std::vector<v1::SeriesPoint>> Store::ReadSeries(
     uint64_t job_id, absl::string_view name, v1::Mode mode, int64_t from, int64_t to,
     int32_t worker) {
-  SONDE_RETURN_IF_ERROR(ValidateKeyName("tensor name", name));
+  SONDE_RETURN_IF_ERROR(ValidateDataName("tensor name", name));
   std::vector<v1::SeriesPoint> points;
   auto scan_mode = [&](uint8_t m) -> absl::Status {
     rocksdb::ReadOptions ro;
@@ -428,12 +429,12 @@ absl::Status Store::WriteProfile(uint64_t job_id, int32_t worker, const v1::Prof
     }
   }
   for (absl::string_view name : names) {
-    SONDE_RETURN_IF_ERROR(ValidateKeyName("metric name", name));
+    SONDE_RETURN_IF_ERROR(ValidateDataName("metric name", name));
     SONDE_RETURN_IF_ERROR(
         FromRocks(wb.Put(family, MetricNameKey(job_id, worker, name), ""), "batching a name"));
   }
   for (const v1::TraceEvent& event : batch.events()) {
-    if (!event.name().empty()) SONDE_RETURN_IF_ERROR(ValidateKeyName("event name", event.name()));
+    if (!event.name().empty()) SONDE_RETURN_IF_ERROR(ValidateDataName("event name", event.name()));
     SONDE_RETURN_IF_ERROR(FromRocks(
         wb.Put(family,
                EventKey(job_id, worker, static_cast<uint8_t>(event.kind()), event.name(),
@@ -576,7 +577,7 @@ absl::StatusOr<std::vector<v1::WorkerEvent>> Store::ReadEvents(uint64_t job_id,
 
 absl::Status Store::PutRuleResult(uint64_t job_id, const v1::RuleResult& result,
                                   std::optional<std::string> state) {
-  SONDE_RETURN_IF_ERROR(ValidateKeyName("rule name", result.rule()));
+  SONDE_RETURN_IF_ERROR(ValidateDataName("rule name", result.rule()));
   rocksdb::WriteBatch batch;
   batch.Put(handles_[kRules], RuleResultKey(job_id, result.rule()),
             result.SerializeAsString());
@@ -678,7 +679,7 @@ std::optional<uint64_t> Store::DbIntProperty(absl::string_view property) {
 }
 
 absl::StatusOr<DeletedJob> Store::MarkJobDeleted(absl::string_view name) {
-  SONDE_RETURN_IF_ERROR(ValidateKeyName("job name", name));
+  SONDE_RETURN_IF_ERROR(ValidateDataName("job name", name));
   absl::MutexLock lock(&create_mu_);
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, GetJob(name));
   DeletedJob deleted;

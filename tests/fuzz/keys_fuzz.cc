@@ -10,6 +10,7 @@
 #include "common/utf8.h"
 #include "storage/keys.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "common/names.h"
 
 namespace sonde::fuzz {
 namespace {
@@ -130,14 +131,14 @@ Parsed ReadKey(FuzzReader& in) {
   return p;
 }
 
-// Names reach keys only through ValidateKeyName; check it refuses what the
+// Names reach keys only through ValidateDataName; check it refuses what the
 // layout cannot hold, then make the name holdable.
 void MakeHoldable(std::string& name) {
   const bool has_nul = name.find('\0') != std::string::npos;
   const bool utf8 = IsValidUtf8(name);
-  const bool valid = storage::ValidateKeyName("tensor name", name).ok();
+  const bool valid = ValidateDataName("tensor name", name).ok();
   if (valid == (has_nul || name.empty() || !utf8)) {
-    FuzzFail(absl::StrCat("ValidateKeyName said ", valid, " for name ", Hex(name)));
+    FuzzFail(absl::StrCat("ValidateDataName said ", valid, " for name ", Hex(name)));
   }
   std::replace(name.begin(), name.end(), '\0', '\x01');
   if (!utf8) {

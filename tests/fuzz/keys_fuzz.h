@@ -15,7 +15,7 @@
 // Key layout of part 3: [which fields B copies from A u8] then A and B each
 // as [job u64][mode u8][step u64][worker u32][piece u32][name length u8]
 // [name], all little endian (FuzzReader). A name with a 0x00 byte must be
-// refused by ValidateKeyName and is then used with 0x00 replaced by 0x01.
+// refused by ValidateDataName and is then used with 0x00 replaced by 0x01.
 #ifndef SONDE_TESTS_FUZZ_KEYS_FUZZ_H_
 #define SONDE_TESTS_FUZZ_KEYS_FUZZ_H_
 
