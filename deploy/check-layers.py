@@ -15,6 +15,9 @@ Layers, lowest first (a folder may include its own and lower layers):
 Test sources (*_test.cc, benchmarks, tests/testing helpers) may include
 anything: they exercise the code from above.
 
+The hook and the Python extension, which training processes load, link no
+rule implementation (//rules:builtin_rules).
+
 Prints one line per check and "check-layers: N passed, N failed, 0 skipped".
 """
 import os
@@ -25,6 +28,9 @@ import sys
 LAYERS = {"proto": 0, "math": 0, "common": 1, "stats": 2, "cuda": 3, "storage": 3,
           "rules": 4, "client": 5, "server": 6, "examples": 7, "tests": 8}
 NO_GRPC = ["//storage/...", "//rules/...", "//math/...", "//stats/..."]
+# What the training process loads links no rule implementation: the rules
+# run in the collector.
+NO_RULES = ["//client:hook", "//client/python:sonde/_sonde.so"]
 
 
 def is_test_source(path):
@@ -59,21 +65,22 @@ def main():
         else:
             passed += 1
             print(f"check-layers: ok   {top}/ includes only lower layers")
-    for pattern in NO_GRPC:
+    checks = [(p, "//third_party:grpc", "links gRPC") for p in NO_GRPC]
+    checks += [(t, "//rules:builtin_rules", "links the rule implementations") for t in NO_RULES]
+    for source, target, what in checks:
         try:
-            path = subprocess.run(
-                ["bazel", "query", f"somepath({pattern}, //third_party:grpc)"],
-                capture_output=True, text=True, check=True).stdout.split()
+            path = subprocess.run(["bazel", "query", f"somepath({source}, {target})"],
+                                  capture_output=True, text=True, check=True).stdout.split()
         except (OSError, subprocess.CalledProcessError) as e:
             failed += 1
-            print(f"check-layers: FAIL bazel query for {pattern}: {e}")
+            print(f"check-layers: FAIL bazel query somepath({source}, {target}): {e}")
             continue
         if path:
             failed += 1
-            print(f"check-layers: FAIL {pattern} links gRPC: {' -> '.join(path)}")
+            print(f"check-layers: FAIL {source} {what}: {' -> '.join(path)}")
         else:
             passed += 1
-            print(f"check-layers: ok   {pattern} does not link gRPC")
+            print(f"check-layers: ok   {source} does not depend on {target}")
     print(f"check-layers: {passed} passed, {failed} failed, 0 skipped")
     return 0 if failed == 0 else 1
 

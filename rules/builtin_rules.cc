@@ -231,4 +231,10 @@ void RegisterBuiltinRules(RuleFactory& factory) {
   }
 }
 
+std::unique_ptr<RuleFactory> BuiltinRuleFactory() {
+  auto factory = std::make_unique<RuleFactory>();
+  RegisterBuiltinRules(*factory);
+  return factory;
+}
+
 }  // namespace sonde::rules

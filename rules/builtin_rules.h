@@ -22,6 +22,8 @@
 #ifndef SONDE_RULES_BUILTIN_RULES_H_
 #define SONDE_RULES_BUILTIN_RULES_H_
 
+#include <memory>
+
 #include "rules/rule.h"
 #include "rules/rule_factory.h"
 
@@ -29,6 +31,9 @@ namespace sonde::rules {
 
 // Registers every built-in rule in `factory`.
 void RegisterBuiltinRules(RuleFactory& factory);
+
+// A factory with every built-in rule registered.
+std::unique_ptr<RuleFactory> BuiltinRuleFactory();
 
 }  // namespace sonde::rules
 

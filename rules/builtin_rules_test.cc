@@ -38,7 +38,7 @@ StepData Step(int64_t s, std::vector<v1::TensorRecord> tensors,
 }
 
 const RuleFactory& Factory() {
-  static const RuleFactory* factory = RuleFactory::WithBuiltins().release();
+  static const RuleFactory* factory = BuiltinRuleFactory().release();
   return *factory;
 }
 

@@ -5,15 +5,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "rules/builtin_rules.h"
 
 namespace sonde::rules {
-
-std::unique_ptr<RuleFactory> RuleFactory::WithBuiltins() {
-  auto factory = std::make_unique<RuleFactory>();
-  RegisterBuiltinRules(*factory);
-  return factory;
-}
 
 absl::Status RuleFactory::Register(RuleInfo info, RuleMaker maker) {
   if (info.rule_type.empty()) return absl::InvalidArgumentError("rule type is empty");

@@ -56,9 +56,6 @@ class RuleFactory {
   RuleFactory(const RuleFactory&) = delete;
   RuleFactory& operator=(const RuleFactory&) = delete;
 
-  // A factory with every built-in rule registered.
-  static std::unique_ptr<RuleFactory> WithBuiltins();
-
   // AlreadyExists if the type is taken; InvalidArgument for an empty type.
   absl::Status Register(RuleInfo info, RuleMaker maker);
 

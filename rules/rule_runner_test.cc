@@ -33,7 +33,7 @@ class RecordingSink : public RuleSink {
   std::vector<v1::Action> actions;
 };
 
-const std::unique_ptr<RuleFactory> factory_ = RuleFactory::WithBuiltins();
+const std::unique_ptr<RuleFactory> factory_ = BuiltinRuleFactory();
 
 v1::TensorRecord Tensor(const std::string& name, float value, const std::string& coll) {
   v1::TensorRecord r;
@@ -448,7 +448,7 @@ TEST(RuleRunner, ARuleThatStopsAtItsIssueCountsOneTrigger) {
 }
 
 TEST(RuleFactory, RejectsDuplicateAndEmptyTypes) {
-  auto factory = RuleFactory::WithBuiltins();
+  auto factory = BuiltinRuleFactory();
   EXPECT_THAT(factory->Register({"ExplodingTensor", "", {}, {}, "", "test"}, nullptr),
               StatusIs(absl::StatusCode::kAlreadyExists, "ExplodingTensor"));
   EXPECT_THAT(factory->Register({"", "", {}, {}, "", "test"}, nullptr),

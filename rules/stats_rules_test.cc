@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "rules/builtin_rules.h"
 
 namespace sonde::rules {
 namespace {
@@ -266,7 +267,7 @@ Trace Train(Net& net, const Dataset& data, int steps, double lr) {
 }
 
 const RuleFactory& Factory() {
-  static const RuleFactory* factory = RuleFactory::WithBuiltins().release();
+  static const RuleFactory* factory = BuiltinRuleFactory().release();
   return *factory;
 }
 
@@ -1355,7 +1356,7 @@ TEST(StatisticsRuleCatalog, ListsEveryRuleWithItsDocumentedDefaults) {
        {{"window", "20"}, {"min_swing", "0.03"}, {"max_share", "0.2"}, {"mode", ""}}},
   };
   std::map<std::string, RuleInfo> catalog;
-  for (const RuleInfo& info : RuleFactory::WithBuiltins()->Catalog()) {
+  for (const RuleInfo& info : BuiltinRuleFactory()->Catalog()) {
     catalog[info.rule_type] = info;
   }
   for (const auto& [type, params] : expected) {

@@ -15,7 +15,7 @@ namespace {
 using ::sonde::testing::StatusIs;
 
 const RuleFactory& Factory() {
-  static const RuleFactory* factory = RuleFactory::WithBuiltins().release();
+  static const RuleFactory* factory = BuiltinRuleFactory().release();
   return *factory;
 }
 

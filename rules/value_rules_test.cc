@@ -24,7 +24,7 @@ using examples::MlpConfig;
 using examples::MlpStep;
 
 const RuleFactory& Factory() {
-  static const RuleFactory* factory = RuleFactory::WithBuiltins().release();
+  static const RuleFactory* factory = BuiltinRuleFactory().release();
   return *factory;
 }
 

@@ -22,6 +22,7 @@
 #include "rules/plugin_loader.h"
 #include "rules/rule_factory.h"
 #include "storage/store.h"
+#include "rules/builtin_rules.h"
 
 namespace sonde::server {
 namespace {
@@ -71,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   if (!views.ok()) return views.status();
   c->views_ = std::move(*views);
   c->metrics_address_ = c->views_->address();
-  c->rule_factory_ = rules::RuleFactory::WithBuiltins();
+  c->rule_factory_ = rules::BuiltinRuleFactory();
   for (const std::string& plugin : options.rule_plugins) {
     absl::Status loaded = rules::LoadRulePlugin(plugin, *c->rule_factory_);
     if (!loaded.ok()) return loaded;

@@ -28,6 +28,7 @@
 #include "storage/store.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "rules/builtin_rules.h"
 
 namespace sonde::server {
 namespace {
@@ -285,7 +286,7 @@ class IngestSessionTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<storage::Store> store_;
   ThreadPool pool_{2, 64};
-  std::unique_ptr<rules::RuleFactory> factory_ = rules::RuleFactory::WithBuiltins();
+  std::unique_ptr<rules::RuleFactory> factory_ = rules::BuiltinRuleFactory();
   std::unique_ptr<JobRegistry> registry_;
 };
 

@@ -20,6 +20,7 @@
 #include "tests/testing/rocksdb_dump.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "rules/builtin_rules.h"
 
 namespace sonde::server {
 namespace {
@@ -132,7 +133,7 @@ class RetentionTest : public ::testing::Test {
 
   TempDir dir_;
   ThreadPool pool_{2, 64};
-  std::unique_ptr<rules::RuleFactory> factory_ = rules::RuleFactory::WithBuiltins();
+  std::unique_ptr<rules::RuleFactory> factory_ = rules::BuiltinRuleFactory();
   std::unique_ptr<storage::Store> store_;
   std::unique_ptr<JobRegistry> registry_;
 };

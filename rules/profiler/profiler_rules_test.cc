@@ -53,7 +53,7 @@ struct Judged {
 // Runs the rule of `flag` (--rules syntax) over `batches` (worker, batch),
 // then the end of training, and returns its verdicts.
 Judged Judge(const std::string& flag, const std::vector<std::pair<int32_t, v1::ProfileBatch>>& batches) {
-  static const std::unique_ptr<RuleFactory> factory = RuleFactory::WithBuiltins();
+  static const std::unique_ptr<RuleFactory> factory = BuiltinRuleFactory();
   auto specs = ParseRuleFlag(flag);
   EXPECT_TRUE(specs.ok()) << specs.status();
   ThreadPool pool(2, 64);
@@ -467,7 +467,7 @@ TEST(ProfilerReport, TakesOverridesAsRuleUnderscoreParameter) {
       TroubledJob());
   EXPECT_EQ(j.result.status(), v1::RULE_STATUS_ISSUES_FOUND);
   EXPECT_THAT(j.result.message(), HasSubstr("1 of 9 profiler rules triggered: LoadBalancing"));
-  auto factory = RuleFactory::WithBuiltins();
+  auto factory = BuiltinRuleFactory();
   auto specs = ParseRuleFlag("ProfilerReport(Nope_threshold=1)");
   ASSERT_TRUE(specs.ok());
   EXPECT_THAT(factory->Create((*specs)[0]),
@@ -521,7 +521,7 @@ TEST(ProfilerRules, CatalogueHasSageMakersParametersAndEveryDefaultIsAccepted) {
       {"OverallSystemUsage", {{"scan_interval_us", scan}}},
       {"ProfilerReport", {{"scan_interval_us", scan}}},
   };
-  auto factory = RuleFactory::WithBuiltins();
+  auto factory = BuiltinRuleFactory();
   for (const auto& [type, params] : expected) {
     SCOPED_TRACE(type);
     const RuleInfo* info = factory->Find(type);
@@ -544,7 +544,7 @@ TEST(ProfilerRules, CatalogueHasSageMakersParametersAndEveryDefaultIsAccepted) {
 }
 
 TEST(ProfilerRules, BadParametersNameTheRuleAndTheParameter) {
-  auto factory = RuleFactory::WithBuiltins();
+  auto factory = BuiltinRuleFactory();
   auto specs = ParseRuleFlag("StepOutlier(mode=SIDEWAYS)");
   ASSERT_TRUE(specs.ok());
   EXPECT_THAT(factory->Create((*specs)[0]),
@@ -561,7 +561,7 @@ TEST(ProfilerRules, BadParametersNameTheRuleAndTheParameter) {
 }
 
 TEST(ProfilerRules, WindowsAboveTheLimitAreRefused) {
-  auto factory = RuleFactory::WithBuiltins();
+  auto factory = BuiltinRuleFactory();
   for (const std::string type : {"LowGPUUtilization", "GPUMemoryIncrease", "BatchSize"}) {
     SCOPED_TRACE(type);
     v1::RuleSpec spec;

@@ -23,6 +23,7 @@
 #include "rules/rule_factory.h"
 #include "rules/rule_runner.h"
 #include "storage/store.h"
+#include "rules/builtin_rules.h"
 
 ABSL_FLAG(int, layers, 100, "layers; each saves weight, gradient and activation (3 tensors)");
 ABSL_FLAG(int, units, 256, "elements per tensor");
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
   const int layers = absl::GetFlag(FLAGS_layers);
   const int units = absl::GetFlag(FLAGS_units);
   const int steps = absl::GetFlag(FLAGS_steps);
-  auto factory = sonde::rules::RuleFactory::WithBuiltins();
+  auto factory = sonde::rules::BuiltinRuleFactory();
 
   // Every built-in rule, pointed at this model's tensors where it needs to be.
   std::vector<sonde::v1::RuleSpec> specs;

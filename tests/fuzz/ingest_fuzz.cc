@@ -19,6 +19,7 @@
 #include "server/job_registry.h"
 #include "storage/store.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "rules/builtin_rules.h"
 
 namespace sonde::fuzz {
 namespace {
@@ -90,7 +91,7 @@ class Environment {
   uint64_t inputs_ = 0;
   std::unique_ptr<storage::Store> store_;
   ThreadPool pool_{2, 64};
-  std::unique_ptr<rules::RuleFactory> factory_ = rules::RuleFactory::WithBuiltins();
+  std::unique_ptr<rules::RuleFactory> factory_ = rules::BuiltinRuleFactory();
 };
 
 void CheckError(absl::string_view what, const absl::Status& s) {
