@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/rule.pb.h"
-#include "server/ingest_session.h"
+#include "server/ingest_limits.h"
 #include "server/operator_views.h"
 #include "server/retention.h"
 #include "server/security.h"
