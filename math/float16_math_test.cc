@@ -58,7 +58,9 @@ TEST(Float16MathTest, RoundTripsEveryHalfAndBFloat) {
     }
     EXPECT_EQ(SondeFloatToHalf(f), h) << h;
     const float g = SondeBf16ToFloat(static_cast<uint16_t>(h));
-    if (!std::isnan(g)) EXPECT_EQ(SondeFloatToBf16(g), h) << h;
+    if (!std::isnan(g)) {
+      EXPECT_EQ(SondeFloatToBf16(g), h) << h;
+    }
   }
 }
 
@@ -73,7 +75,9 @@ void CheckNearest(float f) {
     if (std::isnan(w) || ((other ^ got) & 0x8000)) continue;
     const double other_err = std::fabs(static_cast<double>(w) - f);
     ASSERT_LE(err, other_err) << f;
-    if (err == other_err) ASSERT_EQ(got & 1, 0) << "tie not to even for " << f;
+    if (err == other_err) {
+      ASSERT_EQ(got & 1, 0) << "tie not to even for " << f;
+    }
   }
 }
 

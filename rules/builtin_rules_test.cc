@@ -188,7 +188,8 @@ TEST(LossNotDecreasing, ModesAreSeparateSeries) {
   ASSERT_TRUE(eval->has_value());
   EXPECT_NE((*eval)->message.find("EVAL"), std::string::npos);
   auto train_only = Make("LossNotDecreasing", {{"num_steps", "1"}, {"mode", "TRAIN"}});
-  train_only->OnStep(Step(0, {Tensor("loss", {2}, {"losses"})}, v1::MODE_EVAL));
+  SONDE_EXPECT_OK(
+      train_only->OnStep(Step(0, {Tensor("loss", {2}, {"losses"})}, v1::MODE_EVAL)).status());
   EXPECT_FALSE(
       train_only->OnStep(Step(1, {Tensor("loss", {2}, {"losses"})}, v1::MODE_EVAL))->has_value());
 }

@@ -6,8 +6,9 @@
 // with the statistics of its values; rule verdicts did not fire twice.
 //
 // Fast by default (CI). Long runs:
-//   bazel test //tests:crash_test --test_env=SONDE_CRASH_KILLS=400 \
+//   bazel test //tests:crash_test --test_env=SONDE_CRASH_KILLS=400
 //     --test_env=SONDE_CRASH_STEPS=1500 --test_timeout=7200 --test_output=streamed
+//   (one command line)
 // (add --test_env=SONDE_CRASH_QUIET_MS=10000 past a few thousand steps).
 #include <fcntl.h>
 #include <iostream>

@@ -85,7 +85,9 @@ TEST(ExternalRule, ASpikeIsJudgedByThePythonWorkerAndStopsTraining) {
     SONDE_ASSERT_OK((*hook)->SaveScalar("loss", losses[step], {"losses"}));
     (*hook)->EndStep();
     last = step;
-    if (step == 4) ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    if (step == 4) {
+      ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    }
   }
   EXPECT_EQ(last, 4);
   SONDE_ASSERT_OK((*hook)->Close());

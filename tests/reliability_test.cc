@@ -99,7 +99,9 @@ int CheckStored(QueryClient& q, const std::string& job, int64_t steps, size_t n)
       EXPECT_EQ(w.status().code(), absl::StatusCode::kNotFound) << w.status();
     }
     auto loss = q.ReadTensor(job, "loss", step);
-    if (loss.ok()) EXPECT_EQ(loss->header.statistics().sum(), static_cast<double>(step));
+    if (loss.ok()) {
+      EXPECT_EQ(loss->header.statistics().sum(), static_cast<double>(step));
+    }
   }
   return stored;
 }

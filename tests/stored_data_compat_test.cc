@@ -10,9 +10,10 @@
 // stored records readable (field numbers and the package are the schema).
 //
 // To regenerate the golden text (only when the answers are meant to change):
-//   SONDE_WRITE_GOLDEN=$PWD/tests/testdata/db_99d18cc.golden.txt \
-//     bazel test //tests:stored_data_compat_test --test_env=SONDE_WRITE_GOLDEN \
+//   SONDE_WRITE_GOLDEN=$PWD/tests/testdata/db_99d18cc.golden.txt
+//     bazel test //tests:stored_data_compat_test --test_env=SONDE_WRITE_GOLDEN
 //     --spawn_strategy=local
+//   (one command line)
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>

@@ -33,7 +33,9 @@ TEST(Downsample, BoundsLongSeriesAndKeepsSpikes) {
   EXPECT_GE(keep.size(), 1000u);
   bool spike = false, dip = false;
   for (size_t i = 0; i < keep.size(); ++i) {
-    if (i > 0) EXPECT_LT(keep[i - 1], keep[i]) << "indices in time order";
+    if (i > 0) {
+      EXPECT_LT(keep[i - 1], keep[i]) << "indices in time order";
+    }
     spike = spike || keep[i] == 54321;
     dip = dip || keep[i] == 77777;
   }

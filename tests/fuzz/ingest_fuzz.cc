@@ -240,6 +240,15 @@ class Run {
         ++outcome_.job_ends;
         return;
       }
+      case server::IngestSession::Next::kProfile: {
+        auto stored = s.session->StoreProfile();
+        if (!stored.ok()) {
+          ++outcome_.errors;
+          CheckError("StoreProfile", stored.status());
+          End(s);
+        }
+        return;
+      }
     }
     FuzzFail("OnMessage returned an unknown Next");
   }
