@@ -90,26 +90,6 @@ namespace {
 
 int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
-bool IsFinished(v1::JobStatus s) {
-  return s == v1::JOB_STATUS_FINISHED || s == v1::JOB_STATUS_STOPPED;
-}
-
-// Every one of world_size workers has sent its job end (the list is in the
-// job record, so this holds across collector restarts).
-bool AllWorkersEnded(const v1::JobInfo& info) {
-  std::set<int32_t> ended(info.ended_workers().begin(), info.ended_workers().end());
-  return static_cast<int64_t>(ended.size()) >= std::max(info.world_size(), 1);
-}
-
-std::vector<int32_t> WorkersNotEnded(const v1::JobInfo& info) {
-  std::set<int32_t> ended(info.ended_workers().begin(), info.ended_workers().end());
-  std::vector<int32_t> out;
-  for (int32_t w = 0; w < info.world_size(); ++w) {
-    if (ended.count(w) == 0) out.push_back(w);
-  }
-  return out;
-}
-
 }  // namespace
 
 JobRegistry::JobRegistry(storage::Store* store, ThreadPool* rule_pool,
@@ -155,7 +135,7 @@ void JobRegistry::TickLoop() {
           job->info.status() == v1::JOB_STATUS_DISCONNECTED &&
           now - job->disconnected_since >= worker_end_timeout_) {
         const std::string reason = absl::StrCat(
-            "workers ", absl::StrJoin(WorkersNotEnded(job->info), ","),
+            "workers ", absl::StrJoin(MissingWorkers(job->info.ended_workers(), job->info.world_size()), ","),
             " never sent their job end; ended after ", absl::FormatDuration(worker_end_timeout_),
             " with no worker connected (--worker_end_timeout)");
         LOG(WARNING) << "job '" << job->info.job() << "': " << reason;
@@ -567,31 +547,9 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
     info = job->info;
   }
   const v1::StepInfo& step = write.step;
-  auto stored = info.worker_last_step().find(worker);
-  if (stored != info.worker_last_step().end() && step.step() <= stored->second) {
-    // A resend of a step whose ack was lost: it is stored already.
-    return CommitResult{true};
-  }
-  v1::ModeSteps* mode_steps = nullptr;
-  for (auto& m : *info.mutable_modes()) {
-    if (m.mode() == step.mode()) mode_steps = &m;
-  }
-  if (mode_steps == nullptr) {
-    mode_steps = info.add_modes();
-    mode_steps->set_mode(step.mode());
-    mode_steps->set_first_step(step.mode_step());
-    mode_steps->set_last_step(step.mode_step() - 1);
-  }
-  if (step.mode_step() > mode_steps->last_step()) {
-    mode_steps->set_last_step(step.mode_step());
-    mode_steps->set_step_count(mode_steps->step_count() + 1);
-  }
-  mode_steps->set_first_step(std::min(mode_steps->first_step(), step.mode_step()));
-  info.set_last_step(std::max(info.last_step(), step.step()));
-  (*info.mutable_worker_last_step())[worker] = step.step();
-  info.set_tensors_dropped(info.tensors_dropped() + step.tensors_dropped());
-  info.set_values_dropped(info.values_dropped() + step.values_dropped());
-  info.set_steps_dropped(info.steps_dropped() + steps_dropped);
+  // A resend of a step whose ack was lost: it is stored already.
+  if (StepStoredAlready(info, worker, step.step())) return CommitResult{true};
+  AddStep(info, worker, step, steps_dropped);
   write.job_id = info.job_id();
   write.worker = worker;
   write.job = info;
@@ -599,12 +557,7 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
 
   absl::MutexLock lock(&mu_);
   // Keep what the collector changed concurrently (workers, status), take the steps.
-  *job->info.mutable_modes() = info.modes();
-  job->info.set_last_step(info.last_step());
-  *job->info.mutable_worker_last_step() = info.worker_last_step();
-  job->info.set_tensors_dropped(info.tensors_dropped());
-  job->info.set_values_dropped(info.values_dropped());
-  job->info.set_steps_dropped(info.steps_dropped());
+  TakeStepFields(info, job->info);
   if (step.step() <= job->delivered_through) {
     // This worker is late: the step was judged without it. Its data is stored.
     auto ls = job->last_step.find(worker);
@@ -652,19 +605,14 @@ absl::Status JobRegistry::MarkWorkerEnded(const std::string& job_name, int32_t w
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
   absl::MutexLock commit(&job->commit_mu);
   absl::MutexLock lock(&mu_);
-  auto* ended = job->info.mutable_ended_workers();
-  if (std::find(ended->begin(), ended->end(), worker) == ended->end()) {
-    job->info.add_ended_workers(worker);
-    std::sort(ended->begin(), ended->end());
-  }
-  if (!reason.empty()) job->info.set_end_reason(reason);
-  if (steps_dropped > 0) {
-    job->info.set_steps_dropped(job->info.steps_dropped() + steps_dropped);
-  }
-  // Stored before the job end is acknowledged: which workers ended must
-  // survive a collector restart, or the job would wait for them again.
-  absl::Status s = store_->PutJob(job->info);
-  if (!s.ok()) return s;
+  // On a copy, kept once stored: a failed write (the client resends its
+  // job end) must not count the end's dropped steps twice. Stored before
+  // the job end is acknowledged: which workers ended must survive a
+  // collector restart, or the job would wait for them again.
+  v1::JobInfo info = job->info;
+  AddWorkerEnd(info, worker, reason, steps_dropped);
+  SONDE_RETURN_IF_ERROR(store_->PutJob(info));
+  job->info = std::move(info);
   if (AllWorkersEnded(job->info)) MaybeEndJobLocked(*job);
   return absl::OkStatus();
 }

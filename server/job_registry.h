@@ -25,6 +25,7 @@
 #include "rules/rule.h"
 #include "rules/rule_factory.h"
 #include "rules/rule_runner.h"
+#include "server/job_record.h"
 #include "server/watchers.h"
 #include "server/webhook_notifier.h"
 #include "storage/store.h"

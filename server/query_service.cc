@@ -241,10 +241,7 @@ grpc::Status QueryService::ListSteps(grpc::ServerContext*, const v1::ListStepsRe
   if (!steps.ok()) return ToGrpcStatus(steps.status());
   for (auto& s : *steps) {
     s.set_complete(StepComplete(s, job->world_size()));
-    const std::set<int32_t> present(s.workers().begin(), s.workers().end());
-    for (int32_t w = 0; w < job->world_size(); ++w) {
-      if (present.count(w) == 0) s.add_missing_workers(w);
-    }
+    for (int32_t w : MissingWorkers(s.workers(), job->world_size())) s.add_missing_workers(w);
     *response->add_steps() = std::move(s);
   }
   return grpc::Status::OK;
