@@ -278,6 +278,27 @@ absl::Status QueryClient::WatchRuleResults(const std::string& job,
   return FromGrpcStatus(s);
 }
 
+absl::Status QueryClient::WatchSteps(const std::string& job, int64_t from_step,
+                                     const std::function<bool(const v1::CompletedStep&)>& fn,
+                                     absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::WatchStepsRequest req;
+  req.set_job(job);
+  req.set_from_step(from_step);
+  auto reader = stub_->WatchSteps(&ctx, req);
+  v1::CompletedStep step;
+  while (reader->Read(&step)) {
+    if (!fn(step)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return FromGrpcStatus(s);
+}
+
 }  // namespace sonde
 
 namespace sonde {

@@ -81,6 +81,14 @@ class QueryClient {
   absl::Status WatchRuleResults(const std::string& job,
                                 const std::function<bool(const v1::RuleResult&)>& fn,
                                 absl::Duration timeout);
+  // Calls `fn` for every completed step of the job from `from_step` on
+  // (stored ones first, then each as the rules get it), until the job ends,
+  // `fn` returns false, or `timeout` passes (DeadlineExceeded). A reader
+  // that falls behind gets ResourceExhausted naming the step to go on from
+  // (server/watch_calls.h).
+  absl::Status WatchSteps(const std::string& job, int64_t from_step,
+                          const std::function<bool(const v1::CompletedStep&)>& fn,
+                          absl::Duration timeout);
   // Follows the job's rule results until none is InProgress (every rule has
   // a verdict) and returns them; DeadlineExceeded after `timeout`.
   absl::StatusOr<std::vector<v1::RuleResult>> WaitForRuleVerdicts(const std::string& job,

@@ -903,6 +903,69 @@ bool Sender::WriteEntry(Stream* stream, Unacked* entry, size_t from) {
   return true;
 }
 
+void Sender::DropStoredLocked() {
+  // Profile-only entries before a stored step went out before it on the
+  // old stream, which the collector reads in order: they are stored too.
+  size_t stored = 0;
+  for (size_t i = 0; i < unacked_.size(); ++i) {
+    const Unacked& u = unacked_[i];
+    if (!u.written || u.job_end) break;
+    if (!u.profile_only) {
+      if (u.step > resume_step_) break;
+      stored = i + 1;
+    }
+  }
+  for (size_t i = 0; i < stored; ++i) {
+    memory_bytes_ -= unacked_.front().cost;
+    if (unacked_.front().spool_index != 0) {
+      acked_segments_.push_back(unacked_.front().spool_index);
+    }
+    unacked_.pop_front();
+  }
+}
+
+void Sender::ReadServerMessages(Stream* stream) {
+  v1::ServerMessage in;
+  while (stream->Read(&in)) {
+    switch (in.kind_case()) {
+      case v1::ServerMessage::kHelloAck:
+        if (options_.on_hello_ack) options_.on_hello_ack(in.hello_ack());
+        {
+          absl::MutexLock lock(&mu_);
+          server_chunk_limit_ = in.hello_ack().max_chunk_bytes();
+          resume_step_ = in.hello_ack().resume_step();
+          connected_ = true;
+        }
+        break;
+      case v1::ServerMessage::kAck: {
+        absl::MutexLock lock(&mu_);
+        stream_acked_seq_ = std::max(stream_acked_seq_, in.ack().acked_seq());
+        counters_.last_acked_seq = stream_acked_seq_;
+        // Steps' acks carry their mode; the job end's and profiler
+        // batches' do not.
+        if (in.ack().mode() != v1::MODE_UNSPECIFIED) {
+          ++(in.ack().duplicate() ? counters_.duplicates_acked : counters_.steps_acked);
+        }
+        PopAckedLocked();
+        break;
+      }
+      case v1::ServerMessage::kAction:
+        if (options_.on_action) options_.on_action(in.action());
+        break;
+      case v1::ServerMessage::kWarning:
+        LogOnce(absl::StrCat("warning:", in.warning().message()),
+                absl::StrCat("collector warns: ", in.warning().message()));
+        break;
+      default:
+        break;
+    }
+    if (in.has_ack()) RemoveAckedSegments();
+  }
+  absl::MutexLock lock(&mu_);  // wakes the writer's Await
+  broken_ = true;
+  connected_ = false;
+}
+
 bool Sender::StreamOnce() {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(static_cast<int>(options_.max_chunk_bytes) + kMessageOverhead);
@@ -943,47 +1006,7 @@ bool Sender::StreamOnce() {
   seq_ = 0;
   chunk_limit_ = options_.max_chunk_bytes;
 
-  std::thread reader([&] {
-    v1::ServerMessage in;
-    while (stream->Read(&in)) {
-      switch (in.kind_case()) {
-        case v1::ServerMessage::kHelloAck:
-          if (options_.on_hello_ack) options_.on_hello_ack(in.hello_ack());
-          {
-            absl::MutexLock lock(&mu_);
-            server_chunk_limit_ = in.hello_ack().max_chunk_bytes();
-            resume_step_ = in.hello_ack().resume_step();
-            connected_ = true;
-          }
-          break;
-        case v1::ServerMessage::kAck: {
-          absl::MutexLock lock(&mu_);
-          stream_acked_seq_ = std::max(stream_acked_seq_, in.ack().acked_seq());
-          counters_.last_acked_seq = stream_acked_seq_;
-          // Steps' acks carry their mode; the job end's and profiler
-          // batches' do not.
-          if (in.ack().mode() != v1::MODE_UNSPECIFIED) {
-            ++(in.ack().duplicate() ? counters_.duplicates_acked : counters_.steps_acked);
-          }
-          PopAckedLocked();
-          break;
-        }
-        case v1::ServerMessage::kAction:
-          if (options_.on_action) options_.on_action(in.action());
-          break;
-        case v1::ServerMessage::kWarning:
-          LogOnce(absl::StrCat("warning:", in.warning().message()),
-                  absl::StrCat("collector warns: ", in.warning().message()));
-          break;
-        default:
-          break;
-      }
-      if (in.has_ack()) RemoveAckedSegments();
-    }
-    absl::MutexLock lock(&mu_);  // wakes the writer's Await
-    broken_ = true;
-    connected_ = false;
-  });
+  std::thread reader([this, &stream] { ReadServerMessages(stream.get()); });
 
   v1::ClientMessage hello;
   *hello.mutable_hello() = options_.hello;
@@ -1006,27 +1029,7 @@ bool Sender::StreamOnce() {
       if (server_chunk_limit_ > 0) {
         chunk_limit_ = std::min<uint64_t>(chunk_limit_, server_chunk_limit_);
       }
-      // Steps the collector stored before the stream broke (their acks were
-      // lost) are done; everything else is sent again.
-      // Profile-only entries before a stored step went out before it on
-      // the old stream, which the collector reads in order: they are
-      // stored too.
-      size_t stored = 0;
-      for (size_t i = 0; i < unacked_.size(); ++i) {
-        const Unacked& u = unacked_[i];
-        if (!u.written || u.job_end) break;
-        if (!u.profile_only) {
-          if (u.step > resume_step_) break;
-          stored = i + 1;
-        }
-      }
-      for (size_t i = 0; i < stored; ++i) {
-        memory_bytes_ -= unacked_.front().cost;
-        if (unacked_.front().spool_index != 0) {
-          acked_segments_.push_back(unacked_.front().spool_index);
-        }
-        unacked_.pop_front();
-      }
+      DropStoredLocked();
       for (Unacked& u : unacked_) resend.push_back(&u);
     }
   }

@@ -182,6 +182,13 @@ class Sender {
   // Streams until the stream fails or the job end is acked. Returns true
   // when done for good.
   bool StreamOnce();
+  // The stream's reader thread: applies hello acks, acks, actions and
+  // warnings as they come; marks the stream broken when it ends.
+  void ReadServerMessages(Stream* stream);
+  // After a hello ack: drops the unacknowledged steps the collector says it
+  // stored before the last stream broke (their acks were lost); the rest is
+  // sent again.
+  void DropStoredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Turns one queued item into wire messages (without seq). False: skip it.
   bool BuildMessages(Item& item, std::vector<v1::ClientMessage>* out);
   // Writes `entry`'s messages from `from` on, numbering them.

@@ -160,7 +160,7 @@ void RuleRunner::SubmitStep(StepData step) {
     if (!Admit(i)) continue;
     Metrics().steps_queued->Increment();
     instances_[i]->strand->Post([this, i, shared] {
-      Evaluate(i, shared.get());
+      Evaluate(i, Input::Step(*shared));
       instances_[i]->backlog.fetch_sub(1);
       Metrics().steps_queued->Decrement();
     });
@@ -170,7 +170,7 @@ void RuleRunner::SubmitStep(StepData step) {
 void RuleRunner::SubmitJobEnd(std::optional<v1::Action> stopped_by) {
   for (size_t i = 0; i < instances_.size(); ++i) {
     instances_[i]->strand->Post(
-        [this, i, stopped_by] { Evaluate(i, nullptr, std::nullopt, stopped_by); });
+        [this, i, stopped_by] { Evaluate(i, Input::JobEnd(stopped_by)); });
   }
 }
 
@@ -178,7 +178,7 @@ void RuleRunner::Tick(absl::Time now) {
   for (size_t i = 0; i < instances_.size(); ++i) {
     Instance& inst = *instances_[i];
     if (!inst.rule->WantsTicks() || inst.stopped_feeding.load()) continue;
-    inst.strand->Post([this, i, now] { Evaluate(i, nullptr, now); });
+    inst.strand->Post([this, i, now] { Evaluate(i, Input::Tick(now)); });
   }
 }
 
@@ -190,7 +190,7 @@ void RuleRunner::SubmitProfile(int32_t worker, v1::ProfileBatch batch) {
       shared = std::make_shared<const ProfileData>(ProfileData{worker, std::move(batch)});
     }
     instances_[i]->strand->Post([this, i, shared] {
-      Evaluate(i, nullptr, std::nullopt, std::nullopt, shared.get());
+      Evaluate(i, Input::Profile(*shared));
       instances_[i]->backlog.fetch_sub(1);
     });
   }
@@ -245,9 +245,11 @@ void RuleRunner::Publish(size_t index, const std::vector<v1::Action>& actions) {
   for (const v1::Action& a : actions) sink_->OnAction(a);
 }
 
-void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick,
-                          const std::optional<v1::Action>& stopped_by,
-                          const ProfileData* profile) {
+void RuleRunner::Evaluate(size_t index, const Input& input) {
+  using Kind = Input::Kind;
+  const StepData* const step = input.step;
+  const ProfileData* const profile = input.profile;
+  const std::optional<v1::Action>& stopped_by = input.stopped_by;
   Instance& inst = *instances_[index];
   v1::RuleResult& r = inst.result;
   // A rule that keeps judging after its first issue stays IssuesFound.
@@ -261,10 +263,21 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     return;
   }
   const absl::Time start = absl::Now();
-  auto outcome = step != nullptr          ? inst.rule->OnStep(*step)
-                 : profile != nullptr     ? inst.rule->OnProfile(*profile)
-                 : tick.has_value()       ? inst.rule->OnTick(*tick)
-                                          : inst.rule->OnJobEnd();
+  absl::StatusOr<std::optional<Finding>> outcome = absl::InternalError("no input");
+  switch (input.kind) {
+    case Kind::kStep:
+      outcome = inst.rule->OnStep(*step);
+      break;
+    case Kind::kProfile:
+      outcome = inst.rule->OnProfile(*profile);
+      break;
+    case Kind::kTick:
+      outcome = inst.rule->OnTick(input.tick);
+      break;
+    case Kind::kJobEnd:
+      outcome = inst.rule->OnJobEnd();
+      break;
+  }
   const absl::Duration took = absl::Now() - start;
   inst.evaluation_seconds->ObserveDuration(took);
   if (step != nullptr) {
@@ -283,7 +296,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
   auto where = [&]() -> std::string {
     if (step != nullptr) return absl::StrCat("step ", step->step);
     if (profile != nullptr) return absl::StrCat("profiler data of worker ", profile->worker);
-    return tick.has_value() ? "a clock tick" : "the end of training";
+    return input.kind == Kind::kTick ? "a clock tick" : "the end of training";
   };
   // A rule that fails after it found an issue keeps that verdict (it was
   // acted on), says why it stopped, and is not fed again.
@@ -307,7 +320,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
                       ", over its budget of ", absl::FormatDuration(budget_.max_evaluation)));
     return;
   }
-  const bool job_end = step == nullptr && profile == nullptr && !tick.has_value();
+  const bool job_end = input.kind == Kind::kJobEnd;
   if (rejudging) {
     if (outcome->has_value()) {
       const Finding& f = **outcome;
@@ -369,7 +382,7 @@ void RuleRunner::Evaluate(size_t index, const StepData* step, std::optional<absl
     Publish(index, actions);
     return;
   }
-  if (tick.has_value()) return;  // time passed, nothing found
+  if (input.kind == Kind::kTick) return;  // time passed, nothing found
   if (profile != nullptr) {
     // Progress, as for steps: now and then, so readers see data points grow.
     if (r.datapoints() == profile->batch.snapshots_size() + profile->batch.events_size() ||

@@ -103,10 +103,24 @@ class RuleRunner {
 
   RuleRunner(std::string job, RuleSink* sink, RuleBudget budget)
       : job_(std::move(job)), sink_(sink), budget_(budget) {}
-  // step == nullptr: the end of training, or a tick when `tick` is set.
-  void Evaluate(size_t index, const StepData* step, std::optional<absl::Time> tick = std::nullopt,
-                const std::optional<v1::Action>& stopped_by = std::nullopt,
-                const ProfileData* profile = nullptr);
+  // One thing a rule is asked to judge; `kind` says which, and only that
+  // kind's field is set.
+  struct Input {
+    enum class Kind { kStep, kProfile, kTick, kJobEnd };
+    Kind kind;
+    const StepData* step = nullptr;        // kStep
+    const ProfileData* profile = nullptr;  // kProfile
+    absl::Time tick;                       // kTick
+    std::optional<v1::Action> stopped_by;  // kJobEnd: the stop that ended training, if any
+
+    static Input Step(const StepData& s) { return {Kind::kStep, &s}; }
+    static Input Profile(const ProfileData& p) { return {Kind::kProfile, nullptr, &p}; }
+    static Input Tick(absl::Time now) { return {Kind::kTick, nullptr, nullptr, now}; }
+    static Input JobEnd(std::optional<v1::Action> stopped_by) {
+      return {Kind::kJobEnd, nullptr, nullptr, absl::InfinitePast(), std::move(stopped_by)};
+    }
+  };
+  void Evaluate(size_t index, const Input& input);
   void Publish(size_t index, const std::vector<v1::Action>& actions);
   // Counts one more input waiting for rule `i`; false (and the rule ends
   // with Error, once) when it is not fed or too far behind.

@@ -119,12 +119,13 @@ TEST(Reliability, LostAcksThenACutConnectionStoreEveryStepOnceWithoutResendingSt
   proxy.set_forward_to_client(false);
   SaveSteps(**hook, 5, 10, 1000);
   auto q = QueryClient::Connect(collector.address());
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline) {
-    auto steps = q->ListSteps("lost-acks");
-    if (steps.ok() && steps->size() == 10) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  // Until step 9 is stored and judged (pushed by the watch, not polled).
+  SONDE_ASSERT_OK(q->WatchSteps(
+      "lost-acks", 0, [](const v1::CompletedStep& s) { return s.step() < 9; },
+      absl::Seconds(30)));
+  auto steps = q->ListSteps("lost-acks");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 10u);
   EXPECT_GT((*hook)->counters().memory_bytes, 5 * 4000u);  // unacknowledged, still held
 
   // The connection breaks; the client reconnects and learns from the hello

@@ -99,10 +99,11 @@ class TestHttpServer {
         const size_t cl = data.find("Content-Length:");
         if (cl != std::string::npos && cl < header_end) {
           size_t v = 0;
-          absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::string_view(data).substr(
-                               cl + 15, data.find("\r\n", cl) - cl - 15)),
-                           &v);
-          want = v;
+          if (absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::string_view(data).substr(
+                                   cl + 15, data.find("\r\n", cl) - cl - 15)),
+                               &v)) {
+            want = v;
+          }
         }
       }
       if (data.size() >= header_end + 4 + want) break;
