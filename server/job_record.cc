@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+#include "common/status_macros.h"
+
 namespace sonde::server {
 
 bool IsFinished(v1::JobStatus status) {
@@ -71,6 +75,107 @@ void AddWorkerEnd(v1::JobInfo& info, int32_t worker, const std::string& reason,
   }
   if (!reason.empty()) info.set_end_reason(reason);
   info.set_steps_dropped(info.steps_dropped() + steps_dropped);
+}
+
+namespace {
+
+const std::string& RuleName(const v1::RuleSpec& spec) {
+  return spec.name().empty() ? spec.rule_type() : spec.name();
+}
+
+}  // namespace
+
+std::vector<v1::RuleSpec> RulesForJob(const std::vector<v1::RuleSpec>& defaults,
+                                      const google::protobuf::RepeatedPtrField<v1::RuleSpec>& own,
+                                      std::vector<std::string>* warnings) {
+  std::vector<v1::RuleSpec> specs;
+  for (const v1::RuleSpec& d : defaults) {
+    const bool replaced = std::any_of(own.begin(), own.end(), [&](const v1::RuleSpec& r) {
+      return RuleName(r) == RuleName(d);
+    });
+    if (replaced) {
+      warnings->push_back(absl::StrCat("rule '", RuleName(d),
+                                       "': this job's spec replaces the collector's default"));
+      continue;
+    }
+    specs.push_back(d);
+  }
+  specs.insert(specs.end(), own.begin(), own.end());
+  return specs;
+}
+
+v1::JobInfo StartRegistered(const v1::JobInfo& registered, const v1::JobInfo& fresh) {
+  v1::JobInfo started = fresh;
+  started.set_job_id(registered.job_id());
+  *started.mutable_rules() = registered.rules();
+  for (const v1::RuleSpec& s : fresh.rules()) {
+    const bool taken = std::any_of(registered.rules().begin(), registered.rules().end(),
+                                   [&](const v1::RuleSpec& t) { return t.name() == s.name(); });
+    if (!taken) *started.add_rules() = s;
+  }
+  return started;
+}
+
+std::optional<v1::Action> StopDecided(const std::vector<v1::RuleResult>& results) {
+  for (const v1::RuleResult& r : results) {
+    if (r.status() != v1::RULE_STATUS_ISSUES_FOUND) continue;
+    for (const std::string& a : r.actions_taken()) {
+      if (a != "StopTraining") continue;
+      v1::Action stop;
+      stop.set_type(v1::ACTION_STOP_TRAINING);
+      stop.set_rule(r.rule());
+      stop.set_reason(r.message());
+      stop.set_step(r.step());
+      *stop.mutable_verdict() = r;
+      return stop;
+    }
+  }
+  return std::nullopt;
+}
+
+void AttachWorker(v1::JobInfo& info, int32_t worker, uint64_t client_id) {
+  (*info.mutable_worker_client_id())[worker] = client_id;
+  auto* ended = info.mutable_ended_workers();
+  ended->erase(std::remove(ended->begin(), ended->end(), worker), ended->end());
+  auto* workers = info.mutable_workers();
+  if (std::find(workers->begin(), workers->end(), worker) == workers->end()) {
+    info.add_workers(worker);
+    std::sort(workers->begin(), workers->end());
+  }
+  info.set_status(v1::JOB_STATUS_RUNNING);
+  info.set_end_unix_micros(0);
+}
+
+int64_t WorkerLastStep(const v1::JobInfo& info, int32_t worker) {
+  auto it = info.worker_last_step().find(worker);
+  return it == info.worker_last_step().end() ? -1 : it->second;
+}
+
+absl::Status ValidateHello(const v1::Hello& hello) {
+  SONDE_RETURN_IF_ERROR(ValidateJobName(hello.job()));
+  if (hello.world_size() < 1 || hello.world_size() > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be 1 to 65536, got ", hello.world_size()));
+  }
+  if (hello.worker() < 0 || hello.worker() >= hello.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", hello.worker(),
+                                                   " is outside world_size ",
+                                                   hello.world_size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckJoinable(const v1::JobInfo& info, const v1::Hello& hello) {
+  if (IsFinished(info.status())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", hello.job(), "' has already finished; use a new job name"));
+  }
+  if (info.world_size() != hello.world_size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", hello.job(), "' has world_size ", info.world_size(),
+                     ", hello says ", hello.world_size()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sonde::server

@@ -1,17 +1,21 @@
 // The arithmetic of a job's record (v1::JobInfo), apart from where it is
-// kept: what a committed step, a worker's job end and the end of the job
-// change in it. Pure functions, no locks, no storage: JobRegistry applies
+// kept: what a hello, a committed step, a worker's job end and the end of
+// the job change in it. Pure functions, no locks, no storage: JobRegistry applies
 // them to a copy and keeps the copy only once the store has it, so a failed
 // write leaves nothing half-counted.
 #ifndef SONDE_SERVER_JOB_RECORD_H_
 #define SONDE_SERVER_JOB_RECORD_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "google/protobuf/repeated_field.h"
+#include "proto/collector.pb.h"
 #include "proto/records.pb.h"
+#include "proto/rule.pb.h"
 
 namespace sonde::server {
 
@@ -45,6 +49,39 @@ void TakeStepFields(const v1::JobInfo& from, v1::JobInfo& into);
 // `reason` (if any) becomes the end reason, `steps_dropped` adds to the gaps.
 void AddWorkerEnd(v1::JobInfo& info, int32_t worker, const std::string& reason,
                   uint64_t steps_dropped);
+
+// The rules a new job runs: the collector's defaults, then the hello's own
+// specs; a hello spec replaces the default of the same name, and
+// `warnings` says so (the client is told).
+std::vector<v1::RuleSpec> RulesForJob(const std::vector<v1::RuleSpec>& defaults,
+                                      const google::protobuf::RepeatedPtrField<v1::RuleSpec>& own,
+                                      std::vector<std::string>* warnings);
+
+// A job registered by EnableRules (`registered`, PENDING) that starts now
+// with the record `fresh`: the registered rules first, then fresh's rules
+// of other names, under the registered job id.
+v1::JobInfo StartRegistered(const v1::JobInfo& registered, const v1::JobInfo& fresh);
+
+// The StopTraining a rule decided before a collector restart (from the
+// stored results: the first IssuesFound verdict whose actions took
+// StopTraining), so workers that come back are stopped too.
+std::optional<v1::Action> StopDecided(const std::vector<v1::RuleResult>& results);
+
+// `worker` streams again from client `client_id`: it is a worker of the job
+// (once, sorted), its owner is that client, it has not ended, and the job
+// runs.
+void AttachWorker(v1::JobInfo& info, int32_t worker, uint64_t client_id);
+
+// The worker's last stored global step; -1 if none.
+int64_t WorkerLastStep(const v1::JobInfo& info, int32_t worker);
+
+// InvalidArgument for a hello no job can take: a bad job name, a world size
+// outside 1..65536, a worker outside [0, world_size).
+absl::Status ValidateHello(const v1::Hello& hello);
+
+// FailedPrecondition if `hello` cannot join the job of `info`: the job has
+// finished, or its world size differs.
+absl::Status CheckJoinable(const v1::JobInfo& info, const v1::Hello& hello);
 
 }  // namespace sonde::server
 

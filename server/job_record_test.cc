@@ -1,5 +1,7 @@
 #include "server/job_record.h"
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -103,6 +105,116 @@ TEST(JobRecord, FinishedMeansFinishedOrStopped) {
   EXPECT_FALSE(IsFinished(v1::JOB_STATUS_RUNNING));
   EXPECT_FALSE(IsFinished(v1::JOB_STATUS_DISCONNECTED));
   EXPECT_FALSE(IsFinished(v1::JOB_STATUS_PENDING));
+}
+
+
+v1::RuleSpec Spec(const std::string& type, const std::string& name = "") {
+  v1::RuleSpec s;
+  s.set_rule_type(type);
+  s.set_name(name);
+  return s;
+}
+
+TEST(JobRecord, AJobsOwnRuleReplacesTheDefaultOfItsName) {
+  google::protobuf::RepeatedPtrField<v1::RuleSpec> own;
+  *own.Add() = Spec("LossNotDecreasing");
+  *own.Add() = Spec("ExplodingTensor", "strict");
+  std::vector<std::string> warnings;
+  const std::vector<v1::RuleSpec> rules = RulesForJob(
+      {Spec("ExplodingTensor"), Spec("LossNotDecreasing")}, own, &warnings);
+  ASSERT_EQ(rules.size(), 3u);
+  EXPECT_EQ(rules[0].rule_type(), "ExplodingTensor");  // default kept: "strict" is another name
+  EXPECT_EQ(rules[1].rule_type(), "LossNotDecreasing");
+  EXPECT_EQ(rules[1].name(), "");
+  EXPECT_EQ(rules[2].name(), "strict");
+  EXPECT_EQ(warnings, (std::vector<std::string>{
+                          "rule 'LossNotDecreasing': this job's spec replaces the collector's "
+                          "default"}));
+}
+
+TEST(JobRecord, ARegisteredJobStartsWithItsRulesFirst) {
+  v1::JobInfo registered;
+  registered.set_job_id(7);
+  registered.set_status(v1::JOB_STATUS_PENDING);
+  *registered.add_rules() = Spec("ExplodingTensor", "ExplodingTensor");
+  v1::JobInfo fresh;
+  fresh.set_status(v1::JOB_STATUS_RUNNING);
+  *fresh.add_rules() = Spec("LossNotDecreasing", "LossNotDecreasing");
+  *fresh.add_rules() = Spec("ExplodingTensor", "ExplodingTensor");  // taken by the registered
+  const v1::JobInfo started = StartRegistered(registered, fresh);
+  EXPECT_EQ(started.job_id(), 7u);
+  EXPECT_EQ(started.status(), v1::JOB_STATUS_RUNNING);
+  ASSERT_EQ(started.rules_size(), 2);
+  EXPECT_EQ(started.rules(0).name(), "ExplodingTensor");
+  EXPECT_EQ(started.rules(1).name(), "LossNotDecreasing");
+}
+
+TEST(JobRecord, AStopDecidedBeforeARestartIsFoundInTheResults) {
+  v1::RuleResult quiet;
+  quiet.set_rule("A");
+  quiet.set_status(v1::RULE_STATUS_ISSUES_FOUND);
+  quiet.add_actions_taken("Log");
+  v1::RuleResult stopper;
+  stopper.set_rule("B");
+  stopper.set_status(v1::RULE_STATUS_ISSUES_FOUND);
+  stopper.set_step(12);
+  stopper.set_message("NaN");
+  stopper.add_actions_taken("StopTraining");
+  EXPECT_FALSE(StopDecided({quiet}).has_value());
+  const std::optional<v1::Action> stop = StopDecided({quiet, stopper});
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->type(), v1::ACTION_STOP_TRAINING);
+  EXPECT_EQ(stop->rule(), "B");
+  EXPECT_EQ(stop->step(), 12);
+  EXPECT_EQ(stop->reason(), "NaN");
+  EXPECT_EQ(stop->verdict().rule(), "B");
+}
+
+TEST(JobRecord, AWorkerThatComesBackRunsAgain) {
+  v1::JobInfo info;
+  info.set_status(v1::JOB_STATUS_FINISHED);
+  info.set_end_unix_micros(5);
+  info.add_workers(1);
+  info.add_ended_workers(0);
+  info.add_ended_workers(1);
+  AttachWorker(info, 0, 99);
+  EXPECT_EQ(std::vector<int32_t>(info.workers().begin(), info.workers().end()),
+            (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(std::vector<int32_t>(info.ended_workers().begin(), info.ended_workers().end()),
+            (std::vector<int32_t>{1}));
+  EXPECT_EQ(info.worker_client_id().at(0), 99u);
+  EXPECT_EQ(info.status(), v1::JOB_STATUS_RUNNING);
+  EXPECT_EQ(info.end_unix_micros(), 0);
+  EXPECT_EQ(WorkerLastStep(info, 0), -1);
+  (*info.mutable_worker_last_step())[0] = 4;
+  EXPECT_EQ(WorkerLastStep(info, 0), 4);
+}
+
+TEST(JobRecord, HellosAreCheckedBeforeAnyJobSeesThem) {
+  v1::Hello hello;
+  hello.set_job("j");
+  hello.set_world_size(2);
+  hello.set_worker(1);
+  EXPECT_TRUE(ValidateHello(hello).ok());
+  hello.set_worker(2);
+  EXPECT_EQ(ValidateHello(hello).message(), "worker 2 is outside world_size 2");
+  hello.set_worker(0);
+  hello.set_world_size(0);
+  EXPECT_EQ(ValidateHello(hello).message(), "world_size must be 1 to 65536, got 0");
+  hello.set_world_size(2);
+  hello.set_job("");
+  EXPECT_FALSE(ValidateHello(hello).ok());
+
+  hello.set_job("j");
+  v1::JobInfo info;
+  info.set_world_size(2);
+  info.set_status(v1::JOB_STATUS_DISCONNECTED);
+  EXPECT_TRUE(CheckJoinable(info, hello).ok());
+  info.set_world_size(4);
+  EXPECT_EQ(CheckJoinable(info, hello).message(), "job 'j' has world_size 4, hello says 2");
+  info.set_status(v1::JOB_STATUS_STOPPED);
+  EXPECT_EQ(CheckJoinable(info, hello).message(),
+            "job 'j' has already finished; use a new job name");
 }
 
 }  // namespace

@@ -188,16 +188,7 @@ JobRegistry::LiveJob* JobRegistry::FindLocked(const std::string& job) {
 }
 
 absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandle* stream) {
-  SONDE_RETURN_IF_ERROR(ValidateJobName(hello.job()));
-  if (hello.world_size() < 1 || hello.world_size() > 65536) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size must be 1 to 65536, got ", hello.world_size()));
-  }
-  if (hello.worker() < 0 || hello.worker() >= hello.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("worker ", hello.worker(),
-                                                   " is outside world_size ",
-                                                   hello.world_size()));
-  }
+  SONDE_RETURN_IF_ERROR(ValidateHello(hello));
   LiveJob* job;
   {
     absl::MutexLock lock(&mu_);
@@ -210,168 +201,14 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     }
   }
   absl::MutexLock commit(&job->commit_mu);
-  std::vector<std::string> join_warnings;
+  JoinResult result;
   if (job->runner == nullptr) {
     // First hello of this job since the collector started: load or create it.
-    // The job's own spec of a rule replaces the collector's default of the
-    // same name (and the client is told).
-    std::vector<v1::RuleSpec> specs;
-    for (const v1::RuleSpec& d : default_rules_) {
-      const std::string name = d.name().empty() ? d.rule_type() : d.name();
-      bool replaced = false;
-      for (const v1::RuleSpec& r : hello.rules()) {
-        replaced = replaced || (r.name().empty() ? r.rule_type() : r.name()) == name;
-      }
-      if (replaced) {
-        join_warnings.push_back(absl::StrCat(
-            "rule '", name, "': this job's spec replaces the collector's default"));
-        continue;
-      }
-      specs.push_back(d);
-    }
-    for (const v1::RuleSpec& r : hello.rules()) specs.push_back(r);
-    v1::JobInfo fresh;
-    fresh.set_job(hello.job());
-    fresh.set_world_size(hello.world_size());
-    fresh.set_status(v1::JOB_STATUS_RUNNING);
-    fresh.set_start_unix_micros(NowMicros());
-    fresh.set_last_step(-1);
-    *fresh.mutable_metadata() = hello.metadata();
-    for (const v1::RuleSpec& s : specs) {
-      // Check each rule before anything is stored, so a bad hello leaves no trace.
-      SONDE_ASSIGN_OR_RETURN(*fresh.add_rules(), rules::NormalizeRuleSpec(s));
-      SONDE_RETURN_IF_ERROR(rule_factory_->Create(*fresh.rules().rbegin()).status());
-    }
-    SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(fresh));
-    if (info.status() == v1::JOB_STATUS_PENDING) {
-      // Registered by EnableRules: start it now, with its rules first.
-      v1::JobInfo started = fresh;
-      started.set_job_id(info.job_id());
-      started.clear_rules();
-      for (const v1::RuleSpec& s : info.rules()) *started.add_rules() = s;
-      for (const v1::RuleSpec& s : fresh.rules()) {
-        bool taken = false;
-        for (const v1::RuleSpec& t : started.rules()) taken = taken || t.name() == s.name();
-        if (!taken) *started.add_rules() = s;
-      }
-      SONDE_RETURN_IF_ERROR(store_->PutJob(started));
-      info = started;
-    }
-    if (IsFinished(info.status())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", hello.job(), "' has already finished; use a new job name"));
-    }
-    if (info.world_size() != hello.world_size()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job '", hello.job(), "' has world_size ", info.world_size(),
-                       ", hello says ", hello.world_size()));
-    }
-    SONDE_ASSIGN_OR_RETURN(auto previous, store_->RuleResults(info.job_id()));
-    // A stop decided before a restart still holds for workers that come back.
-    std::optional<v1::Action> stop;
-    for (const v1::RuleResult& r : previous) {
-      if (r.status() != v1::RULE_STATUS_ISSUES_FOUND || stop.has_value()) continue;
-      for (const std::string& a : r.actions_taken()) {
-        if (a != "StopTraining") continue;
-        stop.emplace();
-        stop->set_type(v1::ACTION_STOP_TRAINING);
-        stop->set_rule(r.rule());
-        stop->set_reason(r.message());
-        stop->set_step(r.step());
-        *stop->mutable_verdict() = r;
-      }
-    }
-    auto sink = std::make_unique<Sink>(this, hello.job(), info.job_id());
-    SONDE_ASSIGN_OR_RETURN(
-        auto runner,
-        rules::RuleRunner::Create(hello.job(),
-                                  std::vector<v1::RuleSpec>(info.rules().begin(),
-                                                            info.rules().end()),
-                                  previous, *rule_factory_, rule_pool_, sink.get()));
-    for (const v1::RuleResult& r : runner->Results()) {
-      SONDE_RETURN_IF_ERROR(store_->PutRuleResult(info.job_id(), r));
-    }
-    std::map<int64_t, rules::StepData> pending;
-    if (info.last_step() >= 0) {
-      SONDE_ASSIGN_OR_RETURN(pending, Replay(info, *runner));
-    }
-    absl::MutexLock lock(&mu_);
-    if (stop.has_value() && !job->stop.has_value()) job->stop = stop;
-    if (info.last_step() >= 0) {
-      job->delivered_through = pending.empty() ? info.last_step() : pending.begin()->first - 1;
-    }
-    for (const auto& [step, data] : pending) job->pending_since[step] = absl::Now();
-    job->pending = std::move(pending);
-    job->info = info;
-    job->sink = std::move(sink);
-    job->runner = std::move(runner);
+    SONDE_RETURN_IF_ERROR(Activate(hello, *job, &result.warnings));
   }
-  JoinResult result;
-  result.warnings = std::move(join_warnings);
   absl::MutexLock lock(&mu_);
-  if (IsFinished(job->info.status())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", hello.job(), "' has already finished; use a new job name"));
-  }
-  if (job->info.world_size() != hello.world_size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", hello.job(), "' has world_size ", job->info.world_size(),
-                     ", hello says ", hello.world_size()));
-  }
-  auto streaming = job->streams.find(hello.worker());
-  if (streaming != job->streams.end()) {
-    const uint64_t current = job->stream_client[hello.worker()];
-    if (hello.client_id() == 0 || hello.client_id() != current) {
-      return absl::AlreadyExistsError(absl::StrCat("worker ", hello.worker(), " of job '",
-                                                   hello.job(),
-                                                   "' is already streaming from another client"));
-    }
-    // The same client reconnected before its old stream was noticed gone.
-    streaming->second->Abort(absl::AbortedError(
-        "replaced by a newer stream of the same client"));
-  }
-  auto owner = job->info.worker_client_id().find(hello.worker());
-  if (owner != job->info.worker_client_id().end() && owner->second != 0 &&
-      owner->second != hello.client_id() && streaming == job->streams.end()) {
-    // Another client for a worker whose owner has not ended: only once the
-    // owner's lease has lapsed, so two live clients never interleave their
-    // steps (the owner's resent steps would meet the other's).
-    const auto& ended = job->info.ended_workers();
-    const bool owner_ended = std::find(ended.begin(), ended.end(), hello.worker()) != ended.end();
-    auto left = job->owner_left.find(hello.worker());
-    const absl::Time since = left != job->owner_left.end() ? left->second : job->live_since;
-    const absl::Duration lease = worker_lease_;
-    if (!owner_ended && absl::Now() - since < lease) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "worker ", hello.worker(), " of job '", hello.job(), "' belongs to another client (",
-          absl::Hex(owner->second), "), whose stream went ",
-          absl::FormatDuration(absl::Trunc(absl::Now() - since, absl::Milliseconds(1))),
-          " ago; another client may take it over once that one has ended or after ",
-          absl::FormatDuration(lease), " without it (--worker_lease)"));
-    }
-  }
-  result.same_client = hello.client_id() != 0 &&
-                       owner != job->info.worker_client_id().end() &&
-                       owner->second == hello.client_id();
-  (*job->info.mutable_worker_client_id())[hello.worker()] = hello.client_id();
-  job->stream_client[hello.worker()] = hello.client_id();
-  job->streams[hello.worker()] = stream;
-  auto stored = job->info.worker_last_step().find(hello.worker());
-  job->last_step[hello.worker()] =
-      stored == job->info.worker_last_step().end() ? -1 : stored->second;
-  {
-    // A worker that comes back has not ended any more.
-    auto* ended = job->info.mutable_ended_workers();
-    ended->erase(std::remove(ended->begin(), ended->end(), hello.worker()), ended->end());
-  }
-  job->disconnected_since = absl::InfiniteFuture();
-  auto& workers = *job->info.mutable_workers();
-  if (std::find(workers.begin(), workers.end(), hello.worker()) == workers.end()) {
-    job->info.add_workers(hello.worker());
-    std::sort(workers.begin(), workers.end());
-  }
-  job->info.set_status(v1::JOB_STATUS_RUNNING);
-  job->info.set_end_unix_micros(0);
+  SONDE_RETURN_IF_ERROR(CheckJoinable(job->info, hello));
+  SONDE_ASSIGN_OR_RETURN(result.same_client, TakeWorkerLocked(*job, hello, stream));
   SONDE_RETURN_IF_ERROR(store_->PutJob(job->info));
   result.ack.set_job_id(job->info.job_id());
   *result.ack.mutable_rules() = job->info.rules();
@@ -382,13 +219,102 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
       }
     }
   }
-  auto last = job->info.worker_last_step().find(hello.worker());
-  result.stored_last_step = last == job->info.worker_last_step().end() ? -1 : last->second;
+  result.stored_last_step = WorkerLastStep(job->info, hello.worker());
   // Only the client that stored the steps may take them as its own: another
   // would drop its unacknowledged steps as stored when they are not.
   result.ack.set_resume_step(result.same_client ? result.stored_last_step : -1);
   result.pending_stop = job->stop;
   return result;
+}
+
+absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
+                                   std::vector<std::string>* warnings) {
+  v1::JobInfo fresh;
+  fresh.set_job(hello.job());
+  fresh.set_world_size(hello.world_size());
+  fresh.set_status(v1::JOB_STATUS_RUNNING);
+  fresh.set_start_unix_micros(NowMicros());
+  fresh.set_last_step(-1);
+  *fresh.mutable_metadata() = hello.metadata();
+  for (const v1::RuleSpec& s : RulesForJob(default_rules_, hello.rules(), warnings)) {
+    // Check each rule before anything is stored, so a bad hello leaves no trace.
+    SONDE_ASSIGN_OR_RETURN(*fresh.add_rules(), rules::NormalizeRuleSpec(s));
+    SONDE_RETURN_IF_ERROR(rule_factory_->Create(*fresh.rules().rbegin()).status());
+  }
+  SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(fresh));
+  if (info.status() == v1::JOB_STATUS_PENDING) {
+    // Registered by EnableRules: start it now, with its rules first.
+    info = StartRegistered(info, fresh);
+    SONDE_RETURN_IF_ERROR(store_->PutJob(info));
+  }
+  SONDE_RETURN_IF_ERROR(CheckJoinable(info, hello));
+  SONDE_ASSIGN_OR_RETURN(std::vector<v1::RuleResult> previous,
+                         store_->RuleResults(info.job_id()));
+  auto sink = std::make_unique<Sink>(this, hello.job(), info.job_id());
+  SONDE_ASSIGN_OR_RETURN(
+      std::unique_ptr<rules::RuleRunner> runner,
+      rules::RuleRunner::Create(hello.job(),
+                                std::vector<v1::RuleSpec>(info.rules().begin(), info.rules().end()),
+                                previous, *rule_factory_, rule_pool_, sink.get()));
+  for (const v1::RuleResult& r : runner->Results()) {
+    SONDE_RETURN_IF_ERROR(store_->PutRuleResult(info.job_id(), r));
+  }
+  std::map<int64_t, rules::StepData> pending;
+  if (info.last_step() >= 0) {
+    SONDE_ASSIGN_OR_RETURN(pending, Replay(info, *runner));
+  }
+  absl::MutexLock lock(&mu_);
+  // A stop decided before a restart still holds for workers that come back.
+  if (!job.stop.has_value()) job.stop = StopDecided(previous);
+  if (info.last_step() >= 0) {
+    job.delivered_through = pending.empty() ? info.last_step() : pending.begin()->first - 1;
+  }
+  for (const auto& [step, data] : pending) job.pending_since[step] = absl::Now();
+  job.pending = std::move(pending);
+  job.info = std::move(info);
+  job.sink = std::move(sink);
+  job.runner = std::move(runner);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> JobRegistry::TakeWorkerLocked(LiveJob& job, const v1::Hello& hello,
+                                                   StreamHandle* stream) {
+  const int32_t worker = hello.worker();
+  auto streaming = job.streams.find(worker);
+  if (streaming != job.streams.end()) {
+    if (hello.client_id() == 0 || hello.client_id() != job.stream_client[worker]) {
+      return absl::AlreadyExistsError(absl::StrCat("worker ", worker, " of job '", hello.job(),
+                                                   "' is already streaming from another client"));
+    }
+    // The same client reconnected before its old stream was noticed gone.
+    streaming->second->Abort(absl::AbortedError("replaced by a newer stream of the same client"));
+  }
+  auto owner = job.info.worker_client_id().find(worker);
+  const bool owned = owner != job.info.worker_client_id().end() && owner->second != 0;
+  if (owned && owner->second != hello.client_id() && streaming == job.streams.end()) {
+    // Another client for a worker whose owner has not ended: only once the
+    // owner's lease has lapsed, so two live clients never interleave their
+    // steps (the owner's resent steps would meet the other's).
+    const auto& ended = job.info.ended_workers();
+    const bool owner_ended = std::find(ended.begin(), ended.end(), worker) != ended.end();
+    auto left = job.owner_left.find(worker);
+    const absl::Time since = left != job.owner_left.end() ? left->second : job.live_since;
+    if (!owner_ended && absl::Now() - since < worker_lease_) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker ", worker, " of job '", hello.job(), "' belongs to another client (",
+          absl::Hex(owner->second), "), whose stream went ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - since, absl::Milliseconds(1))),
+          " ago; another client may take it over once that one has ended or after ",
+          absl::FormatDuration(worker_lease_), " without it (--worker_lease)"));
+    }
+  }
+  const bool same_client = hello.client_id() != 0 && owned && owner->second == hello.client_id();
+  job.stream_client[worker] = hello.client_id();
+  job.streams[worker] = stream;
+  job.last_step[worker] = WorkerLastStep(job.info, worker);
+  job.disconnected_since = absl::InfiniteFuture();
+  AttachWorker(job.info, worker, hello.client_id());
+  return same_client;
 }
 
 absl::StatusOr<std::map<int64_t, rules::StepData>> JobRegistry::Replay(

@@ -160,6 +160,15 @@ class JobRegistry {
   class Sink;
 
   LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Join's parts. Activate: the first hello of `job` since the collector
+  // started creates or loads its record, starts its rules and replays its
+  // stored steps (under job.commit_mu). TakeWorkerLocked: the worker's
+  // stream becomes `stream` if no other client owns the worker; whether
+  // the hello's client is the one that stored its steps.
+  absl::Status Activate(const v1::Hello& hello, LiveJob& job, std::vector<std::string>* warnings)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<bool> TakeWorkerLocked(LiveJob& job, const v1::Hello& hello,
+                                        StreamHandle* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK while `stream` still streams `worker` of `job`; else Aborted (a newer
   // stream took the worker over), so the old stream writes nothing more.
   absl::Status CheckStreamOwnerLocked(const LiveJob& job, const std::string& job_name,
