@@ -258,6 +258,26 @@ absl::StatusOr<std::string> QueryClient::GetReport(const std::string& job) {
   return std::move(*resp.mutable_html());
 }
 
+namespace {
+
+// Reads a watch until it ends, `fn` returns false (then cancels it: OK), or
+// its deadline passes.
+template <typename T, typename Reader, typename Fn>
+absl::Status Follow(grpc::ClientContext& ctx, Reader& reader, const Fn& fn) {
+  T message;
+  while (reader->Read(&message)) {
+    if (!fn(message)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return FromGrpcStatus(s);
+}
+
+}  // namespace
+
 absl::Status QueryClient::WatchRuleResults(const std::string& job,
                                            const std::function<bool(const v1::RuleResult&)>& fn,
                                            absl::Duration timeout) {
@@ -266,16 +286,7 @@ absl::Status QueryClient::WatchRuleResults(const std::string& job,
   v1::GetRuleResultsRequest req;
   req.set_job(job);
   auto reader = stub_->WatchRuleResults(&ctx, req);
-  v1::RuleResult r;
-  while (reader->Read(&r)) {
-    if (!fn(r)) {
-      ctx.TryCancel();
-      break;
-    }
-  }
-  grpc::Status s = reader->Finish();
-  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
-  return FromGrpcStatus(s);
+  return Follow<v1::RuleResult>(ctx, reader, fn);
 }
 
 absl::Status QueryClient::WatchSteps(const std::string& job, int64_t from_step,
@@ -287,16 +298,7 @@ absl::Status QueryClient::WatchSteps(const std::string& job, int64_t from_step,
   req.set_job(job);
   req.set_from_step(from_step);
   auto reader = stub_->WatchSteps(&ctx, req);
-  v1::CompletedStep step;
-  while (reader->Read(&step)) {
-    if (!fn(step)) {
-      ctx.TryCancel();
-      break;
-    }
-  }
-  grpc::Status s = reader->Finish();
-  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
-  return FromGrpcStatus(s);
+  return Follow<v1::CompletedStep>(ctx, reader, fn);
 }
 
 }  // namespace sonde

@@ -4,11 +4,12 @@
 # cases, every shard of sharded targets included (a test target
 # that fails without reporting cases counts as one failure).
 #
-# Then the layering (deploy/check-layers.py), and what users install: deploy/check-wheel.sh --fresh builds
-# the `sonde` wheel for Debian's Python from this tree, installs it into a
-# fresh venv and runs the digits example and the Python suite against the
-# installed package; its counts are added. SONDE_SKIP_WHEEL_CHECK=1 leaves
-# it out.
+# Then the layering (deploy/check-layers.py: no folder includes one above
+# it; what must not link gRPC or the rules does not), and what users
+# install: deploy/check-wheel.sh --fresh builds the `sonde` wheel for
+# Debian's Python from this tree, installs it into a fresh venv and runs
+# the digits example and the Python suite against the installed package.
+# Both add their counts. SONDE_SKIP_WHEEL_CHECK=1 leaves the wheel out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh || exit 1
@@ -48,28 +49,29 @@ done < <(sed -n 's#^\(//[^ ]*\) \+\((cached) \)\?\(PASSED\|FAILED\|TIMEOUT\|NO S
 
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
 
-# The tree's layering (deploy/check-layers.py): no folder includes one
-# above it; storage/, rules/, math/ and stats/ do not link gRPC.
-/usr/bin/python3 deploy/check-layers.py | tee "$log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-counts=$(sed -n 's/^check-layers: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped$/\1 \2 \3/p' "$log" | tail -1)
-if [ -z "$counts" ]; then
-  failed=$((failed + 1)); rc=1
-else
-  read -r p f s <<<"$counts"
-  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-fi
-
-if [ "${SONDE_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
-  bash deploy/check-wheel.sh --fresh 2>&1 | tee "$log"
+# Runs a stage that ends with "<name>: N passed, N failed, N skipped" and
+# adds its counts (a stage that fails or prints no counts is a failure).
+stage() {
+  local name=$1
+  shift
+  "$@" 2>&1 | tee "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-  counts=$(sed -n 's/^check-wheel: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped$/\1 \2 \3/p' "$log" | tail -1)
+  local counts
+  counts=$(sed -n "s/^$name: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped\$/\1 \2 \3/p" "$log" | tail -1)
   if [ -z "$counts" ]; then
     failed=$((failed + 1)); rc=1
-  else
-    read -r p f s <<<"$counts"
-    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    return
   fi
+  local p f s
+  read -r p f s <<<"$counts"
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+}
+
+# The tree's layering: no folder includes one above it; storage/, rules/,
+# math/ and stats/ do not link gRPC; the hook links no rule.
+stage check-layers /usr/bin/python3 deploy/check-layers.py
+if [ "${SONDE_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
+  stage check-wheel bash deploy/check-wheel.sh --fresh
 fi
 rm -f "$log"
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"

@@ -113,18 +113,28 @@ int RunCommand(const std::string& command, std::string* out) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// A hook that saves steps [0, steps) of `job` while its collector is down
+// and closes (the close runs out of time): what it leaves is its spool.
+// Its counters after the close.
+Hook::Counters SaveWhileDown(const std::string& address, const std::string& job,
+                             const std::string& spool_dir, int64_t steps, size_t floats) {
+  auto hook = Hook::Create(Options(address, job, spool_dir));
+  EXPECT_TRUE(hook.ok()) << hook.status();
+  if (!hook.ok()) return Hook::Counters();
+  SaveSteps(**hook, 0, steps, floats);
+  const absl::Status closed = (*hook)->Close();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(closed)) << closed;
+  return (*hook)->counters();
+}
+
 TEST(Spool, ACollectorDownForTheWholeRunLosesNothing) {
   CollectorLater collector;
   TempDir spool;
   constexpr int64_t kSteps = 12;
   constexpr size_t kFloats = 5000;
   {
-    auto hook = Hook::Create(Options(collector.address(), "down", spool.path()));
-    SONDE_ASSERT_OK(hook);
-    SaveSteps(**hook, 0, kSteps, kFloats);
-    const absl::Status closed = (*hook)->Close();
-    EXPECT_TRUE(absl::IsDeadlineExceeded(closed)) << closed;
-    const Hook::Counters c = (*hook)->counters();
+    const Hook::Counters c =
+        SaveWhileDown(collector.address(), "down", spool.path(), kSteps, kFloats);
     EXPECT_EQ(c.steps_left_in_spool, static_cast<uint64_t>(kSteps));
     EXPECT_EQ(c.tensors_dropped, 0u);
     EXPECT_EQ(c.steps_dropped, 0u);
@@ -160,12 +170,7 @@ TEST(Spool, ADamagedEntryFailsTheUploadAndStaysWhileTheRestIsStored) {
   TempDir spool;
   constexpr int64_t kSteps = 6;
   constexpr size_t kFloats = 500;
-  {
-    auto hook = Hook::Create(Options(collector.address(), "damaged", spool.path()));
-    SONDE_ASSERT_OK(hook);
-    SaveSteps(**hook, 0, kSteps, kFloats);
-    EXPECT_TRUE(absl::IsDeadlineExceeded((*hook)->Close()));
-  }
+  SaveWhileDown(collector.address(), "damaged", spool.path(), kSteps, kFloats);
   std::vector<spool::LeftSpool> left = spool::FindLeft(spool.path());
   ASSERT_EQ(left.size(), 1u);
   ASSERT_GE(left[0].segments.size(), 3u);

@@ -8,13 +8,13 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
-#include <regex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "re2/re2.h"
 
 namespace sonde::testing {
 namespace exposition_internal {
@@ -37,12 +37,12 @@ inline std::string StripCommas(std::string s) {
 inline std::vector<std::string> ExpositionProblems(const std::string& text) {
   std::vector<std::string> problems;
   if (!text.empty() && text.back() != '\n') problems.push_back("no final newline");
-  static const std::regex kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*))");
-  static const std::regex kType(
+  static const RE2 kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*))");
+  static const RE2 kType(
       R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped))");
-  static const std::regex kSample(
+  static const RE2 kSample(
       R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*",?)*)\})? ([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|Inf)|NaN))");
-  static const std::regex kLe(R"(le="([^"]*)\")");
+  static const RE2 kLe(R"(le="([^"]*)\")");
   std::map<std::string, std::string> types;
   std::set<std::string> finished;  // families whose samples have ended
   std::string current;
@@ -51,22 +51,22 @@ inline std::vector<std::string> ExpositionProblems(const std::string& text) {
   std::map<std::string, double> inf_count, count;
   for (const std::string& line :
        std::vector<std::string>(absl::StrSplit(text, '\n', absl::SkipEmpty()))) {
-    std::smatch m;
-    if (std::regex_match(line, m, kHelp)) continue;
-    if (std::regex_match(line, m, kType)) {
-      if (types.count(m[1])) problems.push_back("second TYPE for " + m[1].str());
-      types[m[1]] = m[2];
+    std::string type_name, type;
+    if (RE2::FullMatch(line, kHelp)) continue;
+    if (RE2::FullMatch(line, kType, &type_name, &type)) {
+      if (types.count(type_name)) problems.push_back("second TYPE for " + type_name);
+      types[type_name] = type;
       continue;
     }
     if (line[0] == '#') {
       problems.push_back("bad comment: " + line);
       continue;
     }
-    if (!std::regex_match(line, m, kSample)) {
+    std::string name, braces, labels, value_text;
+    if (!RE2::FullMatch(line, kSample, &name, &braces, &labels, &value_text)) {
       problems.push_back("bad sample: " + line);
       continue;
     }
-    std::string name = m[1];
     std::string family = name;
     for (const char* suffix : {"_bucket", "_sum", "_count"}) {
       const std::string s = suffix;
@@ -82,17 +82,18 @@ inline std::vector<std::string> ExpositionProblems(const std::string& text) {
       current = family;
     }
     if (types[family] != "histogram") continue;
-    std::string labels = m[3];
-    const double value = std::stod(m[4]);
+    const double value = std::stod(value_text);
     if (name == family + "_bucket") {
-      std::smatch le;
-      if (!std::regex_search(labels, le, kLe)) {
+      std::string le;
+      if (!RE2::PartialMatch(labels, kLe, &le)) {
         problems.push_back("bucket without le: " + line);
         continue;
       }
-      const double bound = le[1] == "+Inf" ? std::numeric_limits<double>::infinity()
-                                           : std::stod(le[1]);
-      const std::string key = exposition_internal::StripCommas(std::regex_replace(labels, kLe, ""));
+      const double bound =
+          le == "+Inf" ? std::numeric_limits<double>::infinity() : std::stod(le);
+      std::string without_le = labels;
+      RE2::GlobalReplace(&without_le, kLe, "");
+      const std::string key = exposition_internal::StripCommas(without_le);
       auto it = buckets.find(key);
       if (it != buckets.end()) {
         if (!(it->second.first < bound)) problems.push_back("le not increasing: " + line);
