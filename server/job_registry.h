@@ -202,6 +202,10 @@ class JobRegistry {
   const absl::Duration step_wait_;
   WebhookNotifier* const webhooks_;  // may be null: webhook actions are logged only
 
+  // Lock order: a job's commit_mu (LiveJob), then mu_, then watchers_' own
+  // lock, then a watch's; external_mu_ comes before mu_. LiveJob's fields
+  // other than commit_mu are guarded by mu_ (the analysis cannot name the
+  // registry's mutex from the nested struct, so they are not annotated).
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -209,7 +213,8 @@ class JobRegistry {
   absl::Duration worker_lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(60);
   std::thread ticker_;
 
-  absl::Mutex external_mu_;  // serialises PostExternalResult's read-modify-write
+  // Serialises PostExternalResult's read-modify-write.
+  absl::Mutex external_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   Watchers watchers_;  // its lock comes after mu_
 };
 
