@@ -298,9 +298,12 @@ absl::Status Hook::SaveTensor(const std::string& name, const TensorView& tensor,
     return SaveDeviceTensors({&one});
   }
   absl::StatusOr<uint64_t> bytes = CheckTensor(name, tensor);
-  if (!bytes.ok()) return bytes.status();
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::FailedPreconditionError("the hook is closed");
+  if (!bytes.ok()) {
+    RecordRefusedLocked(name, collections, "an invalid tensor (see the error it returned)");
+    return bytes.status();
+  }
   if (!step_open_) StartStepLocked();
   const int64_t mode_step = mode_steps_[mode_];
   SaveDecision d = collections_.Decide(name, collections, mode_, mode_step);
@@ -348,29 +351,38 @@ absl::Status Hook::SaveTensors(const std::vector<NamedTensor>& tensors) {
 }
 
 absl::Status Hook::SaveDeviceTensors(const std::vector<const NamedTensor*>& tensors) {
-  // Invalid tensors are refused with the reason; the others are saved.
+  // Invalid tensors are refused with the reason (and counted as dropped
+  // when due: the collector sees the gap); the others are saved.
   absl::Status status;
   std::vector<const NamedTensor*> valid;
+  std::vector<const NamedTensor*> refused;
   valid.reserve(tensors.size());
   for (const NamedTensor* t : tensors) {
     absl::StatusOr<uint64_t> bytes = CheckTensor(t->name, t->tensor);
+    const v1::DType d = t->tensor.dtype;
     if (!bytes.ok()) {
       status.Update(bytes.status());
-      continue;
-    }
-    const v1::DType d = t->tensor.dtype;
-    if (d != v1::DTYPE_F32 && d != v1::DTYPE_F16 && d != v1::DTYPE_BF16 && d != v1::DTYPE_F64) {
+    } else if (d != v1::DTYPE_F32 && d != v1::DTYPE_F16 && d != v1::DTYPE_BF16 &&
+               d != v1::DTYPE_F64) {
       status.Update(absl::InvalidArgumentError(absl::StrCat(
           "device tensor '", t->name, "' is ", DTypeName(d),
           "; device statistics take F32, F16, BF16 or F64")));
+    } else {
+      valid.push_back(t);
       continue;
     }
-    valid.push_back(t);
+    refused.push_back(t);
   }
   std::string log_key;
   absl::Status saved;
   {
     absl::MutexLock lock(&mu_);
+    if (!closed_) {
+      for (const NamedTensor* t : refused) {
+        RecordRefusedLocked(t->name, t->collections,
+                            "an invalid device tensor (see the error it returned)");
+      }
+    }
     saved = SaveDeviceTensorsLocked(valid, &log_key);
   }
   if (!log_key.empty()) LogOnce(log_key, std::string(saved.message()));
@@ -484,6 +496,14 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
                                                              e.status.message())));
   }
   return status;
+}
+
+void Hook::RecordRefusedLocked(const std::string& name,
+                               const std::vector<std::string>& collections,
+                               const std::string& why) {
+  if (!step_open_) StartStepLocked();
+  const SaveDecision d = collections_.Decide(name, collections, mode_, mode_steps_[mode_]);
+  if (d.save) sender_->RecordDropped(name, 1, why);
 }
 
 absl::Status Hook::SavedTwice(const std::string& name) {

@@ -309,6 +309,10 @@ class Hook {
   std::shared_ptr<DeviceCapture> Capture() const ABSL_LOCKS_EXCLUDED(capture_mu_);
   // Counts a second save of `name` in the open step as dropped; the error.
   absl::Status SavedTwice(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A tensor refused as invalid is counted as dropped if it was due this
+  // step, so the step shows the gap (the caller gets the reason).
+  void RecordRefusedLocked(const std::string& name, const std::vector<std::string>& collections,
+                           const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The background upload of spools left by earlier clients.
   void UploadLeftSpools();

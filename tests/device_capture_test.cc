@@ -376,6 +376,38 @@ TEST(DeviceCapture, ATensorSavedTwiceInAStepIsRefusedAndCounted) {
   EXPECT_EQ(bias->bytes, std::string(reinterpret_cast<const char*>(first.data()), 16));
 }
 
+// A tensor the hook refuses (an integer device tensor, a host tensor whose
+// shape and bytes disagree) is an error to the caller and, when it was
+// due, a counted gap the collector shows: the step is not complete.
+TEST(DeviceCapture, ARefusedTensorThatWasDueIsACountedGap) {
+  InProcessCollector collector;
+  auto hook = Hook::Create(Options(collector.address(), "refused", {}, nullptr));
+  SONDE_ASSERT_OK(hook);
+  std::vector<int32_t> ints(4, 7);
+  std::vector<float> w(4, 1.0f);
+  (*hook)->StartStep();
+  EXPECT_THAT((*hook)->SaveTensor("counts", CudaTensor(ints.data(), v1::DTYPE_I32, {4}),
+                                  {"weights"}),
+              ::sonde::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                         "device statistics take F32"));
+  TensorView bad = HostTensor(w.data(), {4});
+  bad.shape = {-1};
+  EXPECT_FALSE((*hook)->SaveTensor("bad", bad, {"weights"}).ok());
+  // Not due (no saving collection): refused, not counted.
+  EXPECT_FALSE((*hook)->SaveTensor("other", bad, {"not-saved"}).ok());
+  SONDE_EXPECT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {4}), {"weights"}));
+  (*hook)->StartStep();
+  SONDE_EXPECT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {4}), {"weights"}));
+  SONDE_ASSERT_OK((*hook)->Close());
+  EXPECT_EQ((*hook)->counters().tensors_dropped, 2u);
+  auto q = QueryClient::Connect(collector.address());
+  std::map<int64_t, v1::StepInfo> steps = Steps(*q, "refused");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].tensors_dropped(), 2u);
+  EXPECT_FALSE(steps[0].complete());
+  EXPECT_TRUE(steps[1].complete());
+}
+
 // The collector is away while training saves several times the memory
 // budget: host tensors spill to disk, device tensors' records spill with
 // them in order (their results wait in memory or on the device), and once
