@@ -73,6 +73,10 @@ struct JobRegistry::LiveJob {
   // workers not in it count from when the job became live here.
   std::map<int32_t, absl::Time> owner_left;
   absl::Time live_since = absl::Now();
+  // Found unfinished in the store when the collector started (its workers
+  // were gone by then), with no hello since: the worker-end timeout counts
+  // from then, and ends it (rules included) if no worker comes back.
+  std::optional<absl::Time> dormant_since;
   std::map<int64_t, rules::StepData> pending;  // committed, not yet complete
   std::map<int64_t, absl::Time> pending_since;   // when each pending step first arrived
   int64_t delivered_through = -1;                // last step handed to the rules
@@ -128,6 +132,16 @@ void JobRegistry::TickLoop() {
     const absl::Time now = absl::Now();
     std::vector<std::string> ended;
     for (LiveJob* job : jobs) {
+      bool overdue;
+      {
+        absl::MutexLock lock(&mu_);
+        overdue = job->runner == nullptr && job->dormant_since.has_value() &&
+                  worker_end_timeout_ > absl::ZeroDuration() &&
+                  now - *job->dormant_since >= worker_end_timeout_;
+      }
+      if (overdue) EndDormant(*job, &ended);
+    }
+    for (LiveJob* job : jobs) {
       absl::MutexLock commit(&job->commit_mu);
       absl::MutexLock lock(&mu_);
       if (job->runner == nullptr) continue;
@@ -168,8 +182,61 @@ void JobRegistry::set_worker_lease(absl::Duration lease) {
 }
 
 void JobRegistry::set_worker_end_timeout(absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    worker_end_timeout_ = timeout;
+  }
+  if (timeout <= absl::ZeroDuration()) return;
+  // Jobs left unfinished by an earlier collector: none of their workers is
+  // connected now, so the timeout applies to them too.
+  absl::StatusOr<std::vector<v1::JobInfo>> stored = store_->ListJobs();
+  if (!stored.ok()) {
+    LOG(ERROR) << "the worker-end timeout cannot see stored jobs: " << stored.status();
+    return;
+  }
   absl::MutexLock lock(&mu_);
-  worker_end_timeout_ = timeout;
+  for (const v1::JobInfo& info : *stored) {
+    if (info.status() != v1::JOB_STATUS_RUNNING &&
+        info.status() != v1::JOB_STATUS_DISCONNECTED) {
+      continue;
+    }
+    if (FindLocked(info.job()) != nullptr) continue;
+    auto dormant = std::make_unique<LiveJob>();
+    dormant->info.set_job(info.job());
+    dormant->dormant_since = absl::Now();
+    jobs_[info.job()] = std::move(dormant);
+  }
+}
+
+void JobRegistry::EndDormant(LiveJob& job, std::vector<std::string>* ended) {
+  absl::MutexLock commit(&job.commit_mu);
+  v1::Hello hello;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job.runner != nullptr || !job.dormant_since.has_value()) return;  // a worker came back
+    hello.set_job(job.info.job());
+  }
+  absl::StatusOr<v1::JobInfo> stored = store_->GetJob(hello.job());
+  absl::Status s = stored.status();
+  std::vector<std::string> warnings;
+  if (s.ok()) {
+    hello.set_world_size(stored->world_size());
+    s = Activate(hello, job, &warnings);  // its rules, with its stored steps
+  }
+  absl::MutexLock lock(&mu_);
+  if (!s.ok()) {
+    LOG(ERROR) << "job '" << hello.job() << "': cannot end it after the worker-end timeout: " << s;
+    job.dormant_since.reset();  // not again
+    return;
+  }
+  const std::string reason = absl::StrCat(
+      "workers ", absl::StrJoin(MissingWorkers(job.info.ended_workers(), job.info.world_size()), ","),
+      " never sent their job end; ended after ", absl::FormatDuration(worker_end_timeout_),
+      " with no worker connected since the collector started (--worker_end_timeout)");
+  LOG(WARNING) << "job '" << hello.job() << "': " << reason;
+  job.info.set_end_reason(reason);
+  MaybeEndJobLocked(job);
+  ended->push_back(hello.job());
 }
 
 void JobRegistry::DeliverStep(LiveJob& job, std::vector<int32_t> missing) {
@@ -274,6 +341,7 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
   job.info = std::move(info);
   job.sink = std::move(sink);
   job.runner = std::move(runner);
+  job.dormant_since.reset();
   return absl::OkStatus();
 }
 

@@ -83,8 +83,11 @@ class JobRegistry {
   // The worker's stream ended (cleanly or not).
   void Leave(const std::string& job, int32_t worker, StreamHandle* stream);
   // A job none of whose workers is connected for this long ends (FINISHED,
-  // its end reason naming the workers that never sent their job end).
-  // Zero (the default): such a job waits for its workers indefinitely.
+  // its end reason naming the workers that never sent their job end), its
+  // rules judging the end of training. Also jobs the store holds unfinished
+  // when this is set (a collector restarted after their workers were gone),
+  // counting from then. Zero (the default): such a job waits for its
+  // workers indefinitely.
   void set_worker_end_timeout(absl::Duration timeout);
   // A worker has one owner, the client (Hello.client_id) that last streamed
   // it. Another client's hello for it is refused with AlreadyExists while
@@ -169,6 +172,9 @@ class JobRegistry {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> TakeWorkerLocked(LiveJob& job, const v1::Hello& hello,
                                         StreamHandle* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a job found unfinished at startup whose workers never came back
+  // within the worker-end timeout: activates it (rules, replay) and ends it.
+  void EndDormant(LiveJob& job, std::vector<std::string>* ended) ABSL_LOCKS_EXCLUDED(mu_);
   // OK while `stream` still streams `worker` of `job`; else Aborted (a newer
   // stream took the worker over), so the old stream writes nothing more.
   absl::Status CheckStreamOwnerLocked(const LiveJob& job, const std::string& job_name,

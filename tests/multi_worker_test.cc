@@ -143,6 +143,37 @@ TEST(MultiWorker, AnOperatorTimeoutEndsAJobWhoseWorkerNeverEnds) {
       << info.end_reason();
 }
 
+// The same for a job whose workers were gone when the collector restarted:
+// no hello ever comes for it, and the timeout still ends it, rules
+// included.
+TEST(MultiWorker, TheTimeoutAlsoEndsAJobLeftDisconnectedByAnEarlierCollector) {
+  InProcessCollector collector("LossNotDecreasing", server::IngestLimits(),
+                               [](server::CollectorOptions& o) {
+                                 o.worker_end_timeout = absl::Milliseconds(300);
+                               });
+  auto w0 = Worker(collector.address(), "orphaned", 0);
+  ASSERT_NE(w0, nullptr);
+  Steps(*w0, 0, 3);
+  SONDE_ASSERT_OK(w0->Close());  // worker 1 never comes
+  collector.Restart();  // before the timeout: the new collector never sees a hello
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  v1::JobInfo info;
+  do {
+    absl::SleepFor(absl::Milliseconds(50));
+    info = Job(collector.address(), "orphaned");
+  } while (info.status() != v1::JOB_STATUS_FINISHED && absl::Now() < deadline);
+  EXPECT_EQ(info.status(), v1::JOB_STATUS_FINISHED);
+  EXPECT_NE(info.end_reason().find("workers 1 never sent their job end"), std::string::npos)
+      << info.end_reason();
+  EXPECT_NE(info.end_reason().find("since the collector started"), std::string::npos);
+  // Its rule judged the end of training (from the replayed steps).
+  auto verdicts = QueryClient::Connect(collector.address())
+                      ->WaitForRuleVerdicts("orphaned", absl::Seconds(20));
+  SONDE_ASSERT_OK(verdicts);
+  ASSERT_EQ(verdicts->size(), 1u);
+  EXPECT_NE((*verdicts)[0].status(), v1::RULE_STATUS_IN_PROGRESS);
+}
+
 // A second client for a worker whose owner is only briefly away (issue 16,
 // item 4): before, it was accepted, stored a far-away step, and the owner's
 // resent steps were then acknowledged as duplicates and lost without a
