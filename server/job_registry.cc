@@ -65,7 +65,6 @@ struct JobRegistry::LiveJob {
   v1::JobInfo info;
   std::map<int32_t, StreamHandle*> streams;  // connected workers
   std::map<int32_t, uint64_t> stream_client;  // their Hello.client_id
-  std::map<int32_t, int64_t> last_step;      // last committed global step per connected worker
   // When the last connected worker left (streams empty), for
   // worker_end_timeout_.
   absl::Time disconnected_since = absl::InfiniteFuture();
@@ -77,9 +76,7 @@ struct JobRegistry::LiveJob {
   // were gone by then), with no hello since: the worker-end timeout counts
   // from then, and ends it (rules included) if no worker comes back.
   std::optional<absl::Time> dormant_since;
-  std::map<int64_t, rules::StepData> pending;  // committed, not yet complete
-  std::map<int64_t, absl::Time> pending_since;   // when each pending step first arrived
-  int64_t delivered_through = -1;                // last step handed to the rules
+  StepAssembler steps;  // between the workers' commits and the rules
   std::unique_ptr<Sink> sink;
   std::unique_ptr<rules::RuleRunner> runner;
   std::optional<v1::Action> stop;
@@ -159,18 +156,7 @@ void JobRegistry::TickLoop() {
         continue;
       }
       if (job->info.status() == v1::JOB_STATUS_RUNNING) job->runner->Tick(now);
-      while (!job->pending.empty() &&
-             now - job->pending_since[job->pending.begin()->first] >= step_wait_) {
-        const int64_t step = job->pending.begin()->first;
-        std::vector<int32_t> missing;
-        for (const auto& [worker, last] : job->last_step) {
-          if (last < step) missing.push_back(worker);
-        }
-        LOG(WARNING) << "job '" << job->info.job() << "': step " << step << " judged after "
-                     << absl::FormatDuration(step_wait_) << " without " << missing.size()
-                     << " worker(s)";
-        DeliverStep(*job, std::move(missing));
-      }
+      job->steps.DeliverOverdue(now, step_wait_, DeliverTo(*job));
     }
     for (const std::string& job : ended) PublishIfEnded(job);
   }
@@ -239,14 +225,17 @@ void JobRegistry::EndDormant(LiveJob& job, std::vector<std::string>* ended) {
   ended->push_back(hello.job());
 }
 
-void JobRegistry::DeliverStep(LiveJob& job, std::vector<int32_t> missing) {
-  auto it = job.pending.begin();
-  it->second.missing_workers = std::move(missing);
-  job.delivered_through = it->first;
-  watchers_.PublishStep(job.info.job(), it->second);
-  job.runner->SubmitStep(std::move(it->second));
-  job.pending_since.erase(it->first);
-  job.pending.erase(it);
+StepAssembler::Deliver JobRegistry::DeliverTo(LiveJob& job) {
+  return [this, &job](rules::StepData step) {
+    // Called by job.steps, under mu_.
+    if (!step.missing_workers.empty()) {
+      LOG(WARNING) << "job '" << job.info.job() << "': step " << step.step << " judged after "
+                   << absl::FormatDuration(step_wait_) << " without "
+                   << step.missing_workers.size() << " worker(s)";
+    }
+    watchers_.PublishStep(job.info.job(), step);
+    job.runner->SubmitStep(std::move(step));
+  };
 }
 
 JobRegistry::LiveJob* JobRegistry::FindLocked(const std::string& job) {
@@ -333,11 +322,10 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
   absl::MutexLock lock(&mu_);
   // A stop decided before a restart still holds for workers that come back.
   if (!job.stop.has_value()) job.stop = StopDecided(previous);
-  if (info.last_step() >= 0) {
-    job.delivered_through = pending.empty() ? info.last_step() : pending.begin()->first - 1;
-  }
-  for (const auto& [step, data] : pending) job.pending_since[step] = absl::Now();
-  job.pending = std::move(pending);
+  const int64_t delivered = info.last_step() < 0    ? -1
+                            : pending.empty()        ? info.last_step()
+                                                     : pending.begin()->first - 1;
+  job.steps.Restore(std::move(pending), delivered, absl::Now());
   job.info = std::move(info);
   job.sink = std::move(sink);
   job.runner = std::move(runner);
@@ -379,7 +367,7 @@ absl::StatusOr<bool> JobRegistry::TakeWorkerLocked(LiveJob& job, const v1::Hello
   const bool same_client = hello.client_id() != 0 && owned && owner->second == hello.client_id();
   job.stream_client[worker] = hello.client_id();
   job.streams[worker] = stream;
-  job.last_step[worker] = WorkerLastStep(job.info, worker);
+  job.steps.Attach(worker, WorkerLastStep(job.info, worker));
   job.disconnected_since = absl::InfiniteFuture();
   AttachWorker(job.info, worker, hello.client_id());
   return same_client;
@@ -455,8 +443,7 @@ void JobRegistry::RemoveStream(const std::string& job_name, int32_t worker,
   job->streams.erase(it);
   job->stream_client.erase(worker);
   job->owner_left[worker] = absl::Now();
-  job->last_step.erase(worker);
-  DeliverCompleteSteps(*job);
+  job->steps.Detach(worker, DeliverTo(*job));
   if (job->streams.empty() && job->info.status() == v1::JOB_STATUS_RUNNING) {
     if (AllWorkersEnded(job->info)) {
       MaybeEndJobLocked(*job);
@@ -466,16 +453,6 @@ void JobRegistry::RemoveStream(const std::string& job_name, int32_t worker,
       absl::Status s = store_->PutJob(job->info);
       if (!s.ok()) LOG(ERROR) << "job '" << job_name << "': " << s;
     }
-  }
-}
-
-void JobRegistry::DeliverCompleteSteps(LiveJob& job) {
-  int64_t complete_through = std::numeric_limits<int64_t>::max();
-  for (const auto& [worker, step] : job.last_step) {
-    complete_through = std::min(complete_through, step);
-  }
-  while (!job.pending.empty() && job.pending.begin()->first <= complete_through) {
-    DeliverStep(job, {});
   }
 }
 
@@ -552,33 +529,21 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
   absl::MutexLock lock(&mu_);
   // Keep what the collector changed concurrently (workers, status), take the steps.
   TakeStepFields(info, job->info);
-  if (step.step() <= job->delivered_through) {
-    // This worker is late: the step was judged without it. Its data is stored.
-    auto ls = job->last_step.find(worker);
-    if (ls != job->last_step.end()) ls->second = std::max(ls->second, step.step());
-    DeliverCompleteSteps(*job);
-    return CommitResult{};
-  }
-  if (job->pending.count(step.step()) == 0) job->pending_since[step.step()] = absl::Now();
-  rules::StepData& data = job->pending[step.step()];
-  if (data.tensors.empty()) {
-    data.step = step.step();
-    data.mode = step.mode();
-    data.mode_step = step.mode_step();
-  }
-  for (storage::TensorWrite& t : write.tensors) {
-    t.record.set_worker(worker);
-    std::shared_ptr<const std::string> values;
-    if (t.record.has_values() && job->runner->WantsValues(t.record)) {
-      values = std::make_shared<const std::string>(std::move(t.bytes));
+  // Null when the worker is late: the step was judged without it (its data
+  // is stored).
+  if (rules::StepData* part = job->steps.PartOf(step, absl::Now()); part != nullptr) {
+    for (storage::TensorWrite& t : write.tensors) {
+      t.record.set_worker(worker);
+      std::shared_ptr<const std::string> values;
+      if (t.record.has_values() && job->runner->WantsValues(t.record)) {
+        values = std::make_shared<const std::string>(std::move(t.bytes));
+      }
+      part->values.resize(part->tensors.size());
+      part->values.push_back(std::move(values));
+      part->tensors.push_back(std::move(t.record));
     }
-    data.values.resize(data.tensors.size());
-    data.values.push_back(std::move(values));
-    data.tensors.push_back(std::move(t.record));
   }
-  auto ls = job->last_step.find(worker);
-  if (ls != job->last_step.end()) ls->second = std::max(ls->second, step.step());
-  DeliverCompleteSteps(*job);
+  job->steps.Committed(worker, step.step(), DeliverTo(*job));
   return CommitResult{};
 }
 
@@ -614,8 +579,7 @@ absl::Status JobRegistry::MarkWorkerEnded(const std::string& job_name, int32_t w
 void JobRegistry::MaybeEndJobLocked(LiveJob& job) {
   if (IsFinished(job.info.status())) return;
   // Every worker has ended: whatever is pending is all there will be.
-  job.last_step.clear();
-  DeliverCompleteSteps(job);
+  job.steps.DeliverAll(DeliverTo(job));
   job.info.set_status(job.stop.has_value() ? v1::JOB_STATUS_STOPPED
                                            : v1::JOB_STATUS_FINISHED);
   job.info.set_end_unix_micros(NowMicros());
@@ -646,7 +610,7 @@ absl::StatusOr<std::vector<v1::RuleResult>> JobRegistry::RuleResults(const std::
 int64_t JobRegistry::DeliveredThrough(const std::string& job_name) {
   absl::MutexLock lock(&mu_);
   LiveJob* job = FindLocked(job_name);
-  return job == nullptr ? -1 : job->delivered_through;
+  return job == nullptr ? -1 : job->steps.delivered_through();
 }
 
 absl::Status JobRegistry::PostExternalResult(v1::RuleResult result,
@@ -823,11 +787,8 @@ absl::Status JobRegistry::Forget(const std::string& job_name,
     job->info.set_job(job_name);
     job->streams.clear();
     job->stream_client.clear();
-    job->last_step.clear();
     job->disconnected_since = absl::InfiniteFuture();
-    job->pending.clear();
-    job->pending_since.clear();
-    job->delivered_through = -1;
+    job->steps.Clear();
     job->stop.reset();
   }
   // Outside mu_: the runner's destructor waits for its rules, whose results

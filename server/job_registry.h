@@ -26,6 +26,7 @@
 #include "rules/rule_factory.h"
 #include "rules/rule_runner.h"
 #include "server/job_record.h"
+#include "server/step_assembler.h"
 #include "server/watchers.h"
 #include "server/webhook_notifier.h"
 #include "storage/store.h"
@@ -185,8 +186,9 @@ class JobRegistry {
   // them) and returns the steps some worker has not committed yet.
   absl::StatusOr<std::map<int64_t, rules::StepData>> Replay(const v1::JobInfo& info,
                                                             rules::RuleRunner& runner);
-  void DeliverCompleteSteps(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DeliverStep(LiveJob& job, std::vector<int32_t> missing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What job.steps hands a step to: the watchers, then the rules. Called
+  // under mu_.
+  StepAssembler::Deliver DeliverTo(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step-wait clock: hands overdue steps to the rules.
   void TickLoop();
   void MaybeEndJobLocked(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
