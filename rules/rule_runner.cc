@@ -249,7 +249,6 @@ void RuleRunner::Evaluate(size_t index, const Input& input) {
   using Kind = Input::Kind;
   const StepData* const step = input.step;
   const ProfileData* const profile = input.profile;
-  const std::optional<v1::Action>& stopped_by = input.stopped_by;
   Instance& inst = *instances_[index];
   v1::RuleResult& r = inst.result;
   // A rule that keeps judging after its first issue stays IssuesFound.
@@ -352,63 +351,83 @@ void RuleRunner::Evaluate(size_t index, const Input& input) {
                                  ", which had not sent it within the step wait)"));
     }
     r.set_suggestion(f.suggestion.empty() ? inst.suggestion : f.suggestion);
-    for (const std::string& action : inst.spec.actions()) r.add_actions_taken(action);
     r.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
-    std::vector<v1::Action> actions;
-    std::vector<std::string> wanted(inst.spec.actions().begin(), inst.spec.actions().end());
-    if (f.stop_training &&
-        std::find(wanted.begin(), wanted.end(), "StopTraining") == wanted.end()) {
-      wanted.push_back("StopTraining");
-      r.add_actions_taken("StopTraining");
+    Publish(index, TakeActions(inst, f.stop_training, r));
+    return;
+  }
+  RecordNoIssue(index, input);
+}
+
+std::vector<v1::Action> RuleRunner::TakeActions(const Instance& inst, bool stop_training,
+                                                v1::RuleResult& r) {
+  std::vector<std::string> wanted(inst.spec.actions().begin(), inst.spec.actions().end());
+  if (stop_training && std::find(wanted.begin(), wanted.end(), "StopTraining") == wanted.end()) {
+    wanted.push_back("StopTraining");  // the finding asks for it
+  }
+  std::vector<v1::Action> actions;
+  for (const std::string& action : wanted) {
+    r.add_actions_taken(action);
+    v1::Action a;
+    if (action == "StopTraining") {
+      a.set_type(v1::ACTION_STOP_TRAINING);
+    } else if (action == "Log") {
+      a.set_type(v1::ACTION_LOG);
+    } else if (absl::StartsWith(action, "Webhook:")) {
+      a.set_type(v1::ACTION_WEBHOOK);
+      a.set_target(action.substr(8));
+    } else {
+      continue;  // NormalizeRuleSpec admits no other
     }
-    for (const std::string& action : wanted) {
-      v1::Action a;
-      if (action == "StopTraining") {
-        a.set_type(v1::ACTION_STOP_TRAINING);
-      } else if (action == "Log") {
-        a.set_type(v1::ACTION_LOG);
-      } else if (absl::StartsWith(action, "Webhook:")) {
-        a.set_type(v1::ACTION_WEBHOOK);
-        a.set_target(action.substr(8));
-      } else {
-        continue;  // NormalizeRuleSpec admits no other
+    actions.push_back(std::move(a));
+  }
+  for (v1::Action& a : actions) {
+    a.set_rule(inst.spec.name());
+    a.set_reason(r.message());
+    a.set_step(r.step());
+    *a.mutable_verdict() = r;  // with every action taken
+  }
+  return actions;
+}
+
+void RuleRunner::RecordNoIssue(size_t index, const Input& input) {
+  Instance& inst = *instances_[index];
+  v1::RuleResult& r = inst.result;
+  switch (input.kind) {
+    case Input::Kind::kTick:
+      return;  // time passed, nothing found
+    case Input::Kind::kProfile:
+      // Progress, as for steps: now and then, so readers see data points grow.
+      if (r.datapoints() ==
+              input.profile->batch.snapshots_size() + input.profile->batch.events_size() ||
+          ++inst.profile_evaluations % kProgressEvery == 0) {
+        r.set_message(
+            absl::StrCat("judged ", r.datapoints(), " profiler data points, no issues so far"));
+        Publish(index, {});
       }
-      a.set_rule(inst.spec.name());
-      a.set_reason(r.message());
-      a.set_step(r.step());
-      *a.mutable_verdict() = r;
-      actions.push_back(std::move(a));
-    }
-    Publish(index, actions);
-    return;
-  }
-  if (input.kind == Kind::kTick) return;  // time passed, nothing found
-  if (profile != nullptr) {
-    // Progress, as for steps: now and then, so readers see data points grow.
-    if (r.datapoints() == profile->batch.snapshots_size() + profile->batch.events_size() ||
-        ++inst.profile_evaluations % kProgressEvery == 0) {
-      r.set_message(absl::StrCat("judged ", r.datapoints(), " profiler data points, no issues so far"));
+      return;
+    case Input::Kind::kJobEnd:
+      if (input.stopped_by.has_value()) {
+        r.set_status(v1::RULE_STATUS_STOPPED);
+        r.set_message(absl::StrCat("training was stopped by rule ", input.stopped_by->rule(),
+                                   " at step ", input.stopped_by->step(), "; no issues found in ",
+                                   r.steps_evaluated(), " steps until then"));
+      } else {
+        r.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
+        r.set_message(
+            r.datapoints() > 0
+                ? absl::StrCat("no issues found in ", r.datapoints(), " profiler data points")
+                : absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));
+        const std::string summary = inst.rule->Summary();
+        if (!summary.empty()) r.set_message(absl::StrCat(r.message(), "; ", summary));
+      }
       Publish(index, {});
-    }
-    return;
-  }
-  if (step == nullptr && stopped_by.has_value()) {
-    r.set_status(v1::RULE_STATUS_STOPPED);
-    r.set_message(absl::StrCat("training was stopped by rule ", stopped_by->rule(), " at step ",
-                               stopped_by->step(), "; no issues found in ", r.steps_evaluated(),
-                               " steps until then"));
-    Publish(index, {});
-  } else if (step == nullptr) {
-    r.set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
-    r.set_message(r.datapoints() > 0
-                      ? absl::StrCat("no issues found in ", r.datapoints(), " profiler data points")
-                      : absl::StrCat("no issues found in ", r.steps_evaluated(), " steps"));
-    const std::string summary = inst.rule->Summary();
-    if (!summary.empty()) r.set_message(absl::StrCat(r.message(), "; ", summary));
-    Publish(index, {});
-  } else if (r.steps_evaluated() == 1 || r.steps_evaluated() % kProgressEvery == 0) {
-    r.set_message(absl::StrCat("evaluated ", r.steps_evaluated(), " steps, no issues so far"));
-    Publish(index, {});
+      return;
+    case Input::Kind::kStep:
+      if (r.steps_evaluated() == 1 || r.steps_evaluated() % kProgressEvery == 0) {
+        r.set_message(absl::StrCat("evaluated ", r.steps_evaluated(), " steps, no issues so far"));
+        Publish(index, {});
+      }
+      return;
   }
 }
 

@@ -121,6 +121,14 @@ class RuleRunner {
     }
   };
   void Evaluate(size_t index, const Input& input);
+  // A finding's actions: the spec's, plus StopTraining if the finding asks
+  // for it; each is added to r.actions_taken, and each action carries the
+  // verdict.
+  static std::vector<v1::Action> TakeActions(const Instance& inst, bool stop_training,
+                                             v1::RuleResult& r);
+  // What an input with no issue changes in the rule's result: progress now
+  // and then, the final verdict at the end.
+  void RecordNoIssue(size_t index, const Input& input);
   void Publish(size_t index, const std::vector<v1::Action>& actions);
   // Counts one more input waiting for rule `i`; false (and the rule ends
   // with Error, once) when it is not fed or too far behind.
