@@ -16,51 +16,6 @@
 
 namespace sonde::server {
 
-// Reports one job's rule results and actions back into the registry.
-class JobRegistry::Sink : public rules::RuleSink {
- public:
-  Sink(JobRegistry* registry, std::string job, uint64_t job_id)
-      : registry_(registry), job_(std::move(job)), job_id_(job_id) {}
-
-  void OnResult(const v1::RuleResult& result) override {
-    absl::Status s = registry_->store_->PutRuleResult(job_id_, result);
-    if (!s.ok()) LOG(ERROR) << "job '" << job_ << "': storing rule result: " << s;
-    registry_->Notify(job_, result);
-  }
-
-  void OnAction(const v1::Action& action) override {
-    switch (action.type()) {
-      case v1::ACTION_STOP_TRAINING:
-        LOG(INFO) << "job '" << job_ << "': rule " << action.rule()
-                  << " asks to stop training: " << action.reason();
-        registry_->Broadcast(job_, action);
-        break;
-      case v1::ACTION_LOG:
-        LOG(WARNING) << "job '" << job_ << "' rule " << action.rule() << " found issues at step "
-                     << action.step() << ": " << action.reason()
-                     << (action.verdict().suggestion().empty()
-                             ? ""
-                             : absl::StrCat(" Suggestion: ", action.verdict().suggestion()));
-        break;
-      case v1::ACTION_WEBHOOK:
-        if (registry_->webhooks_ != nullptr) {
-          registry_->webhooks_->Post(action);
-        } else {
-          LOG(WARNING) << "job '" << job_ << "': no webhook notifier; verdict of "
-                       << action.rule() << " for " << action.target() << " not sent";
-        }
-        break;
-      default:
-        break;
-    }
-  }
-
- private:
-  JobRegistry* const registry_;
-  const std::string job_;
-  const uint64_t job_id_;
-};
-
 struct JobRegistry::LiveJob {
   v1::JobInfo info;
   std::map<int32_t, StreamHandle*> streams;  // connected workers
@@ -77,7 +32,7 @@ struct JobRegistry::LiveJob {
   // from then, and ends it (rules included) if no worker comes back.
   std::optional<absl::Time> dormant_since;
   StepAssembler steps;  // between the workers' commits and the rules
-  std::unique_ptr<Sink> sink;
+  std::unique_ptr<RuleActions> sink;
   std::unique_ptr<rules::RuleRunner> runner;
   std::optional<v1::Action> stop;
   // Per worker: the client and the last ProfileBatch.sequence fed to the rules.
@@ -306,7 +261,11 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
   SONDE_RETURN_IF_ERROR(CheckJoinable(info, hello));
   SONDE_ASSIGN_OR_RETURN(std::vector<v1::RuleResult> previous,
                          store_->RuleResults(info.job_id()));
-  auto sink = std::make_unique<Sink>(this, hello.job(), info.job_id());
+  RuleActions::Targets targets;
+  targets.published = [this, job = hello.job()](const v1::RuleResult& r) { Notify(job, r); };
+  targets.stop_training = [this, job = hello.job()](const v1::Action& a) { Broadcast(job, a); };
+  auto sink = std::make_unique<RuleActions>(hello.job(), info.job_id(), store_, webhooks_,
+                                            std::move(targets));
   SONDE_ASSIGN_OR_RETURN(
       std::unique_ptr<rules::RuleRunner> runner,
       rules::RuleRunner::Create(hello.job(),
@@ -778,7 +737,7 @@ absl::Status JobRegistry::Forget(const std::string& job_name,
         "job '", job_name, "' is live on this collector (streaming, or rules still judging it)"));
   }
   std::unique_ptr<rules::RuleRunner> runner;
-  std::unique_ptr<Sink> sink;
+  std::unique_ptr<RuleActions> sink;
   {
     absl::MutexLock lock(&mu_);
     runner = std::move(job->runner);

@@ -26,6 +26,7 @@
 #include "rules/rule_factory.h"
 #include "rules/rule_runner.h"
 #include "server/job_record.h"
+#include "server/rule_actions.h"
 #include "server/step_assembler.h"
 #include "server/watchers.h"
 #include "server/webhook_notifier.h"
@@ -161,7 +162,6 @@ class JobRegistry {
 
  private:
   struct LiveJob;
-  class Sink;
 
   LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Join's parts. Activate: the first hello of `job` since the collector
