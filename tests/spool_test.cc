@@ -127,6 +127,16 @@ Hook::Counters SaveWhileDown(const std::string& address, const std::string& job,
   return (*hook)->counters();
 }
 
+// Waits (30 s at most) until the sender has moved `entries` entries into
+// the spool; the counter has no notification, so it is polled.
+void WaitUntilSpooled(Hook& hook, int64_t entries) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (hook.counters().entries_spooled < static_cast<uint64_t>(entries) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
 TEST(Spool, ACollectorDownForTheWholeRunLosesNothing) {
   CollectorLater collector;
   TempDir spool;
@@ -276,11 +286,7 @@ TEST(Spool, MemoryStaysBoundedWhileDisconnectedAndSpooledStepsGoOutFromDisk) {
   SONDE_ASSERT_OK(hook);
   SaveSteps(**hook, 0, kSteps, kFloats);
   // The sender moves the steps into the spool and out of memory.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while ((*hook)->counters().entries_spooled < static_cast<uint64_t>(kSteps) &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitUntilSpooled(**hook, kSteps);
   Hook::Counters c = (*hook)->counters();
   EXPECT_EQ(c.entries_spooled, static_cast<uint64_t>(kSteps));
   EXPECT_LE(c.memory_bytes, kBudget);
@@ -314,11 +320,7 @@ TEST(Spool, ASpooledStepThatCannotBeReadBackIsACountedGap) {
   auto hook = Hook::Create(o);
   SONDE_ASSERT_OK(hook);
   SaveSteps(**hook, 0, kSteps, kFloats);
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while ((*hook)->counters().entries_spooled < static_cast<uint64_t>(kSteps) &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitUntilSpooled(**hook, kSteps);
   ASSERT_EQ((*hook)->counters().entries_spooled, static_cast<uint64_t>(kSteps));
   // Every spooled step is out of memory; damage the last step's entry.
   std::vector<std::string> segments;
