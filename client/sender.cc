@@ -966,7 +966,7 @@ void Sender::ReadServerMessages(Stream* stream) {
   connected_ = false;
 }
 
-bool Sender::StreamOnce() {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Sender::MakeStreamChannel() const {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(static_cast<int>(options_.max_chunk_bytes) + kMessageOverhead);
   args.SetMaxReceiveMessageSize(kMessageOverhead);
@@ -980,7 +980,106 @@ bool Sender::StreamOnce() {
               static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_min)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_max)));
-  auto made = MakeChannel(options_.collector, options_.security, args);
+  return MakeChannel(options_.collector, options_.security, args);
+}
+
+bool Sender::Resend(Stream* stream, const std::vector<Unacked*>& entries) {
+  for (Unacked* u : entries) {
+    // Resending does not end an entry's wait in the spool: read back, it
+    // goes out and leaves memory again.
+    const bool evicted = u->evicted;
+    const uint64_t index = u->spool_index;  // once written, `u` may be acked and gone
+    if (evicted) LoadEntry(u);
+    {
+      // Counted first, so the step ends written now report them.
+      absl::MutexLock lock(&mu_);
+      counters_.messages_resent += u->messages.size();
+    }
+    const bool ok = WriteEntry(stream, u, 0);
+    if (evicted) {
+      absl::MutexLock lock(&mu_);
+      EvictLocked(index);
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool Sender::SendQueued(Stream* stream) {
+  while (true) {
+    Item item;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return CanTakeLocked() || give_up_ || broken_ || (job_end_acked_ && unacked_.empty());
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (job_end_acked_ && unacked_.empty()) return true;
+      if (give_up_ || broken_) return false;
+      if (!TakeNextLocked(&item)) continue;
+    }
+    size_t from = 0;
+    Unacked* entry = BuildAndAppend(item, &from);
+    if (entry == nullptr) continue;
+    const uint64_t spooled = entry->complete ? SpoolEntry(entry) : 0;
+    const bool ok = WriteEntry(stream, entry, from);
+    if (spooled != 0) {
+      // Written and on disk: past half the memory budget its messages wait
+      // for their ack in the spool only.
+      absl::MutexLock lock(&mu_);
+      if (memory_bytes_ > options_.max_queue_bytes / 2) EvictLocked(spooled);
+    }
+    if (!ok) return false;
+  }
+}
+
+bool Sender::AfterStream(const grpc::Status& status, bool hello_acked) {
+  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
+    LogOnce(absl::StrCat("stream:", status.error_code()),
+            absl::StrCat("stream to collector ", options_.collector, " failed: ",
+                         status.error_message(), " (code ", status.error_code(), ")"));
+    if (hello_acked && Permanent(status.error_code())) {
+      // The collector refused what was sent (a bug or a mismatch, not the
+      // network): sending it again would be refused again. Drop what is
+      // unacknowledged, counted, and go on with what is queued.
+      absl::MutexLock lock(&mu_);
+      for (const Unacked& u : unacked_) {
+        counters_.tensors_dropped += u.tensors;
+        const bool step = u.complete && !u.job_end && !u.profile_only;
+        counters_.steps_dropped += step;
+        steps_dropped_pending_ += step;
+        memory_bytes_ -= u.cost;
+        // Sent again later it would be refused again.
+        if (u.spool_index != 0) acked_segments_.push_back(u.spool_index);
+      }
+      unacked_.clear();
+      LogOnceLocked(absl::StrCat("refused:", status.error_code()),
+                    absl::StrCat("the collector refused data (", status.error_message(),
+                                 "); the unacknowledged steps are dropped and counted"));
+    }
+    if (!hello_acked && Permanent(status.error_code())) {
+      absl::MutexLock lock(&mu_);
+      if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && queue_.empty() &&
+          !spilling() && unacked_.size() == 1 && unacked_.front().job_end) {
+        // The job end was stored but its ack was lost: the collector now
+        // says the job has finished.
+        job_end_acked_ = true;
+        unacked_.clear();
+        return true;
+      }
+      refusal_ = absl::StrCat("the collector refused job '", options_.hello.job(), "': ",
+                              status.error_message(), " (code ", status.error_code(), ")");
+      LogOnceLocked("disabled", absl::StrCat(refusal_, "; Sonde is disabled for this run"));
+      give_up_ = true;
+      return true;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  return give_up_;
+}
+
+bool Sender::StreamOnce() {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> made = MakeStreamChannel();
   if (!made.ok()) {
     LogOnce("channel", absl::StrCat("cannot connect to collector ", options_.collector, ": ",
                                     made.status().message()));
@@ -1033,51 +1132,8 @@ bool Sender::StreamOnce() {
       for (Unacked& u : unacked_) resend.push_back(&u);
     }
   }
-  for (Unacked* u : resend) {
-    if (!ok) break;
-    // Resending does not end an entry's wait in the spool: read back, it
-    // goes out and leaves memory again.
-    const bool evicted = u->evicted;
-    const uint64_t index = u->spool_index;  // once written, `u` may be acked and gone
-    if (evicted) LoadEntry(u);
-    {
-      // Counted first, so the step ends written now report them.
-      absl::MutexLock lock(&mu_);
-      counters_.messages_resent += u->messages.size();
-    }
-    ok = WriteEntry(stream.get(), u, 0);
-    if (evicted) {
-      absl::MutexLock lock(&mu_);
-      EvictLocked(index);
-    }
-  }
-  while (ok) {
-    Item item;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return CanTakeLocked() || give_up_ || broken_ || (job_end_acked_ && unacked_.empty());
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (job_end_acked_ && unacked_.empty()) {
-        finished_job = true;
-        break;
-      }
-      if (give_up_ || broken_) break;
-      if (!TakeNextLocked(&item)) continue;
-    }
-    size_t from = 0;
-    Unacked* entry = BuildAndAppend(item, &from);
-    if (entry == nullptr) continue;
-    const uint64_t spooled = entry->complete ? SpoolEntry(entry) : 0;
-    ok = WriteEntry(stream.get(), entry, from);
-    if (spooled != 0) {
-      // Written and on disk: past half the memory budget its messages wait
-      // for their ack in the spool only.
-      absl::MutexLock lock(&mu_);
-      if (memory_bytes_ > options_.max_queue_bytes / 2) EvictLocked(spooled);
-    }
-  }
+  if (ok) ok = Resend(stream.get(), resend);
+  if (ok) finished_job = SendQueued(stream.get());
   if (finished_job) stream->WritesDone();
   {
     absl::MutexLock lock(&mu_);
@@ -1094,48 +1150,7 @@ bool Sender::StreamOnce() {
     connected_ = false;
   }
   if (finished_job) return true;
-  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
-    LogOnce(absl::StrCat("stream:", status.error_code()),
-            absl::StrCat("stream to collector ", options_.collector, " failed: ",
-                         status.error_message(), " (code ", status.error_code(), ")"));
-    if (hello_acked && Permanent(status.error_code())) {
-      // The collector refused what was sent (a bug or a mismatch, not the
-      // network): sending it again would be refused again. Drop what is
-      // unacknowledged, counted, and go on with what is queued.
-      absl::MutexLock lock(&mu_);
-      for (const Unacked& u : unacked_) {
-        counters_.tensors_dropped += u.tensors;
-        const bool step = u.complete && !u.job_end && !u.profile_only;
-        counters_.steps_dropped += step;
-        steps_dropped_pending_ += step;
-        memory_bytes_ -= u.cost;
-        // Sent again later it would be refused again.
-        if (u.spool_index != 0) acked_segments_.push_back(u.spool_index);
-      }
-      unacked_.clear();
-      LogOnceLocked(absl::StrCat("refused:", status.error_code()),
-                    absl::StrCat("the collector refused data (", status.error_message(),
-                                 "); the unacknowledged steps are dropped and counted"));
-    }
-    if (!hello_acked && Permanent(status.error_code())) {
-      absl::MutexLock lock(&mu_);
-      if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && queue_.empty() &&
-          !spilling() && unacked_.size() == 1 && unacked_.front().job_end) {
-        // The job end was stored but its ack was lost: the collector now
-        // says the job has finished.
-        job_end_acked_ = true;
-        unacked_.clear();
-        return true;
-      }
-      refusal_ = absl::StrCat("the collector refused job '", options_.hello.job(), "': ",
-                              status.error_message(), " (code ", status.error_code(), ")");
-      LogOnceLocked("disabled", absl::StrCat(refusal_, "; Sonde is disabled for this run"));
-      give_up_ = true;
-      return true;
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  return give_up_;
+  return AfterStream(status, hello_acked);
 }
 
 }  // namespace sonde

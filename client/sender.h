@@ -185,6 +185,14 @@ class Sender {
   // The stream's reader thread: applies hello acks, acks, actions and
   // warnings as they come; marks the stream broken when it ends.
   void ReadServerMessages(Stream* stream);
+  // StreamOnce's parts: the channel of one attempt; resending what the
+  // collector has not acknowledged (false when the stream broke); sending
+  // what is queued until the stream breaks (false) or the job end is
+  // acknowledged (true); what a stream's end status means (true: stop).
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeStreamChannel() const;
+  bool Resend(Stream* stream, const std::vector<Unacked*>& entries);
+  bool SendQueued(Stream* stream);
+  bool AfterStream(const grpc::Status& status, bool hello_acked);
   // After a hello ack: drops the unacknowledged steps the collector says it
   // stored before the last stream broke (their acks were lost); the rest is
   // sent again.
