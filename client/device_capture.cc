@@ -213,11 +213,13 @@ bool DeviceCapture::PumpOnce() {
         if (!c.status.ok() || i >= c.stats.size()) {
           p.status = c.status.ok() ? absl::InternalError("the device returned too few records")
                                    : c.status;
+        } else if (p.want_histogram && i >= c.histograms.size()) {
+          // Sent without it, the tensor would look whole with an empty
+          // histogram: it is lost, and counted, instead.
+          p.status = absl::InternalError("the device returned too few histograms");
         } else {
           p.stats = c.stats[i];
-          if (p.want_histogram && i < c.histograms.size()) {
-            p.histogram = std::move(c.histograms[i]);
-          }
+          if (p.want_histogram) p.histogram = std::move(c.histograms[i]);
         }
         p.stats_done = true;
       }

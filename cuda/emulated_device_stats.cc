@@ -181,6 +181,11 @@ std::vector<DeviceCompletion> EmulatedDeviceStats::Collect() {
   const absl::Time now = absl::Now();
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     if (it->due <= now) {
+      if (drop_histograms_ && it->result.kind == DeviceCompletion::kStats &&
+          !it->result.histograms.empty()) {
+        it->result.histograms.clear();
+        drop_histograms_ = false;
+      }
       done.push_back(std::move(it->result));
       it = jobs_.erase(it);
     } else {
@@ -264,6 +269,11 @@ void EmulatedDeviceStats::FailNextStats(absl::Status status) {
 void EmulatedDeviceStats::FailNextDownload(absl::Status status) {
   absl::MutexLock lock(&mu_);
   fail_download_ = std::move(status);
+}
+
+void EmulatedDeviceStats::DropNextHistograms() {
+  absl::MutexLock lock(&mu_);
+  drop_histograms_ = true;
 }
 
 EmulatedDeviceStats::Counters EmulatedDeviceStats::counters() const {

@@ -72,6 +72,9 @@ class EmulatedDeviceStats final : public DeviceStats {
   // error.
   void FailNextStats(absl::Status status);
   void FailNextDownload(absl::Status status);
+  // The next statistics batch completes without its histograms (an engine
+  // that returns fewer than asked, as a faulty one might).
+  void DropNextHistograms();
 
   struct Counters {
     uint64_t batches = 0;          // statistics batches accepted
@@ -116,6 +119,7 @@ class EmulatedDeviceStats final : public DeviceStats {
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status fail_stats_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_download_ ABSL_GUARDED_BY(mu_);
+  bool drop_histograms_ ABSL_GUARDED_BY(mu_) = false;
   Counters counters_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -346,6 +346,55 @@ TEST(DeviceCapture, DeviceErrorsAreCountedAsLossesNotHidden) {
   EXPECT_EQ(c.values_dropped, 0u);
 }
 
+// An engine that returns fewer histograms than asked: tensors saved as
+// reductions (no values to recompute from) are counted as lost, never
+// stored with an empty histogram. (With values, the collector recomputes
+// statistics and histograms from them: nothing is lost.)
+TEST(DeviceCapture, AMissingHistogramIsALossNotAnEmptyHistogram) {
+  InProcessCollector collector;
+  EmulatedDeviceStats* engine = nullptr;
+  HookOptions o = Options(collector.address(), "histograms", {}, &engine);
+  CollectionConfig weights;
+  weights.name = "weights";
+  weights.save_histogram = true;
+  // Reductions only: no values travel, so nothing else can stand in for
+  // what the device returns.
+  ReductionConfig reductions;
+  reductions.reductions = {"mean"};
+  weights.reduction_config = reductions;
+  o.config.collections.push_back(weights);
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  Model model({100, 200});
+  for (int64_t step = 0; step < 2; ++step) {
+    model.Step(step);
+    if (step == 1) {
+      // Step 0's device work is all done: the fault hits step 1's batch.
+      SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(30)));
+      ASSERT_NE(engine, nullptr);
+      engine->DropNextHistograms();
+    }
+    (*hook)->StartStep();
+    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named()));
+    (*hook)->EndStep();
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q = QueryClient::Connect(collector.address());
+  std::map<int64_t, v1::StepInfo> steps = Steps(*q, "histograms");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_TRUE(steps[0].complete());
+  EXPECT_EQ(steps[1].tensors_dropped(), 2u);  // both tensors of the batch
+  EXPECT_FALSE(steps[1].complete());
+  EXPECT_EQ((*hook)->counters().tensors_dropped, 2u);
+  // Step 0's histograms are there and full.
+  auto series = q->ReadSeries("histograms", model.Name(0));
+  SONDE_ASSERT_OK(series);
+  ASSERT_EQ(series->size(), 1u);
+  uint64_t counted = 0;
+  for (uint64_t n : (*series)[0].histogram().counts()) counted += n;
+  EXPECT_EQ(counted, 100u);
+}
+
 TEST(DeviceCapture, ATensorSavedTwiceInAStepIsRefusedAndCounted) {
   InProcessCollector collector;
   auto hook = Hook::Create(Options(collector.address(), "twice", {}, nullptr));
