@@ -152,6 +152,11 @@ void Hook::UploadLeftSpools() {
       LOG(INFO) << "sonde: uploaded the spool an earlier client left (job '" << left.hello.job()
                 << "', worker " << left.hello.worker() << "): " << result.steps_stored
                 << " steps stored, " << result.steps_duplicate << " already there";
+    } else if (absl::IsDataLoss(s)) {
+      // What could be read was stored; the damaged rest stays for a person.
+      left_steps_uploaded_ += result.steps_stored;
+      LOG(WARNING) << "sonde: the spool an earlier client left (job '" << left.hello.job()
+                   << "'): " << result.steps_stored << " steps stored; " << s.message();
     } else if (!absl::IsCancelled(s)) {
       LOG(WARNING) << "sonde: the spool " << left.path << " an earlier client left was not "
                    << "uploaded: " << s.message() << " (`sonde sync "

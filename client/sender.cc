@@ -702,7 +702,17 @@ void Sender::LoadEntry(Unacked* entry) {
     return;
   }
   entry->messages = std::move(*messages);
-  for (const v1::ClientMessage& m : entry->messages) entry->cost += MessageCost(m);
+  for (v1::ClientMessage& m : entry->messages) {
+    // The spool's copy predates the drops its end carried when written.
+    if (m.has_step_end()) {
+      m.mutable_step_end()->set_steps_dropped(m.step_end().steps_dropped() +
+                                              entry->carried_steps_dropped);
+    } else if (m.has_job_end()) {
+      m.mutable_job_end()->set_steps_dropped(m.job_end().steps_dropped() +
+                                             entry->carried_steps_dropped);
+    }
+    entry->cost += MessageCost(m);
+  }
   memory_bytes_ += entry->cost;
 }
 
@@ -888,6 +898,7 @@ bool Sender::WriteEntry(Stream* stream, Unacked* entry, size_t from) {
         *end->mutable_counters() = WireCounters();
         end->set_steps_dropped(end->steps_dropped() + steps_dropped_pending_);
       }
+      entry->carried_steps_dropped += steps_dropped_pending_;
       steps_dropped_pending_ = 0;
     }
     m.set_seq(++seq_);

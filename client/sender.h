@@ -175,6 +175,9 @@ class Sender {
     uint32_t tensors = 0;  // tensors among the messages (summaries and first chunks)
     uint64_t spool_index = 0;  // its segment in the spool; 0: not spooled
     bool evicted = false;      // spooled, messages dropped from memory (read back to send)
+    // Steps dropped since its end was built, added to its end when first
+    // written (not in the spool's copy: added again when read back).
+    uint64_t carried_steps_dropped = 0;
   };
   using Stream = grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>;
 

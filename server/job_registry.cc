@@ -289,6 +289,12 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
   job.sink = std::move(sink);
   job.runner = std::move(runner);
   job.dormant_since.reset();
+  // No worker streams yet: if the hello that activated the job is refused
+  // (another client owns the worker), the job is disconnected from now,
+  // so the worker-end timeout still applies to it. Taking the worker
+  // makes it RUNNING again.
+  job.disconnected_since = absl::Now();
+  if (job.info.status() == v1::JOB_STATUS_RUNNING) job.info.set_status(v1::JOB_STATUS_DISCONNECTED);
   return absl::OkStatus();
 }
 
@@ -747,6 +753,7 @@ absl::Status JobRegistry::Forget(const std::string& job_name,
     job->streams.clear();
     job->stream_client.clear();
     job->disconnected_since = absl::InfiniteFuture();
+    job->dormant_since.reset();
     job->steps.Clear();
     job->stop.reset();
   }

@@ -32,14 +32,14 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
       writing_ = false;
       if (!ok) gone_ = true;  // the client went away
     }
-    Pump();
+    Pump(true);
   }
   void OnCancel() override {
     {
       absl::MutexLock lock(&mu_);
       gone_ = true;
     }
-    Pump();
+    Pump(true);
   }
   void OnDone() override {
     // After Unwatch no WatchSink callback runs or will run.
@@ -51,13 +51,15 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
       absl::MutexLock lock(&mu_);
       end_ = grpc::Status::OK;  // the collector is shutting down
     }
-    Pump();
+    Pump(false);
   }
 
  protected:
   // The message to write next, taken from what is queued; false if none.
-  // May instead return a deferred read to run without the lock (steps).
-  virtual bool NextLocked(T* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // `may_block`: false when called from a WatchSink callback (under the
+  // registry's and the watchers' locks), where nothing that reads the
+  // store may be started.
+  virtual bool NextLocked(T* out, bool may_block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   // Runs without mu_ on the message NextLocked gave, before it is written
   // (reading stored tensors). A status ends the call with it.
   virtual absl::Status Complete(T*) { return absl::OkStatus(); }
@@ -68,17 +70,28 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
     if (!end_.has_value()) end_ = std::move(status);
   }
 
+  // The reactor is set up: events heard from now on may be written.
+  // (Until then they are only queued: the state they are checked against
+  // is not there yet.)
+  void Start() {
+    {
+      absl::MutexLock lock(&mu_);
+      started_ = true;
+    }
+    Pump(true);
+  }
+
   // Starts the next write, or ends the call, if it is time to.
-  void Pump() {
+  void Pump(bool may_block) {
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
+      if (!started_ || finished_ || writing_) return;
       if (gone_) {
         finish = grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
       } else if (end_.has_value()) {
         finish = *end_;
-      } else if (NextLocked(&out_)) {
+      } else if (NextLocked(&out_, may_block)) {
         writing_ = true;
       } else if (DoneLocked()) {
         finish = grpc::Status::OK;
@@ -110,6 +123,7 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
 
  private:
   T out_;  // the message being written; only the writer (writing_) touches it
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool gone_ ABSL_GUARDED_BY(mu_) = false;
@@ -132,7 +146,7 @@ class RuleResultsWatch final : public WatchCall<v1::RuleResult> {
         if (!active) ended_ = true;
       }
     }
-    Pump();
+    Start();
   }
 
   void OnResult(const v1::RuleResult& result) override {
@@ -140,7 +154,7 @@ class RuleResultsWatch final : public WatchCall<v1::RuleResult> {
       absl::MutexLock lock(&mu_);
       EnqueueLocked(result);
     }
-    Pump();
+    Pump(false);
   }
   void OnEnded(const std::vector<v1::RuleResult>& final_results) override {
     {
@@ -150,7 +164,7 @@ class RuleResultsWatch final : public WatchCall<v1::RuleResult> {
       for (const v1::RuleResult& r : final_results) EnqueueLocked(r);
       ended_ = true;
     }
-    Pump();
+    Pump(false);
   }
 
  private:
@@ -165,7 +179,8 @@ class RuleResultsWatch final : public WatchCall<v1::RuleResult> {
       it->second = r;
     }
   }
-  bool NextLocked(v1::RuleResult* out) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool NextLocked(v1::RuleResult* out, bool /*may_block*/) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (order_.empty()) return false;
     auto it = pending_.find(order_.front());
     order_.pop_front();
@@ -204,7 +219,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
       absl::MutexLock lock(&mu_);
       EndLocked(ToGrpcStatus(status));
     }
-    Pump();
+    Start();
   }
 
   void OnStep(const rules::StepData& step) override {
@@ -220,7 +235,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
         queue_.push_back(ToCompleted(step));
       }
     }
-    Pump();
+    Pump(false);
   }
   void OnEnded(const std::vector<v1::RuleResult>&) override {
     {
@@ -229,7 +244,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
       absl::MutexLock lock(&mu_);
       ended_ = true;
     }
-    Pump();
+    Pump(false);
   }
 
  private:
@@ -238,7 +253,14 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
     absl::StatusOr<v1::JobInfo> job = store_->GetJob(request.job());
     if (!job.ok()) return job.status();
     job_id_ = job->job_id();
+    {
+      // Before any step can be heard: what is at or below it is skipped.
+      absl::MutexLock lock(&mu_);
+      sent_through_ = request.from_step() - 1;
+    }
     // Watch first, then list what is stored, so no step falls between.
+    // (What is heard meanwhile is queued; nothing is written before
+    // Start.)
     watch_id_ = registry_->Watch(request.job(), this);
     const bool live = registry_->IsActive(request.job());
     // Stored steps the rules have seen (all of them for a job not live here).
@@ -248,7 +270,6 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
         store_->ListSteps(job_id_, v1::MODE_UNSPECIFIED);
     if (!steps.ok()) return steps.status();
     absl::MutexLock lock(&mu_);
-    sent_through_ = request.from_step() - 1;
     for (v1::StepInfo& s : *steps) {
       if (s.step() >= request.from_step() && s.step() <= through) backlog_.push_back(std::move(s));
     }
@@ -256,8 +277,12 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
     return absl::OkStatus();
   }
 
-  bool NextLocked(v1::CompletedStep* out) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool NextLocked(v1::CompletedStep* out, bool may_block) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (next_backlog_ < backlog_.size()) {
+      // Not from a sink callback: the store read would hold up ingest. The
+      // write in flight (or Start) comes back for it.
+      if (!may_block) return false;
       // Stored: its tensors are read in Complete, without the lock.
       const v1::StepInfo& s = backlog_[next_backlog_++];
       out->Clear();

@@ -212,6 +212,11 @@ TEST(Spool, ADamagedEntryFailsTheUploadAndStaysWhileTheRestIsStored) {
   ASSERT_THAT(listed, IsOk());
   ASSERT_EQ(listed->size(), static_cast<size_t>(kSteps - 1));
   for (const v1::StepInfo& step : *listed) EXPECT_NE(step.step(), 2);
+  // The job end that followed carries the damaged entry as a dropped step.
+  auto job = q->GetJob("damaged");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+  EXPECT_EQ(job->steps_dropped(), 1u);
 }
 
 TEST(Spool, KillDashNineThenSondeSyncStoresEveryCompletedStepOnce) {

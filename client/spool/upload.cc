@@ -190,6 +190,11 @@ absl::Status Upload(const LeftSpool& left, const UploadOptions& options, UploadR
     }
     job_end = job_end || HasJobEnd(*messages);
     for (v1::ClientMessage& m : *messages) {
+      if (m.has_job_end()) {
+        // The steps of damaged entries before it are gaps the job shows.
+        m.mutable_job_end()->set_steps_dropped(m.job_end().steps_dropped() +
+                                               result->segments_damaged);
+      }
       m.set_seq(++seq);
       if (!stream->Write(m)) return finish(absl::UnavailableError("the stream broke"));
     }
@@ -199,6 +204,7 @@ absl::Status Upload(const LeftSpool& left, const UploadOptions& options, UploadR
   if (!job_end && options.end_job) {
     v1::ClientMessage end;
     end.mutable_job_end()->set_reason(kKilledReason);
+    end.mutable_job_end()->set_steps_dropped(result->segments_damaged);
     end.set_seq(++seq);
     if (!stream->Write(end)) return finish(absl::UnavailableError("the stream broke"));
   }
