@@ -15,11 +15,14 @@ PYTHONPATH=client/python:bazel-bin/client/python /usr/bin/python3 \
     examples/external_rule/loss_spike_worker.py --collector 127.0.0.1:7070 --job my-job
 """
 import argparse
+import os
 import sys
 
 import grpc
 
-from sonde.v1 import query_pb2, query_pb2_grpc, rule_pb2
+# Only the stubs and grpc: no native extension in this process.
+os.environ.setdefault("SONDE_NO_EXTENSION", "1")
+from sonde.v1 import query_pb2, query_pb2_grpc, rule_pb2  # noqa: E402
 
 
 def post(stub, args, status, step, message, observed=0.0, threshold=0.0, tensor=""):

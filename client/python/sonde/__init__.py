@@ -17,10 +17,13 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 # ("TypeError: No message class registered for 'sonde.v1.RuleSpec'"; pip's
 # upb backend keeps a pool of its own and is not affected). Loading it
 # first, before anything can import sonde.v1, keeps them one.
-try:
-    from sonde import _sonde  # noqa: F401,E402
-except ImportError:  # a source tree whose extension is not built
-    pass
+# SONDE_NO_EXTENSION=1 leaves it out, for processes that use only the
+# sonde.v1 stubs and grpc (an external rule worker) and need no native code.
+if __import__("os").environ.get("SONDE_NO_EXTENSION") != "1":
+    try:
+        from sonde import _sonde  # noqa: F401,E402
+    except ImportError:  # a source tree whose extension is not built
+        pass
 
 from sonde import modes  # noqa: F401,E402
 from sonde.modes import ModeKeys  # noqa: F401,E402
