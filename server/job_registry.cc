@@ -83,20 +83,17 @@ void JobRegistry::TickLoop() {
     }
     const absl::Time now = absl::Now();
     std::vector<std::string> ended;
-    for (LiveJob* job : jobs) {
-      bool overdue;
-      {
-        absl::MutexLock lock(&mu_);
-        overdue = job->runner == nullptr && job->dormant_since.has_value() &&
-                  worker_end_timeout_ > absl::ZeroDuration() &&
-                  now - *job->dormant_since >= worker_end_timeout_;
-      }
-      if (overdue) EndDormant(*job, &ended);
-    }
+    std::vector<LiveJob*> dormant_overdue;  // ended below, without these locks
     for (LiveJob* job : jobs) {
       absl::MutexLock commit(&job->commit_mu);
       absl::MutexLock lock(&mu_);
-      if (job->runner == nullptr) continue;
+      if (job->runner == nullptr) {
+        if (job->dormant_since.has_value() && worker_end_timeout_ > absl::ZeroDuration() &&
+            now - *job->dormant_since >= worker_end_timeout_) {
+          dormant_overdue.push_back(job);
+        }
+        continue;
+      }
       if (worker_end_timeout_ > absl::ZeroDuration() && job->streams.empty() &&
           job->info.status() == v1::JOB_STATUS_DISCONNECTED &&
           now - job->disconnected_since >= worker_end_timeout_) {
@@ -113,6 +110,7 @@ void JobRegistry::TickLoop() {
       if (job->info.status() == v1::JOB_STATUS_RUNNING) job->runner->Tick(now);
       job->steps.DeliverOverdue(now, step_wait_, DeliverTo(*job));
     }
+    for (LiveJob* job : dormant_overdue) EndDormant(*job, &ended);
     for (const std::string& job : ended) PublishIfEnded(job);
   }
 }
@@ -684,7 +682,8 @@ absl::StatusOr<std::vector<v1::RuleSpec>> JobRegistry::EnableRules(
 
 void JobRegistry::Notify(const std::string& job, const v1::RuleResult& result) {
   watchers_.PublishResult(job, result);
-  PublishIfEnded(job);
+  // Only a final verdict can be the one the job's end waited for.
+  if (rules::IsFinal(result.status())) PublishIfEnded(job);
 }
 
 void JobRegistry::PublishIfEnded(const std::string& job) {

@@ -10,6 +10,8 @@
 # bazel-bin/client/python); this makes them one package.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
+import os as _os  # noqa: E402
+
 # The extension carries the C++ protobuf code of sonde.v1. With protobuf's
 # C++ Python backend (Debian's python3-protobuf), which shares the C++
 # descriptor pool with it, a sonde.v1 module imported before the extension
@@ -19,7 +21,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 # first, before anything can import sonde.v1, keeps them one.
 # SONDE_NO_EXTENSION=1 leaves it out, for processes that use only the
 # sonde.v1 stubs and grpc (an external rule worker) and need no native code.
-if __import__("os").environ.get("SONDE_NO_EXTENSION") != "1":
+if _os.environ.get("SONDE_NO_EXTENSION") != "1":
     try:
         from sonde import _sonde  # noqa: F401,E402
     except ImportError:  # a source tree whose extension is not built
