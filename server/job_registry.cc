@@ -17,26 +17,34 @@
 namespace sonde::server {
 
 struct JobRegistry::LiveJob {
-  v1::JobInfo info;
-  std::map<int32_t, StreamHandle*> streams;  // connected workers
-  std::map<int32_t, uint64_t> stream_client;  // their Hello.client_id
+  explicit LiveJob(absl::Mutex& registry_mu) : mu(registry_mu) {}
+  // The registry's mu_, under which every field but commit_mu is read and
+  // written. The analysis cannot see that a LiveJob found under mu_ shares
+  // it, so each function that touches a job says so with AssertHeld (also
+  // checked when it runs).
+  absl::Mutex& mu;
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(mu) { mu.AssertHeld(); }
+
+  v1::JobInfo info ABSL_GUARDED_BY(mu);
+  std::map<int32_t, StreamHandle*> streams ABSL_GUARDED_BY(mu);  // connected workers
+  std::map<int32_t, uint64_t> stream_client ABSL_GUARDED_BY(mu);  // their Hello.client_id
   // When the last connected worker left (streams empty), for
   // worker_end_timeout_.
-  absl::Time disconnected_since = absl::InfiniteFuture();
+  absl::Time disconnected_since ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
   // When each worker's owner last stopped streaming (Leave), for the lease;
   // workers not in it count from when the job became live here.
-  std::map<int32_t, absl::Time> owner_left;
-  absl::Time live_since = absl::Now();
+  std::map<int32_t, absl::Time> owner_left ABSL_GUARDED_BY(mu);
+  absl::Time live_since ABSL_GUARDED_BY(mu) = absl::Now();
   // Found unfinished in the store when the collector started (its workers
   // were gone by then), with no hello since: the worker-end timeout counts
   // from then, and ends it (rules included) if no worker comes back.
-  std::optional<absl::Time> dormant_since;
-  StepAssembler steps;  // between the workers' commits and the rules
-  std::unique_ptr<RuleActions> sink;
-  std::unique_ptr<rules::RuleRunner> runner;
-  std::optional<v1::Action> stop;
+  std::optional<absl::Time> dormant_since ABSL_GUARDED_BY(mu);
+  StepAssembler steps ABSL_GUARDED_BY(mu);  // between the workers' commits and the rules
+  std::unique_ptr<RuleActions> sink ABSL_GUARDED_BY(mu);
+  std::unique_ptr<rules::RuleRunner> runner ABSL_GUARDED_BY(mu);
+  std::optional<v1::Action> stop ABSL_GUARDED_BY(mu);
   // Per worker: the client and the last ProfileBatch.sequence fed to the rules.
-  std::map<int32_t, std::pair<uint64_t, uint64_t>> profile_fed;
+  std::map<int32_t, std::pair<uint64_t, uint64_t>> profile_fed ABSL_GUARDED_BY(mu);
   // Serialises everything that writes this job's record or delivers steps,
   // so records are written in order and steps reach the rules in order.
   absl::Mutex commit_mu;
@@ -87,6 +95,7 @@ void JobRegistry::TickLoop() {
     for (LiveJob* job : jobs) {
       absl::MutexLock commit(&job->commit_mu);
       absl::MutexLock lock(&mu_);
+      job->AssertHeld();
       if (job->runner == nullptr) {
         if (job->dormant_since.has_value() && worker_end_timeout_ > absl::ZeroDuration() &&
             now - *job->dormant_since >= worker_end_timeout_) {
@@ -140,7 +149,8 @@ void JobRegistry::set_worker_end_timeout(absl::Duration timeout) {
       continue;
     }
     if (FindLocked(info.job()) != nullptr) continue;
-    auto dormant = std::make_unique<LiveJob>();
+    auto dormant = std::make_unique<LiveJob>(mu_);
+    dormant->AssertHeld();
     dormant->info.set_job(info.job());
     dormant->dormant_since = absl::Now();
     jobs_[info.job()] = std::move(dormant);
@@ -152,6 +162,7 @@ void JobRegistry::EndDormant(LiveJob& job, std::vector<std::string>* ended) {
   v1::Hello hello;
   {
     absl::MutexLock lock(&mu_);
+    job.AssertHeld();
     if (job.runner != nullptr || !job.dormant_since.has_value()) return;  // a worker came back
     hello.set_job(job.info.job());
   }
@@ -163,6 +174,7 @@ void JobRegistry::EndDormant(LiveJob& job, std::vector<std::string>* ended) {
     s = Activate(hello, job, &warnings);  // its rules, with its stored steps
   }
   absl::MutexLock lock(&mu_);
+  job.AssertHeld();
   if (!s.ok()) {
     LOG(ERROR) << "job '" << hello.job() << "': cannot end it after the worker-end timeout: " << s;
     job.dormant_since.reset();  // not again
@@ -180,7 +192,7 @@ void JobRegistry::EndDormant(LiveJob& job, std::vector<std::string>* ended) {
 
 StepAssembler::Deliver JobRegistry::DeliverTo(LiveJob& job) {
   return [this, &job](rules::StepData step) {
-    // Called by job.steps, under mu_.
+    job.AssertHeld();  // job.steps calls this under mu_
     if (!step.missing_workers.empty()) {
       LOG(WARNING) << "job '" << job.info.job() << "': step " << step.step << " judged after "
                    << absl::FormatDuration(step_wait_) << " without "
@@ -189,6 +201,14 @@ StepAssembler::Deliver JobRegistry::DeliverTo(LiveJob& job) {
     watchers_.PublishStep(job.info.job(), step);
     job.runner->SubmitStep(std::move(step));
   };
+}
+
+bool JobRegistry::Activated(const LiveJob& job) {
+  // Set and reset under the job's commit_mu and mu_: the caller holds the
+  // first, so the answer holds until it lets go.
+  absl::MutexLock lock(&mu_);
+  job.AssertHeld();
+  return job.runner != nullptr;
 }
 
 JobRegistry::LiveJob* JobRegistry::FindLocked(const std::string& job) {
@@ -203,19 +223,21 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
     absl::MutexLock lock(&mu_);
     job = FindLocked(hello.job());
     if (job == nullptr) {
-      auto fresh = std::make_unique<LiveJob>();
+      auto fresh = std::make_unique<LiveJob>(mu_);
       job = fresh.get();
       jobs_[hello.job()] = std::move(fresh);
+      job->AssertHeld();
       job->info.set_job(hello.job());
     }
   }
   absl::MutexLock commit(&job->commit_mu);
   JoinResult result;
-  if (job->runner == nullptr) {
+  if (!Activated(*job)) {
     // First hello of this job since the collector started: load or create it.
     SONDE_RETURN_IF_ERROR(Activate(hello, *job, &result.warnings));
   }
   absl::MutexLock lock(&mu_);
+  job->AssertHeld();
   SONDE_RETURN_IF_ERROR(CheckJoinable(job->info, hello));
   SONDE_ASSIGN_OR_RETURN(result.same_client, TakeWorkerLocked(*job, hello, stream));
   SONDE_RETURN_IF_ERROR(store_->PutJob(job->info));
@@ -277,6 +299,7 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
     SONDE_ASSIGN_OR_RETURN(pending, Replay(info, *runner));
   }
   absl::MutexLock lock(&mu_);
+  job.AssertHeld();
   // A stop decided before a restart still holds for workers that come back.
   if (!job.stop.has_value()) job.stop = StopDecided(previous);
   const int64_t delivered = info.last_step() < 0    ? -1
@@ -298,6 +321,7 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
 
 absl::StatusOr<bool> JobRegistry::TakeWorkerLocked(LiveJob& job, const v1::Hello& hello,
                                                    StreamHandle* stream) {
+  job.AssertHeld();
   const int32_t worker = hello.worker();
   auto streaming = job.streams.find(worker);
   if (streaming != job.streams.end()) {
@@ -401,6 +425,7 @@ void JobRegistry::RemoveStream(const std::string& job_name, int32_t worker,
   if (job == nullptr) return;
   absl::MutexLock commit(&job->commit_mu);
   absl::MutexLock lock(&mu_);
+  job->AssertHeld();
   auto it = job->streams.find(worker);
   if (it == job->streams.end() || it->second != stream) return;
   job->streams.erase(it);
@@ -421,6 +446,7 @@ void JobRegistry::RemoveStream(const std::string& job_name, int32_t worker,
 
 absl::Status JobRegistry::CheckStreamOwnerLocked(const LiveJob& job, const std::string& job_name,
                                                   int32_t worker, const StreamHandle* stream) {
+  job.AssertHeld();
   auto owner = job.streams.find(worker);
   if (owner == job.streams.end() || owner->second != stream) {
     return absl::AbortedError(absl::StrCat("worker ", worker, " of job '", job_name,
@@ -444,12 +470,14 @@ absl::Status JobRegistry::StoreProfile(const std::string& job_name, int32_t work
   uint64_t client;
   {
     absl::MutexLock lock(&mu_);
+    job->AssertHeld();
     SONDE_RETURN_IF_ERROR(CheckStreamOwnerLocked(*job, job_name, worker, stream));
     job_id = job->info.job_id();
     client = job->stream_client[worker];
   }
   SONDE_RETURN_IF_ERROR(store_->WriteProfile(job_id, worker, batch));
   absl::MutexLock lock(&mu_);
+  job->AssertHeld();
   if (job->runner == nullptr || !job->runner->WantsProfile()) return absl::OkStatus();
   // A batch resent after a broken stream is stored again harmlessly but
   // must reach the rules once: each client numbers its batches.
@@ -477,6 +505,7 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
   v1::JobInfo info;
   {
     absl::MutexLock lock(&mu_);
+    job->AssertHeld();
     SONDE_RETURN_IF_ERROR(CheckStreamOwnerLocked(*job, job_name, worker, stream));
     info = job->info;
   }
@@ -490,6 +519,7 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
   SONDE_RETURN_IF_ERROR(store_->CommitStep(write));
 
   absl::MutexLock lock(&mu_);
+  job->AssertHeld();
   // Keep what the collector changed concurrently (workers, status), take the steps.
   TakeStepFields(info, job->info);
   // Null when the worker is late: the step was judged without it (its data
@@ -527,6 +557,7 @@ absl::Status JobRegistry::MarkWorkerEnded(const std::string& job_name, int32_t w
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
   absl::MutexLock commit(&job->commit_mu);
   absl::MutexLock lock(&mu_);
+  job->AssertHeld();
   // On a copy, kept once stored: a failed write (the client resends its
   // job end) must not count the end's dropped steps twice. Stored before
   // the job end is acknowledged: which workers ended must survive a
@@ -540,6 +571,7 @@ absl::Status JobRegistry::MarkWorkerEnded(const std::string& job_name, int32_t w
 }
 
 void JobRegistry::MaybeEndJobLocked(LiveJob& job) {
+  job.AssertHeld();
   if (IsFinished(job.info.status())) return;
   // Every worker has ended: whatever is pending is all there will be.
   job.steps.DeliverAll(DeliverTo(job));
@@ -555,8 +587,10 @@ absl::StatusOr<std::vector<v1::RuleResult>> JobRegistry::RuleResults(const std::
   std::optional<std::vector<v1::RuleResult>> live;
   {
     absl::MutexLock lock(&mu_);
-    LiveJob* job = FindLocked(job_name);
-    if (job != nullptr && job->runner != nullptr) live = job->runner->Results();
+    if (LiveJob* job = FindLocked(job_name); job != nullptr) {
+      job->AssertHeld();
+      if (job->runner != nullptr) live = job->runner->Results();
+    }
   }
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->GetJob(job_name));
   SONDE_ASSIGN_OR_RETURN(auto stored, store_->RuleResults(info.job_id()));
@@ -573,7 +607,9 @@ absl::StatusOr<std::vector<v1::RuleResult>> JobRegistry::RuleResults(const std::
 int64_t JobRegistry::DeliveredThrough(const std::string& job_name) {
   absl::MutexLock lock(&mu_);
   LiveJob* job = FindLocked(job_name);
-  return job == nullptr ? -1 : job->steps.delivered_through();
+  if (job == nullptr) return -1;
+  job->AssertHeld();
+  return job->steps.delivered_through();
 }
 
 absl::Status JobRegistry::PostExternalResult(v1::RuleResult result,
@@ -647,14 +683,15 @@ absl::StatusOr<std::vector<v1::RuleSpec>> JobRegistry::EnableRules(
     absl::MutexLock lock(&mu_);
     live = FindLocked(job_name);
     if (live == nullptr) {
-      auto fresh = std::make_unique<LiveJob>();
+      auto fresh = std::make_unique<LiveJob>(mu_);
       live = fresh.get();
+      fresh->AssertHeld();
       fresh->info.set_job(job_name);
       jobs_[job_name] = std::move(fresh);
     }
   }
   absl::MutexLock commit(&live->commit_mu);
-  if (live->runner != nullptr) {
+  if (Activated(*live)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job_name, "' has started; rules are enabled before a job starts"));
   }
@@ -696,6 +733,7 @@ void JobRegistry::Broadcast(const std::string& job_name, const v1::Action& actio
   absl::MutexLock lock(&mu_);
   LiveJob* job = FindLocked(job_name);
   if (job == nullptr) return;
+  job->AssertHeld();
   if (!job->stop.has_value()) job->stop = action;
   v1::ServerMessage msg;
   *msg.mutable_action() = action;
@@ -705,7 +743,9 @@ void JobRegistry::Broadcast(const std::string& job_name, const v1::Action& actio
 bool JobRegistry::IsActive(const std::string& job_name) {
   absl::MutexLock lock(&mu_);
   LiveJob* job = FindLocked(job_name);
-  if (job == nullptr || job->runner == nullptr) return false;
+  if (job == nullptr) return false;
+  job->AssertHeld();
+  if (job->runner == nullptr) return false;
   if (!job->streams.empty() || job->info.status() == v1::JOB_STATUS_RUNNING) return true;
   for (const v1::RuleResult& r : job->runner->Results()) {
     if (!rules::IsFinal(r.status())) return job->info.status() != v1::JOB_STATUS_DISCONNECTED;
@@ -730,8 +770,9 @@ absl::Status JobRegistry::Forget(const std::string& job_name,
       // An empty entry (as after a restart) that a hello for the name finds
       // and waits on while the job is erased. Entries are never removed:
       // other threads may hold them.
-      auto fresh = std::make_unique<LiveJob>();
+      auto fresh = std::make_unique<LiveJob>(mu_);
       job = fresh.get();
+      fresh->AssertHeld();
       fresh->info.set_job(job_name);
       jobs_[job_name] = std::move(fresh);
     }
@@ -745,6 +786,7 @@ absl::Status JobRegistry::Forget(const std::string& job_name,
   std::unique_ptr<RuleActions> sink;
   {
     absl::MutexLock lock(&mu_);
+    job->AssertHeld();
     runner = std::move(job->runner);
     sink = std::move(job->sink);
     job->info = v1::JobInfo();
@@ -768,6 +810,7 @@ void JobRegistry::DrainRules() {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [name, job] : jobs_) {
+      job->AssertHeld();
       if (job->runner != nullptr) runners.push_back(job->runner.get());
     }
   }

@@ -164,6 +164,9 @@ class JobRegistry {
   struct LiveJob;
 
   LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the job's rules run here (Activate has run since the collector
+  // started). The caller holds the job's commit_mu.
+  bool Activated(const LiveJob& job) ABSL_LOCKS_EXCLUDED(mu_);
   // Join's parts. Activate: the first hello of `job` since the collector
   // started creates or loads its record, starts its rules and replays its
   // stored steps (under job.commit_mu). TakeWorkerLocked: the worker's
@@ -212,8 +215,7 @@ class JobRegistry {
 
   // Lock order: a job's commit_mu (LiveJob), then mu_, then watchers_' own
   // lock, then a watch's; external_mu_ comes before mu_. LiveJob's fields
-  // other than commit_mu are guarded by mu_ (the analysis cannot name the
-  // registry's mutex from the nested struct, so they are not annotated).
+  // other than commit_mu are guarded by mu_ (LiveJob::mu names it).
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
