@@ -44,6 +44,8 @@ class TensorAssembler {
   // True once the last chunk has arrived and every byte is accounted for.
   bool complete() const { return complete_; }
 
+  // Chunks accepted so far.
+  uint32_t chunks_received() const { return next_index_; }
   // Chunk 0 with an empty payload: the tensor's descriptive fields.
   const v1::TensorChunk& header() const { return header_; }
   const std::string& bytes() const { return bytes_; }

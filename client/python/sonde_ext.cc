@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "glog/logging.h"
 #include "client/python/options_json.h"
 #include "common/crc32c.h"
+#include "common/tensor_chunks.h"
 #include "cuda/device_stats.h"
 
 namespace py = pybind11;
@@ -255,6 +257,41 @@ PYBIND11_MODULE(_sonde, m) {
     py::gil_scoped_release release;
     return sonde::Crc32cExtend(0, info.ptr, n);
   }, py::arg("data"), "CRC-32C (Castagnoli) of a contiguous bytes-like object, as an int");
+  // The collector's chunk checks (common/tensor_chunks.h) for sonde.trials'
+  // ReadTensor streams: one implementation of reassembly, not two.
+  py::class_<sonde::TensorAssembler>(m, "TensorAssembler")
+      .def(py::init([](uint64_t max_chunk_bytes, uint64_t max_tensor_bytes) {
+             return sonde::TensorAssembler(
+                 sonde::TensorAssembler::Limits{max_chunk_bytes, max_tensor_bytes});
+           }),
+           py::arg("max_chunk_bytes"), py::arg("max_tensor_bytes"))
+      .def("add", [](sonde::TensorAssembler& a, py::bytes serialized) -> py::object {
+        // The chunk as TensorChunk.SerializeToString() gives it: Python's
+        // and C++'s protobuf runtimes share no objects.
+        const std::string_view view(serialized);
+        sonde::v1::TensorChunk chunk;
+        if (!chunk.ParseFromArray(view.data(), static_cast<int>(view.size()))) {
+          return sonde::StatusToPython(absl::InvalidArgumentError("not a TensorChunk"));
+        }
+        absl::Status s;
+        {
+          py::gil_scoped_release release;  // the CRC and copy of the payload
+          s = a.Add(chunk);
+        }
+        return sonde::StatusToPython(s);
+      }, py::arg("serialized_chunk"), "None if the chunk was accepted, else (code, why)")
+      .def_property_readonly("started", &sonde::TensorAssembler::started)
+      .def_property_readonly("complete", &sonde::TensorAssembler::complete)
+      .def_property_readonly("chunks_received", &sonde::TensorAssembler::chunks_received)
+      .def_property_readonly("bytes_received",
+                             [](const sonde::TensorAssembler& a) { return a.bytes().size(); })
+      .def("header", [](const sonde::TensorAssembler& a) {
+        return py::bytes(a.header().SerializeAsString());
+      }, "chunk 0 without its payload, serialized")
+      .def("take_bytes", [](sonde::TensorAssembler& a) {
+        std::string bytes = a.TakeBytes();  // a bytearray: numpy arrays over it are writable
+        return py::bytearray(bytes.data(), bytes.size());
+      }, "the tensor's bytes (once)");
   m.def("probe_device", [](int device) {
     return sonde::WithoutGil([&] { return sonde::DeviceStats::Probe(device); });
   }, py::arg("device"), "None if CUDA device `device` can be measured, else (code, why)");

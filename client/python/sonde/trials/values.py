@@ -1,6 +1,6 @@
 """Tensor values read back from ReadTensor chunks: reassembled and checked
-as the collector checks them on ingest (chunk order, offsets, sizes,
-CRC-32C of every payload), then decoded into numpy arrays with the dtype and
+by the collector's own code (common/tensor_chunks.h through the extension:
+chunk order, offsets, sizes, CRC-32C of every payload), then decoded into numpy arrays with the dtype and
 shape that were saved.
 
 dtypes: F32, F64, F16, I8, I16, I32, I64 and U8 map to numpy's (native byte
@@ -11,8 +11,8 @@ payloads, infinities and -0.0 keep their bits).
 
 import numpy as np
 
+from sonde import _sonde
 from sonde.exceptions import TensorDataLoss
-from sonde.trials.crc32c import crc32c
 from sonde.v1 import tensor_pb2
 
 _NUMPY = {
@@ -34,57 +34,34 @@ def element_size(dtype):
     return 0 if wire is None else wire.itemsize
 
 
-def _describe(chunk):
-    return "chunk {} of tensor '{}' at step {}".format(
-        chunk.chunk_index, chunk.tensor_name, chunk.step)
+# A reader takes what the collector sends: the collector limited sizes when
+# the tensor was stored, and the channel limits each message.
+_NO_LIMIT = (1 << 63) - 1
 
 
-def assemble(chunks, verify_crc=True):
-    """(header chunk, bytearray of the values) from one ReadTensor stream.
-
-    None when the stream carried no chunk at all.
-    """
-    header = None
-    data = None
-    offset = 0
-    index = 0
+def assemble(chunks):
+    """(header chunk, bytearray of the values) from one ReadTensor stream, with
+    the checks the collector applies on ingest (its own code, through the
+    extension). None when the stream carried no chunk at all."""
+    assembler = _sonde.TensorAssembler(max_chunk_bytes=_NO_LIMIT, max_tensor_bytes=_NO_LIMIT)
+    last = None
     for chunk in chunks:
-        where = _describe(chunk)
-        if header is None:
-            header = chunk
-            size = element_size(chunk.dtype)
-            if size == 0:
-                raise TensorDataLoss("{}: unsupported dtype {}".format(where, chunk.dtype))
-            count = int(np.prod(chunk.shape, dtype=np.int64)) if len(chunk.shape) else 1
-            if count * size != chunk.total_bytes:
-                raise TensorDataLoss("{}: {} tensor of shape {} needs {} bytes, total_bytes says {}"
-                                     .format(where, tensor_pb2.DType.Name(chunk.dtype),
-                                             list(chunk.shape), count * size, chunk.total_bytes))
-            data = bytearray(chunk.total_bytes)
-        if chunk.chunk_index != index or chunk.chunk_count != header.chunk_count:
-            raise TensorDataLoss("{}: expected chunk {} of {}".format(
-                where, index, header.chunk_count))
-        index += 1
-        payload = chunk.payload
-        if chunk.byte_offset != offset:
-            raise TensorDataLoss("{}: expected byte_offset {}, got {}".format(
-                where, offset, chunk.byte_offset))
-        if offset + len(payload) > len(data):
-            raise TensorDataLoss("{}: payload runs past total_bytes {}".format(where, len(data)))
-        if verify_crc:
-            crc = crc32c(payload)
-            if crc != chunk.crc32c:
-                raise TensorDataLoss("{}: crc32c mismatch (computed {}, sent {})".format(
-                    where, crc, chunk.crc32c))
-        data[offset:offset + len(payload)] = payload
-        offset += len(payload)
-    if header is None:
+        last = chunk
+        refused = assembler.add(chunk.SerializeToString())
+        if refused is not None:
+            raise TensorDataLoss(refused[1])
+    if last is None:
         return None
-    if offset != len(data) or index != header.chunk_count:
+    header = tensor_pb2.TensorChunk.FromString(assembler.header())
+    if not assembler.complete:
         raise TensorDataLoss("tensor '{}' at step {} arrived with {} of {} bytes in {} of {} chunks"
-                             .format(header.tensor_name, header.step, offset, len(data), index,
+                             .format(header.tensor_name, header.step, assembler.bytes_received,
+                                     header.total_bytes, assembler.chunks_received,
                                      header.chunk_count))
-    return header, data
+    if element_size(header.dtype) == 0:
+        raise TensorDataLoss("tensor '{}' at step {}: unsupported dtype {}".format(
+            header.tensor_name, header.step, header.dtype))
+    return header, assembler.take_bytes()
 
 
 def decode(data, dtype, shape):

@@ -45,12 +45,31 @@ def test_chunks_reassemble_into_the_array():
     assert value.tobytes() == array.tobytes()
 
 
+def test_values_read_back_are_a_writable_array():
+    array = np.arange(6, dtype="<f4").reshape(2, 3)
+    header, data = assemble(chunks_of(array, tensor_pb2.DTYPE_F32, 8))
+    value = decode(data, header.dtype, header.shape)
+    value[0, 0] = 7.0
+    assert value[0, 0] == 7.0 and value[1, 2] == 5.0
+
+
+def test_an_empty_tensor_is_one_empty_chunk():
+    chunk = tensor_pb2.TensorChunk(tensor_name="e", step=1, dtype=tensor_pb2.DTYPE_F32,
+                                   shape=[0, 3], chunk_count=1, crc32c=0)
+    header, data = assemble([chunk])
+    assert decode(data, header.dtype, header.shape).shape == (0, 3)
+    assert assemble([]) is None
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda c: c[1].__setattr__("crc32c", c[1].crc32c ^ 1), "crc32c mismatch"),
-    (lambda c: c.pop(1), "expected chunk 1 of 7"),
+    (lambda c: c.pop(1), "expected chunk index 1 of 7"),
     (lambda c: c.pop(), "arrived with 384 of 400 bytes in 6 of 7 chunks"),
     (lambda c: c[2].__setattr__("byte_offset", 0), "expected byte_offset 128, got 0"),
     (lambda c: c[0].__setattr__("total_bytes", 4), "needs 400 bytes, total_bytes says 4"),
+    (lambda c: c[3].__setattr__("tensor_name", "u"), "descriptive fields differ from chunk 0"),
+    (lambda c: c.append(c[-1]), "tensor already complete"),
+    (lambda c: c[0].__setattr__("dtype", 99), "dtype"),
 ])
 def test_damaged_chunks_are_refused(damage, message):
     chunks = chunks_of(np.arange(100, dtype="<f4"), tensor_pb2.DTYPE_F32, 64)
