@@ -20,6 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -282,14 +283,12 @@ class CliProfilerTest : public ::testing::Test {
     // MetricsRegexReadsTheSystemSamplesOfTheRun needs two system samples:
     // the job stays open until the collector has stored them.
     auto query = QueryClient::Connect(collector_->address());
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    for (;;) {
+    absl::Status last;
+    ASSERT_TRUE(sonde::testing::WaitUntil([&] {
       auto read = query->ReadMetrics("profiled-job", {"cpu.util_percent"});
-      if (read.ok() && !read->series.empty() && read->series[0].values_size() >= 2) break;
-      ASSERT_LT(absl::Now(), deadline) << "two cpu.util_percent samples never arrived: "
-                                       << (read.ok() ? "" : read.status().ToString());
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+      last = read.status();
+      return read.ok() && !read->series.empty() && read->series[0].values_size() >= 2;
+    })) << "two cpu.util_percent samples never arrived: " << last;
     absl::Status closed = (*hook)->Close();
     ASSERT_TRUE(closed.ok()) << closed;
     end_micros_ = absl::ToUnixMicros(absl::Now());

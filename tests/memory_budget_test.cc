@@ -19,6 +19,7 @@
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/raw_stream.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -144,10 +145,8 @@ TEST(MemoryBudget, DeclaredBytesAreNotReservedAndStuckClientsCannotHoldShutdown)
   }
   // Ten streams declaring 1 GiB each: reserved 10 GiB before; now each
   // holds what arrived and at most two chunks' worth of reservation.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (collector->collector().open_steps()->held() < 160 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  sonde::testing::WaitUntil([&] { return collector->collector().open_steps()->held() >= 160; },
+                           absl::Seconds(10));
   EXPECT_EQ(collector->collector().open_steps()->held(), 160u);
   const uint64_t vm_after = ProcStatus("VmSize");
   EXPECT_LT(vm_after, vm_before + (uint64_t{1} << 30))

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -132,12 +133,11 @@ TEST(MultiWorker, AnOperatorTimeoutEndsAJobWhoseWorkerNeverEnds) {
   Steps(*w0, 0, 2);
   SONDE_ASSERT_OK(w0->Close());  // worker 1 never comes (it crashed before its hello)
   EXPECT_EQ(Job(collector.address(), "crashed").status(), v1::JOB_STATUS_DISCONNECTED);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
   v1::JobInfo info;
-  do {
-    absl::SleepFor(absl::Milliseconds(50));
+  sonde::testing::WaitUntil([&] {
     info = Job(collector.address(), "crashed");
-  } while (info.status() != v1::JOB_STATUS_FINISHED && absl::Now() < deadline);
+    return info.status() == v1::JOB_STATUS_FINISHED;
+  });
   EXPECT_EQ(info.status(), v1::JOB_STATUS_FINISHED);
   EXPECT_NE(info.end_reason().find("workers 1 never sent their job end"), std::string::npos)
       << info.end_reason();
@@ -156,12 +156,11 @@ TEST(MultiWorker, TheTimeoutAlsoEndsAJobLeftDisconnectedByAnEarlierCollector) {
   Steps(*w0, 0, 3);
   SONDE_ASSERT_OK(w0->Close());  // worker 1 never comes
   collector.Restart();  // before the timeout: the new collector never sees a hello
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
   v1::JobInfo info;
-  do {
-    absl::SleepFor(absl::Milliseconds(50));
+  sonde::testing::WaitUntil([&] {
     info = Job(collector.address(), "orphaned");
-  } while (info.status() != v1::JOB_STATUS_FINISHED && absl::Now() < deadline);
+    return info.status() == v1::JOB_STATUS_FINISHED;
+  });
   EXPECT_EQ(info.status(), v1::JOB_STATUS_FINISHED);
   EXPECT_NE(info.end_reason().find("workers 1 never sent their job end"), std::string::npos)
       << info.end_reason();

@@ -20,6 +20,7 @@
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tcp_proxy.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -221,11 +222,8 @@ TEST(ProfileIngest, LostAcksAndACutConnectionStillStoreEveryBatchOnce) {
   // stored, so it is sent again after the cut.
   EXPECT_TRUE((*hook)->SaveProfile(Batch(8, 4)));
   Query q(collector.address());
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline &&
-         q.Events("prof-cut", v1::TraceEvent::KIND_SPAN).events.size() < 9) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  sonde::testing::WaitUntil(
+      [&] { return q.Events("prof-cut", v1::TraceEvent::KIND_SPAN).events.size() >= 9; });
   EXPECT_GT((*hook)->counters().memory_bytes, 0u);  // still held: never acknowledged
   proxy.set_forward_to_client(true);
   proxy.CutAll();  // reconnect; unacknowledged batches are sent again

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -129,12 +130,10 @@ TEST(ProfilerHook, EventsTheCollectorWouldRefuseAreDroppedAndTheStreamGoesOn) {
   // metric names read below show what became of them: the job stays open
   // until the collector has stored one.
   auto q = QueryClient::Connect(collector.address());
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(30);;) {
+  ASSERT_TRUE(sonde::testing::WaitUntil([&] {
     auto listed = q->ListMetrics("bad-events");
-    if (listed.ok() && !listed->empty()) break;
-    ASSERT_LT(absl::Now(), deadline) << "no system sample arrived";
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+    return listed.ok() && !listed->empty();
+  })) << "no system sample arrived";
   SONDE_ASSERT_OK((*hook)->Close());
   EXPECT_EQ((*hook)->counters().reconnects, 0u);
   EXPECT_EQ((*hook)->counters().tensors_dropped, 0u);

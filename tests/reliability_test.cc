@@ -27,6 +27,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tcp_proxy.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -156,13 +157,11 @@ TEST(Reliability, ALostJobEndAckStillClosesCleanly) {
   absl::Status closed = absl::UnknownError("Close did not return");
   std::thread closer([&] { closed = (*hook)->Close(); });
   auto q = QueryClient::Connect(collector.address());
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
   absl::StatusOr<v1::JobInfo> job;
-  while (absl::Now() < deadline) {
+  sonde::testing::WaitUntil([&] {
     job = q->GetJob("lost-job-end-ack");
-    if (job.ok() && job->status() == v1::JOB_STATUS_FINISHED) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+    return job.ok() && job->status() == v1::JOB_STATUS_FINISHED;
+  });
   ASSERT_THAT(job, IsOk());
   EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
   // On reconnecting, the collector refuses the finished job: the client

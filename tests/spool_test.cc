@@ -30,6 +30,7 @@
 #include "tests/testing/free_address.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -128,13 +129,10 @@ Hook::Counters SaveWhileDown(const std::string& address, const std::string& job,
 }
 
 // Waits (30 s at most) until the sender has moved `entries` entries into
-// the spool; the counter has no notification, so it is polled.
+// the spool.
 void WaitUntilSpooled(Hook& hook, int64_t entries) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (hook.counters().entries_spooled < static_cast<uint64_t>(entries) &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  sonde::testing::WaitUntil(
+      [&] { return hook.counters().entries_spooled >= static_cast<uint64_t>(entries); });
 }
 
 TEST(Spool, ACollectorDownForTheWholeRunLosesNothing) {
@@ -427,10 +425,7 @@ TEST(Spool, TheNextHookUploadsWhatAnEarlierOneLeftForItsCollector) {
   o.close_timeout = absl::Seconds(30);
   auto hook = Hook::Create(o);
   SONDE_ASSERT_OK(hook);
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while ((*hook)->counters().left_spools_uploaded < 1 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  sonde::testing::WaitUntil([&] { return (*hook)->counters().left_spools_uploaded >= 1; });
   EXPECT_EQ((*hook)->counters().left_spools_uploaded, 1u);
   EXPECT_EQ((*hook)->counters().left_steps_uploaded, 6u);
   SaveSteps(**hook, 0, 3, 10);

@@ -24,6 +24,7 @@
 #include "proto/query.grpc.pb.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -45,18 +46,6 @@ HookOptions Options(const std::string& address, const std::string& job) {
   o.config.include_collections = {"weights"};
   o.upload_left_spools = false;
   return o;
-}
-
-// Waits until `done` holds, checking every few milliseconds: for state
-// that changes on other threads with nothing to wait on here.
-template <typename Fn>
-bool Eventually(Fn done, absl::Duration timeout = absl::Seconds(20)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
 }
 
 // One async call of a server-streaming method; its tag is this object.
@@ -103,7 +92,7 @@ TEST(Watch, AThousandOpenWatchesHoldNoThreadAndAllHearAVerdict) {
     ASSERT_TRUE(cq.Next(&tag, &ok));
     ASSERT_TRUE(ok);
   }
-  ASSERT_TRUE(Eventually([&] { return collector.collector().open_watches() == kWatches; }))
+  ASSERT_TRUE(sonde::testing::WaitUntil([&] { return collector.collector().open_watches() == kWatches; }))
       << collector.collector().open_watches();
   const size_t threads_open = ThreadsOfThisProcess();
   // The synchronous pool may grow by a few; a thread per watch would be 1000.
@@ -137,7 +126,7 @@ TEST(Watch, AThousandOpenWatchesHoldNoThreadAndAllHearAVerdict) {
   for (auto& w : watches) w->reader->Finish(&w->status, w.get());
   for (int i = 0; i < kWatches; ++i) ASSERT_TRUE(cq.Next(&tag, &ok));
   for (auto& w : watches) EXPECT_EQ(w->status.error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(Eventually([&] { return collector.collector().open_watches() == 0; }))
+  EXPECT_TRUE(sonde::testing::WaitUntil([&] { return collector.collector().open_watches() == 0; }))
       << collector.collector().open_watches();
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
@@ -169,7 +158,7 @@ TEST(Watch, ASlowStepsReaderIsCutOffWithWhereToResumeAndResumingLosesNothing) {
   bool ok;
   ASSERT_TRUE(cq.Next(&tag, &ok));
   ASSERT_TRUE(ok);
-  ASSERT_TRUE(Eventually([&] { return collector.collector().open_watches() == 1; }));
+  ASSERT_TRUE(sonde::testing::WaitUntil([&] { return collector.collector().open_watches() == 1; }));
 
   constexpr int64_t kSteps = 300;
   constexpr int kTensors = 64;

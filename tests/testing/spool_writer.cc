@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "client/hook.h"
+#include "tests/testing/wait.h"
 
 ABSL_FLAG(std::string, collector, "", "collector address (down)");
 ABSL_FLAG(std::string, spool_dir, "", "spool directory");
@@ -48,10 +49,10 @@ int main(int argc, char** argv) {
     }
   }
   (*hook)->StartStep();  // ends the last step; this one stays open (and is lost)
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while ((*hook)->counters().entries_spooled < static_cast<uint64_t>(steps)) {
-    if (absl::Now() > deadline) return 2;
-    absl::SleepFor(absl::Milliseconds(10));
+  if (!sonde::testing::WaitUntil(
+          [&] { return (*hook)->counters().entries_spooled >= static_cast<uint64_t>(steps); },
+          absl::Seconds(60))) {
+    return 2;
   }
   std::cout << "spooled " << (*hook)->counters().entries_spooled << std::endl;
   ::raise(SIGKILL);

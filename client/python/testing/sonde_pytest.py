@@ -8,6 +8,7 @@ Fixtures (on sonde.testing.Collector):
       tests that need several collectors or particular flags.
 """
 
+import time
 import os
 
 import pytest
@@ -38,3 +39,19 @@ def start_collector(tmp_path):
 @pytest.fixture
 def collector(start_collector):
     return start_collector()
+
+
+def wait_until(done, timeout=30.0):
+    """True once done() holds; False if it still does not after `timeout`
+    seconds. For state that changes elsewhere with nothing to wait on here
+    (a hook's counters, files the collector writes): checks at once, then
+    at growing intervals (1 ms doubling to 32 ms)."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while not done():
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        time.sleep(min(pause, deadline - now))
+        pause = min(pause * 2, 0.032)
+    return True

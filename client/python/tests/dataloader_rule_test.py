@@ -72,14 +72,18 @@ class Reader:
         return r is not None and r.status == rule_pb2.RULE_STATUS_ISSUES_FOUND
 
     def verdict(self, rule, timeout=60):
-        """The rule's final result once the ended job's rules have judged."""
-        deadline = time.time() + timeout
-        while True:
-            r = self.result(rule)
-            if r is not None and r.status != rule_pb2.RULE_STATUS_IN_PROGRESS:
+        """The rule's final result once the ended job's rules have judged:
+        from WatchRuleResults, which sends the current results and then
+        each change as it is stored."""
+        last = None
+        for r in self.stub.WatchRuleResults(query_pb2.GetRuleResultsRequest(job=self.job),
+                                             timeout=timeout):
+            if r.rule != rule:
+                continue
+            last = r
+            if r.status != rule_pb2.RULE_STATUS_IN_PROGRESS:
                 return r
-            assert time.time() < deadline, "no verdict from %s: %r" % (rule, r)
-            time.sleep(0.1)
+        raise AssertionError("no verdict from %s: %r" % (rule, last))
 
     def metric(self, name):
         resp = self.stub.ReadMetrics(query_pb2.ReadMetricsRequest(

@@ -4,7 +4,6 @@ The rank and world size come from torch.distributed; include_workers decides
 who saves, as in smdebug.
 """
 
-import os
 import sys
 
 import numpy as np

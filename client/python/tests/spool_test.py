@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import torch
@@ -19,6 +18,7 @@ import torch.nn as nn
 import sonde.torch as smd
 from sonde.testing import Collector
 from sonde.trials import create_trial
+from sonde_pytest import wait_until
 
 STEPS = 6
 
@@ -60,9 +60,7 @@ def upload_by_the_next_hook(address, spool_dir):
     (in the background, from its first step on)."""
     hook = hook_for(address, "next-run", spool_dir, strict=True)
     train(hook, 1)
-    deadline = time.monotonic() + 30
-    while hook.counters()["left_spools_uploaded"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: hook.counters()["left_spools_uploaded"] >= 1)
     counters = hook.counters()
     hook.close()
     return counters
@@ -90,16 +88,15 @@ def test_a_collector_down_for_the_whole_run_loses_no_step(tmp_path):
 
 
 KILLED = textwrap.dedent("""
-    import os, signal, sys, time
+    import os, signal, sys
     sys.path[:0] = %r
     import torch
     import sonde.torch as smd
     from spool_test import hook_for, train
+    from sonde_pytest import wait_until
     hook = hook_for(sys.argv[1], "killed", sys.argv[2])
     train(hook, %d)  # its last step stays open: it ends when a next one begins
-    deadline = time.monotonic() + 60
-    while hook.counters()["entries_spooled"] < %d and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: hook.counters()["entries_spooled"] >= %d, timeout=60)
     print("spooled", hook.counters()["entries_spooled"], flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """)

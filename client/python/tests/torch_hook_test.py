@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import sonde.torch as smd
 from sonde import modes
 from sonde.v1 import query_pb2, query_pb2_grpc, tensor_pb2
+from sonde_pytest import wait_until
 
 NUMPY = {tensor_pb2.DTYPE_F32: np.float32, tensor_pb2.DTYPE_F64: np.float64,
          tensor_pb2.DTYPE_I64: np.int64}
@@ -755,7 +756,6 @@ def _tfrecords(path):
 
 def test_export_tensorboard_asks_the_collector_for_event_files(collector):
     import pathlib
-    import time
     model = nn.Linear(3, 2)
     loss_fn = nn.CrossEntropyLoss()
     hook = smd.Hook(collector=collector.address, job="tb", strict=True, export_tensorboard=True,
@@ -767,14 +767,14 @@ def test_export_tensorboard_asks_the_collector_for_event_files(collector):
         loss_fn(model(torch.randn(4, 3)), torch.tensor([0, 1, 0, 1]))
     hook.close()
     run = pathlib.Path(collector.data_dir) / "tensorboard" / "tb" / "train"
-    deadline = time.time() + 20
     records = []
-    while time.time() < deadline:
+
+    def three_losses_written():
         files = sorted(run.glob("events.out.tfevents.*")) if run.exists() else []
-        records = [r for f in files for r in _tfrecords(f)]
-        if sum(b"CrossEntropyLoss_output_0" in r for r in records) >= 3:
-            break
-        time.sleep(0.2)
+        records[:] = [r for f in files for r in _tfrecords(f)]
+        return sum(b"CrossEntropyLoss_output_0" in r for r in records) >= 3
+
+    wait_until(three_losses_written, timeout=20)
     assert b"brain.Event:2" in records[0]
     assert sum(b"CrossEntropyLoss_output_0" in r for r in records) == 3  # one per step
 
