@@ -67,6 +67,12 @@ class TcpProxy {
     absl::MutexLock lock(&mu_);
     for (int fd : open_fds_) shutdown(fd, SHUT_RDWR);
   }
+  // A network partition: while true, every open connection is cut and new
+  // ones are closed as soon as they are accepted.
+  void set_partitioned(bool on) {
+    partitioned_ = on;
+    if (on) CutAll();
+  }
   // While false, bytes from the target are read and discarded.
   void set_forward_to_client(bool on) { forward_to_client_ = on; }
   // Cuts the next connection made (once) after it has forwarded this many
@@ -80,6 +86,10 @@ class TcpProxy {
     while (!stop_) {
       const int client = accept(listen_fd_, nullptr, nullptr);
       if (client < 0) return;
+      if (partitioned_) {
+        close(client);
+        continue;
+      }
       const int upstream = Connect();
       if (upstream < 0) {
         close(client);
@@ -163,6 +173,7 @@ class TcpProxy {
   std::string address_;
   int listen_fd_ = -1;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> partitioned_{false};
   std::atomic<bool> forward_to_client_{true};
   std::atomic<uint64_t> cut_after_client_bytes_{0};
   std::atomic<int> connections_{0};
