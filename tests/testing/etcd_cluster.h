@@ -10,10 +10,8 @@
 #ifndef SONDE_TESTS_TESTING_ETCD_CLUSTER_H_
 #define SONDE_TESTS_TESTING_ETCD_CLUSTER_H_
 
-#include <arpa/inet.h>
-#include <sys/time.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <memory>
@@ -25,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/unused_port.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/wait.h"
 
@@ -34,22 +33,6 @@ inline constexpr char kEtcdBinary[] = "/usr/bin/etcd";
 
 // Whether etcd is installed (deploy/install-deps.sh installs it).
 inline bool HaveEtcd() { return access(kEtcdBinary, X_OK) == 0; }
-
-// A port nothing listens on just now.
-inline int UnusedLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 class EtcdCluster {
  public:
