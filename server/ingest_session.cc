@@ -379,9 +379,11 @@ absl::StatusOr<JoinResult> IngestSession::Join(StreamHandle* stream) {
   return result;
 }
 
-absl::StatusOr<v1::Ack> IngestSession::Commit() {
+absl::StatusOr<v1::Ack> IngestSession::Commit(
+    std::optional<storage::StepWrite::Applied> log_position) {
   storage::StepWrite write = std::move(*step_);
   step_.reset();
+  write.log_position = std::move(log_position);
   // The step's bytes leave memory when this call ends, committed or not.
   struct Release {
     IngestSession* session;

@@ -45,8 +45,10 @@ class IngestSession {
   // The blocking halves (storage I/O), run on the storage pool.
   absl::StatusOr<JoinResult> Join(StreamHandle* stream);
   // Stores the step (or acknowledges a resend of a stored step as a
-  // duplicate, writing nothing).
-  absl::StatusOr<v1::Ack> Commit();
+  // duplicate, writing nothing). In the cluster mode, `log_position` is
+  // written in the same batch as the step.
+  absl::StatusOr<v1::Ack> Commit(
+      std::optional<storage::StepWrite::Applied> log_position = std::nullopt);
   absl::StatusOr<v1::Ack> EndJob();
   // Stores the profiler batch. Between steps it is acknowledged at once;
   // within a step the step's ack (later, cumulative) covers it.

@@ -75,6 +75,12 @@ std::string JobInfoKey(uint64_t job_id) {
 
 std::string JobInfoPrefix() { return "J"; }
 
+std::string LogPositionKey(uint32_t partition) {
+  std::string k = "L";
+  AppendU32(k, partition);
+  return k;
+}
+
 std::string StepKey(uint64_t job_id, uint8_t mode, int64_t mode_step, int32_t worker) {
   std::string k = StepPrefix(job_id, mode);
   AppendI64(k, mode_step);

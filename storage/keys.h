@@ -14,6 +14,8 @@
 //   'T' <job id> <tensor name> 0x00                 -> sonde.v1.TensorInfo
 //   'D' <job id>                                    -> job name: the job is being
 //                                                      deleted (Store::MarkJobDeleted)
+//   'L' <partition u32>                             -> sonde.v1.LogPosition (cluster
+//                                                      mode: a log partition applied)
 // Column family "stats" (one record per tensor per step per worker; the
 // "every tensor at step S" scan):
 //   <job id> <mode u8> <mode step i64> <tensor name> 0x00 <worker i32>
@@ -79,6 +81,7 @@ struct TensorKey {
 
 std::string JobNameKey(absl::string_view name);
 std::string JobInfoKey(uint64_t job_id);
+std::string LogPositionKey(uint32_t partition);
 std::string JobInfoPrefix();
 std::string StepKey(uint64_t job_id, uint8_t mode, int64_t mode_step, int32_t worker);
 std::string StepPrefix(uint64_t job_id, uint8_t mode);       // one mode's steps

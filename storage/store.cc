@@ -251,10 +251,36 @@ absl::Status Store::CommitStep(const StepWrite& w) {
   if (w.job.has_value()) {
     batch.Put(handles_[kJobs], JobInfoKey(w.job_id), w.job->SerializeAsString());
   }
+  if (w.log_position.has_value()) {
+    batch.Put(handles_[kJobs], LogPositionKey(w.log_position->partition),
+              w.log_position->position.SerializeAsString());
+  }
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
   return FromRocks(db_->Write(wo, &batch),
                    absl::StrCat("committing step ", step.step()));
+}
+
+absl::StatusOr<v1::LogPosition> Store::GetLogPosition(uint32_t partition) {
+  std::string bytes;
+  rocksdb::Status s =
+      db_->Get(rocksdb::ReadOptions(), handles_[kJobs], LogPositionKey(partition), &bytes);
+  v1::LogPosition position;
+  if (s.IsNotFound()) return position;
+  SONDE_RETURN_IF_ERROR(FromRocks(s, "reading a log position"));
+  if (!position.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("log position of partition ", partition,
+                                            " does not parse"));
+  }
+  return position;
+}
+
+absl::Status Store::PutLogPosition(uint32_t partition, const v1::LogPosition& position) {
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  return FromRocks(db_->Put(wo, handles_[kJobs], LogPositionKey(partition),
+                            position.SerializeAsString()),
+                   "writing a log position");
 }
 
 absl::StatusOr<std::vector<v1::StepInfo>> Store::ListSteps(uint64_t job_id, v1::Mode mode) {

@@ -49,6 +49,13 @@ struct StepWrite {
   int32_t worker = 0;
   std::vector<TensorWrite> tensors;
   std::optional<v1::JobInfo> job;  // written in the same batch when set
+  // Cluster mode: the log position this step brings its partition to,
+  // written in the same batch when set.
+  struct Applied {
+    uint32_t partition = 0;
+    v1::LogPosition position;
+  };
+  std::optional<Applied> log_position;
 };
 
 // A job MarkJobDeleted hid, or PurgeDeletedJobs removed.
@@ -103,6 +110,11 @@ class Store {
 
   // Stores one worker's step atomically (see the class comment).
   absl::Status CommitStep(const StepWrite& write);
+
+  // Cluster mode: how far the log's `partition` has been applied here
+  // (a default LogPosition, applied 0, if never).
+  absl::StatusOr<v1::LogPosition> GetLogPosition(uint32_t partition);
+  absl::Status PutLogPosition(uint32_t partition, const v1::LogPosition& position);
 
   // Steps of one mode (every mode for MODE_UNSPECIFIED), in step order, with
   // the workers of each step merged into one StepInfo.

@@ -81,9 +81,11 @@ class NatsCluster {
       conf << "server_name: n" << i << "\n"
            << "listen: 127.0.0.1:" << client_ports_[i] << "\n"
            << "http: 127.0.0.1:" << monitor_ports_[i] << "\n"
-           << "jetstream { store_dir: \"" << dir_ << "/nats-" << attempt << "-n" << i << "\" }\n"
-           << "cluster {\n  name: sonde-test\n  listen: 127.0.0.1:" << route_ports_[i]
-           << "\n  routes: [" << absl::StrJoin(routes, ", ") << "]\n}\n";
+           << "jetstream { store_dir: \"" << dir_ << "/nats-" << attempt << "-n" << i << "\" }\n";
+      if (servers_ > 1) {  // one server alone runs JetStream unclustered
+        conf << "cluster {\n  name: sonde-test\n  listen: 127.0.0.1:" << route_ports_[i]
+             << "\n  routes: [" << absl::StrJoin(routes, ", ") << "]\n}\n";
+      }
       if (!conf) return absl::InternalError("cannot write " + ConfigPath(i));
     }
     for (int i = 0; i < servers_; ++i) {

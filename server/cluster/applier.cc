@@ -1,0 +1,164 @@
+#include "server/cluster/applier.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "server/ingest_session.h"
+
+namespace sonde::cluster {
+
+// One logged client stream: its session, and the handle the registry sends
+// to (actions, and the abort when a newer stream takes the worker).
+struct PartitionApplier::Stream : public server::StreamHandle {
+  Stream(server::JobRegistry* registry, server::IngestLimits limits, uint64_t first)
+      : session(registry, limits), first_sequence(first) {}
+  ~Stream() override { session.Close(this); }
+
+  void Send(const v1::ServerMessage& message) override {
+    absl::MutexLock lock(&mu);
+    sent.push_back(message);
+  }
+  void Abort(const absl::Status& status) override {
+    absl::MutexLock lock(&mu);
+    if (aborted.ok()) aborted = status;
+  }
+  // What the registry sent since the last call (from any thread: rules
+  // broadcast actions from theirs).
+  std::vector<v1::ServerMessage> TakeSent() {
+    absl::MutexLock lock(&mu);
+    return std::exchange(sent, {});
+  }
+  absl::Status TakeAborted() {
+    absl::MutexLock lock(&mu);
+    return aborted;
+  }
+
+  server::IngestSession session;
+  const uint64_t first_sequence;  // its first entry: where a replay starts
+  absl::Mutex mu;
+  std::vector<v1::ServerMessage> sent ABSL_GUARDED_BY(mu);
+  absl::Status aborted ABSL_GUARDED_BY(mu);
+};
+
+PartitionApplier::PartitionApplier(uint32_t partition, server::JobRegistry* registry,
+                                   storage::Store* store, server::IngestLimits limits)
+    : partition_(partition), registry_(registry), store_(store), limits_(limits) {}
+
+PartitionApplier::~PartitionApplier() { streams_.clear(); }
+
+absl::StatusOr<uint64_t> PartitionApplier::ReadFrom() {
+  SONDE_ASSIGN_OR_RETURN(v1::LogPosition position, store_->GetLogPosition(partition_));
+  applied_ = position.applied();
+  return std::max<uint64_t>(1, position.replay_from() > 0 ? position.replay_from()
+                                                         : position.applied() + 1);
+}
+
+v1::LogPosition PartitionApplier::PositionAt(uint64_t sequence) const {
+  v1::LogPosition p;
+  p.set_applied(sequence);
+  uint64_t from = sequence + 1;
+  for (const auto& [key, stream] : streams_) from = std::min(from, stream->first_sequence);
+  p.set_replay_from(from);
+  return p;
+}
+
+void PartitionApplier::EndStream(const StreamKey& key) { streams_.erase(key); }
+
+absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t sequence,
+                                                                 const v1::LogEntry& entry) {
+  Outcome outcome;
+  const StreamKey key{entry.gateway(), entry.connection()};
+  // During a replay (sequence <= applied_) sessions are rebuilt and what
+  // they commit is recognised as stored; the position is not written back.
+  const bool replaying = sequence <= applied_;
+  if (!ended_.count(key)) {
+    auto it = streams_.find(key);
+    if (it == streams_.end()) {
+      it = streams_.emplace(key, std::make_unique<Stream>(registry_, limits_, sequence)).first;
+    }
+    Stream& stream = *it->second;
+    for (const v1::ClientMessage& m : entry.messages()) {
+      absl::Status s = ApplyMessage(stream, m, sequence, outcome);
+      for (v1::ServerMessage& sent : stream.TakeSent()) outcome.replies.push_back(std::move(sent));
+      if (s.ok()) s = stream.TakeAborted();
+      if (!s.ok()) {
+        outcome.ended = s;
+        EndStream(key);
+        ended_.insert(key);
+        break;
+      }
+    }
+  } else {
+    outcome.ended = absl::AbortedError("the stream ended before this entry");
+  }
+  if (entry.closed()) {
+    EndStream(key);
+    ended_.erase(key);
+  }
+  if (!replaying) {
+    applied_ = sequence;
+    // A committed step wrote the position already; writing it again is
+    // harmless and covers entries that stored nothing.
+    SONDE_RETURN_IF_ERROR(store_->PutLogPosition(partition_, PositionAt(sequence)));
+  }
+  outcome.replayed = replaying;
+  return outcome;
+}
+
+absl::Status PartitionApplier::ApplyMessage(Stream& stream, const v1::ClientMessage& message,
+                                            uint64_t sequence, Outcome& outcome) {
+  SONDE_ASSIGN_OR_RETURN(server::IngestSession::Next next, stream.session.OnMessage(message));
+  switch (next) {
+    case server::IngestSession::Next::kRead:
+      return absl::OkStatus();
+    case server::IngestSession::Next::kHello: {
+      SONDE_ASSIGN_OR_RETURN(server::JoinResult joined, stream.session.Join(&stream));
+      v1::ServerMessage ack;
+      *ack.mutable_hello_ack() = joined.ack;
+      outcome.replies.push_back(std::move(ack));
+      for (const std::string& w : joined.warnings) {
+        v1::ServerMessage warning;
+        warning.mutable_warning()->set_message(w);
+        outcome.replies.push_back(std::move(warning));
+      }
+      if (joined.pending_stop.has_value()) {
+        v1::ServerMessage stop;
+        *stop.mutable_action() = *joined.pending_stop;
+        outcome.replies.push_back(std::move(stop));
+      }
+      return absl::OkStatus();
+    }
+    case server::IngestSession::Next::kCommit: {
+      std::optional<storage::StepWrite::Applied> at;
+      if (sequence > applied_) at = storage::StepWrite::Applied{partition_, PositionAt(sequence)};
+      SONDE_ASSIGN_OR_RETURN(v1::Ack ack, stream.session.Commit(std::move(at)));
+      v1::ServerMessage reply;
+      *reply.mutable_ack() = std::move(ack);
+      outcome.replies.push_back(std::move(reply));
+      return absl::OkStatus();
+    }
+    case server::IngestSession::Next::kEndJob: {
+      SONDE_ASSIGN_OR_RETURN(v1::Ack ack, stream.session.EndJob());
+      v1::ServerMessage reply;
+      *reply.mutable_ack() = std::move(ack);
+      outcome.replies.push_back(std::move(reply));
+      return absl::OkStatus();
+    }
+    case server::IngestSession::Next::kProfile: {
+      SONDE_ASSIGN_OR_RETURN(std::optional<v1::Ack> ack, stream.session.StoreProfile());
+      if (ack.has_value()) {
+        v1::ServerMessage reply;
+        *reply.mutable_ack() = *std::move(ack);
+        outcome.replies.push_back(std::move(reply));
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unknown ingest step");
+}
+
+}  // namespace sonde::cluster

@@ -1,0 +1,86 @@
+// Applies one partition of the cluster's log (docs/cluster.md) to a
+// collector node's JobRegistry and Store. Each client stream a gateway
+// logged, known by (gateway, connection), runs through its own
+// IngestSession, exactly as it would on a single-node collector: the same
+// checks, step assembly across workers, rules and stored records.
+//
+// Where the node is: each step is stored with the log position its entry
+// brings the partition to (one write batch), and other entries store the
+// position after them. A restarted node reads from the position's
+// replay_from, the first entry of the oldest stream still open, so every
+// open stream's session is rebuilt from its hello; the steps those entries
+// stored already are recognised as stored (per worker, as a client's
+// resend is) and written once.
+//
+// Not thread-safe: one thread applies a partition, in sequence order.
+#ifndef SONDE_SERVER_CLUSTER_APPLIER_H_
+#define SONDE_SERVER_CLUSTER_APPLIER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/cluster.pb.h"
+#include "server/ingest_limits.h"
+#include "server/job_registry.h"
+#include "storage/store.h"
+
+namespace sonde::cluster {
+
+class PartitionApplier {
+ public:
+  PartitionApplier(uint32_t partition, server::JobRegistry* registry, storage::Store* store,
+                   server::IngestLimits limits);
+  // Ends every open session, as streams ending without a job end.
+  ~PartitionApplier();
+
+  // The sequence to read the partition from: where the last run left off
+  // (LogPosition.replay_from), or 1.
+  absl::StatusOr<uint64_t> ReadFrom();
+
+  // What applying one entry told its stream, as it would have heard it.
+  struct Outcome {
+    std::vector<v1::ServerMessage> replies;  // hello ack, warnings, acks, actions
+    // Not OK when the stream ended with this status (a refused hello, a
+    // malformed step): its later entries are ignored.
+    absl::Status ended;
+    // The entry was applied before (a restarted node rebuilding its open
+    // streams): nothing new was stored, and the position stays.
+    bool replayed = false;
+  };
+  // Applies the entry at `sequence`. Entries come in increasing sequence
+  // order, from ReadFrom() on. An error is returned only when the node
+  // cannot go on (storage failing); a refused stream is an Outcome.
+  absl::StatusOr<Outcome> Apply(uint64_t sequence, const v1::LogEntry& entry);
+
+  uint64_t applied() const { return applied_; }
+  size_t open_streams() const { return streams_.size(); }
+
+ private:
+  struct Stream;
+  using StreamKey = std::pair<std::string, uint64_t>;  // gateway, connection
+
+  absl::Status ApplyMessage(Stream& stream, const v1::ClientMessage& message, uint64_t sequence,
+                            Outcome& outcome);
+  v1::LogPosition PositionAt(uint64_t sequence) const;
+  void EndStream(const StreamKey& key);
+
+  const uint32_t partition_;
+  server::JobRegistry* const registry_;
+  storage::Store* const store_;
+  const server::IngestLimits limits_;
+  uint64_t applied_ = 0;
+  std::map<StreamKey, std::unique_ptr<Stream>> streams_;
+  // Streams ended by an error whose gateway has not logged their close yet.
+  std::set<StreamKey> ended_;
+};
+
+}  // namespace sonde::cluster
+
+#endif  // SONDE_SERVER_CLUSTER_APPLIER_H_

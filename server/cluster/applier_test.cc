@@ -1,0 +1,355 @@
+// PartitionApplier against a real Store, JobRegistry and rule runner, fed
+// log entries directly and through a real NATS JetStream log.
+#include "server/cluster/applier.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/crc32c.h"
+#include "common/tensor_chunks.h"
+#include "common/thread_pool.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rules/builtin_rules.h"
+#include "server/cluster/partition_log.h"
+#include "server/job_registry.h"
+#include "storage/store.h"
+#include "tests/testing/nats_cluster.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
+
+namespace sonde::cluster {
+namespace {
+
+using ::sonde::testing::TempDir;
+
+// One client stream as a gateway logs it: numbered messages, grouped into
+// entries.
+class LoggedStream {
+ public:
+  LoggedStream(std::string gateway, uint64_t connection)
+      : gateway_(std::move(gateway)), connection_(connection) {}
+
+  v1::LogEntry Hello(const std::string& job, int32_t worker, int32_t world_size,
+                     uint64_t client_id) {
+    v1::ClientMessage m;
+    v1::Hello* h = m.mutable_hello();
+    h->set_job(job);
+    h->set_worker(worker);
+    h->set_world_size(world_size);
+    h->set_client_version("applier-test");
+    h->set_client_id(client_id);
+    return Entry({m});
+  }
+
+  // A step with one F32 tensor of values `w` (chunked) and its step end.
+  v1::LogEntry Step(int64_t step, const std::vector<float>& w, bool corrupt = false) {
+    v1::TensorChunk header;
+    header.set_tensor_name("fc.weight");
+    header.set_step(step);
+    header.set_mode(v1::MODE_TRAIN);
+    header.set_mode_step(step);
+    header.set_dtype(v1::DTYPE_F32);
+    header.add_shape(static_cast<int64_t>(w.size()));
+    header.add_collections("weights");
+    std::string bytes(w.size() * sizeof(float), '\0');
+    std::memcpy(bytes.data(), w.data(), bytes.size());
+    std::vector<v1::ClientMessage> messages;
+    for (v1::TensorChunk& c : SplitIntoChunks(header, bytes, 16)) {
+      if (corrupt) c.set_crc32c(c.crc32c() ^ 1);
+      v1::ClientMessage m;
+      *m.mutable_chunk() = std::move(c);
+      messages.push_back(std::move(m));
+    }
+    v1::ClientMessage end;
+    end.mutable_step_end()->set_step(step);
+    end.mutable_step_end()->set_mode(v1::MODE_TRAIN);
+    end.mutable_step_end()->set_mode_step(step);
+    end.mutable_step_end()->set_tensor_count(1);
+    messages.push_back(std::move(end));
+    return Entry(std::move(messages));
+  }
+
+  v1::LogEntry JobEnd() {
+    v1::ClientMessage m;
+    m.mutable_job_end()->set_reason("finished");
+    v1::LogEntry e = Entry({m});
+    e.set_closed(true);
+    return e;
+  }
+
+  v1::LogEntry Close() { return Entry({}, /*closed=*/true); }
+
+ private:
+  v1::LogEntry Entry(std::vector<v1::ClientMessage> messages, bool closed = false) {
+    v1::LogEntry e;
+    e.set_gateway(gateway_);
+    e.set_connection(connection_);
+    for (v1::ClientMessage& m : messages) {
+      m.set_seq(++seq_);
+      *e.add_messages() = std::move(m);
+    }
+    e.set_closed(closed);
+    return e;
+  }
+
+  const std::string gateway_;
+  const uint64_t connection_;
+  uint64_t seq_ = 0;
+};
+
+std::vector<float> Weights(int64_t step) {
+  std::vector<float> w(10);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(step * 100 + i);
+  return w;
+}
+
+// A collector node's state: store, registry and an applier for partition 0.
+class Node {
+ public:
+  explicit Node(const std::string& db) {
+    storage::Store::Options o;
+    o.path = db;
+    auto store = storage::Store::Open(o);
+    EXPECT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    registry_ = std::make_unique<server::JobRegistry>(store_.get(), &pool_, factory_.get(),
+                                                      std::vector<v1::RuleSpec>{},
+                                                      absl::Seconds(60));
+    applier_ = std::make_unique<PartitionApplier>(0, registry_.get(), store_.get(),
+                                                  server::IngestLimits());
+  }
+  ~Node() {
+    applier_.reset();
+    registry_.reset();
+  }
+
+  PartitionApplier& applier() { return *applier_; }
+  storage::Store& store() { return *store_; }
+
+ private:
+  ThreadPool pool_{2, 64};
+  std::unique_ptr<rules::RuleFactory> factory_ = rules::BuiltinRuleFactory();
+  std::unique_ptr<storage::Store> store_;
+  std::unique_ptr<server::JobRegistry> registry_;
+  std::unique_ptr<PartitionApplier> applier_;
+};
+
+// Values of fc.weight at `step` of `worker`, as stored.
+std::vector<float> StoredWeights(storage::Store& store, const std::string& job, int64_t step,
+                                 int32_t worker) {
+  auto info = store.GetJob(job);
+  EXPECT_TRUE(info.ok()) << info.status();
+  if (!info.ok()) return {};
+  std::string bytes;
+  auto read = store.ReadTensor(info->job_id(), v1::MODE_TRAIN, step, "fc.weight", worker,
+                               [&](const v1::TensorRecord&, absl::string_view piece) {
+                                 bytes.append(piece.data(), piece.size());
+                                 return absl::OkStatus();
+                               });
+  EXPECT_TRUE(read.ok()) << read.status();
+  std::vector<float> out(bytes.size() / sizeof(float));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+int CountAcks(const PartitionApplier::Outcome& o, bool duplicate) {
+  int n = 0;
+  for (const v1::ServerMessage& m : o.replies) {
+    // A step's ack counts its tensors; a job end's has none.
+    if (m.has_ack() && m.ack().tensors() > 0 && m.ack().duplicate() == duplicate) ++n;
+  }
+  return n;
+}
+
+TEST(PartitionApplier, AppliesInterleavedStreamsAsASingleCollectorWould) {
+  TempDir dir;
+  Node node(dir.Sub("db"));
+  SONDE_ASSERT_OK(node.applier().ReadFrom());
+  LoggedStream w0("gw-a", 1), w1("gw-b", 7);
+  std::vector<v1::LogEntry> log = {w0.Hello("two", 0, 2, 11), w1.Hello("two", 1, 2, 22)};
+  for (int64_t s = 0; s < 4; ++s) {
+    log.push_back(w1.Step(s, Weights(s + 50)));
+    log.push_back(w0.Step(s, Weights(s)));
+  }
+  log.push_back(w0.JobEnd());
+  log.push_back(w1.JobEnd());
+  int acks = 0;
+  for (size_t i = 0; i < log.size(); ++i) {
+    auto outcome = node.applier().Apply(i + 1, log[i]);
+    SONDE_ASSERT_OK(outcome);
+    SONDE_EXPECT_OK(outcome->ended) << "entry " << i + 1;
+    EXPECT_FALSE(outcome->replayed);
+    acks += CountAcks(*outcome, /*duplicate=*/false);
+    if (i < 2) {
+      ASSERT_FALSE(outcome->replies.empty());
+      EXPECT_TRUE(outcome->replies[0].has_hello_ack());
+      EXPECT_EQ(outcome->replies[0].hello_ack().resume_step(), -1);
+    }
+  }
+  EXPECT_EQ(acks, 8);
+  EXPECT_EQ(node.applier().open_streams(), 0u);
+  auto job = node.store().GetJob("two");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+  auto steps = node.store().ListSteps(job->job_id(), v1::MODE_TRAIN);
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 4u);
+  for (const v1::StepInfo& s : *steps) EXPECT_EQ(s.workers_size(), 2) << "step " << s.step();
+  EXPECT_EQ(StoredWeights(node.store(), "two", 2, 0), Weights(2));
+  EXPECT_EQ(StoredWeights(node.store(), "two", 3, 1), Weights(53));
+  auto position = node.store().GetLogPosition(0);
+  SONDE_ASSERT_OK(position);
+  EXPECT_EQ(position->applied(), log.size());
+  EXPECT_EQ(position->replay_from(), log.size() + 1);  // no stream open
+}
+
+TEST(PartitionApplier, ARestartedNodeRebuildsOpenStreamsAndStoresEachStepOnce) {
+  TempDir dir;
+  LoggedStream w0("gw-a", 3);
+  std::vector<v1::LogEntry> log = {w0.Hello("resumed", 0, 1, 42)};
+  for (int64_t s = 0; s < 3; ++s) log.push_back(w0.Step(s, Weights(s)));
+  {
+    Node node(dir.Sub("db"));
+    auto from = node.applier().ReadFrom();
+    SONDE_ASSERT_OK(from);
+    EXPECT_EQ(*from, 1u);
+    for (size_t i = 0; i < log.size(); ++i) {
+      auto outcome = node.applier().Apply(i + 1, log[i]);
+      SONDE_ASSERT_OK(outcome);
+      SONDE_ASSERT_OK(outcome->ended);
+    }
+    // The step's own write carried the position: applied 4, and a replay
+    // must start at the open stream's hello.
+    auto position = node.store().GetLogPosition(0);
+    SONDE_ASSERT_OK(position);
+    EXPECT_EQ(position->applied(), 4u);
+    EXPECT_EQ(position->replay_from(), 1u);
+  }  // the node stops
+  log.push_back(w0.Step(3, Weights(3)));
+  log.push_back(w0.JobEnd());
+  Node node(dir.Sub("db"));
+  auto from = node.applier().ReadFrom();
+  SONDE_ASSERT_OK(from);
+  ASSERT_EQ(*from, 1u);
+  int duplicates = 0, stored = 0;
+  for (size_t i = *from - 1; i < log.size(); ++i) {
+    auto outcome = node.applier().Apply(i + 1, log[i]);
+    SONDE_ASSERT_OK(outcome);
+    SONDE_EXPECT_OK(outcome->ended) << "entry " << i + 1;
+    EXPECT_EQ(outcome->replayed, i + 1 <= 4);
+    duplicates += CountAcks(*outcome, true);
+    stored += CountAcks(*outcome, false);
+  }
+  EXPECT_EQ(duplicates, 3);  // steps 0-2, stored before the restart
+  EXPECT_EQ(stored, 1);      // step 3
+  auto job = node.store().GetJob("resumed");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+  auto steps = node.store().ListSteps(job->job_id(), v1::MODE_TRAIN);
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 4u);
+  for (int64_t s = 0; s < 4; ++s) EXPECT_EQ(StoredWeights(node.store(), "resumed", s, 0), Weights(s));
+}
+
+TEST(PartitionApplier, ARefusedStreamEndsAloneAndStoresNothingOfItsBadStep) {
+  TempDir dir;
+  Node node(dir.Sub("db"));
+  SONDE_ASSERT_OK(node.applier().ReadFrom());
+  LoggedStream bad("gw-a", 1), good("gw-a", 2);
+  std::vector<v1::LogEntry> log = {bad.Hello("bad", 0, 1, 5), good.Hello("good", 0, 1, 6),
+                                   bad.Step(0, Weights(0)), bad.Step(1, Weights(1), true),
+                                   good.Step(0, Weights(9)), bad.Step(2, Weights(2)),
+                                   good.JobEnd(), bad.Close()};
+  std::vector<absl::Status> ended;
+  for (size_t i = 0; i < log.size(); ++i) {
+    auto outcome = node.applier().Apply(i + 1, log[i]);
+    SONDE_ASSERT_OK(outcome);
+    ended.push_back(outcome->ended);
+  }
+  EXPECT_EQ(ended[3].code(), absl::StatusCode::kDataLoss) << ended[3];
+  EXPECT_THAT(std::string(ended[3].message()), ::testing::HasSubstr("crc32c mismatch"));
+  EXPECT_EQ(ended[5].code(), absl::StatusCode::kAborted);  // after its stream ended
+  SONDE_EXPECT_OK(ended[4]);
+  SONDE_EXPECT_OK(ended[6]);
+  EXPECT_EQ(node.applier().open_streams(), 0u);
+  auto job = node.store().GetJob("bad");
+  SONDE_ASSERT_OK(job);
+  auto steps = node.store().ListSteps(job->job_id(), v1::MODE_TRAIN);
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 1u);  // step 0 only
+  EXPECT_EQ((*steps)[0].step(), 0);
+  auto good_job = node.store().GetJob("good");
+  SONDE_ASSERT_OK(good_job);
+  EXPECT_EQ(good_job->status(), v1::JOB_STATUS_FINISHED);
+}
+
+// The pieces together: a gateway's entries through a real JetStream log,
+// applied by a node that is stopped and restarted halfway.
+TEST(PartitionApplier, AppliesARealLogAcrossANodeRestart) {
+  if (!testing::HaveNats()) GTEST_SKIP() << "no " << testing::kNatsBinary;
+  TempDir dir;
+  testing::NatsCluster nats(dir.path(), 1);
+  SONDE_ASSERT_OK(nats.Start());
+  PartitionLog::Options lo;
+  lo.servers = nats.urls();
+  lo.partitions = 1;
+  lo.replicas = 1;
+  std::unique_ptr<PartitionLog> log;
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    auto opened = PartitionLog::Open(lo);
+    if (opened.ok()) log = std::move(*opened);
+    return opened.ok();
+  }));
+  LoggedStream w0("gw-a", 1), w1("gw-a", 2);
+  std::vector<v1::LogEntry> entries = {w0.Hello("logged", 0, 2, 1), w1.Hello("logged", 1, 2, 2)};
+  for (int64_t s = 0; s < 6; ++s) {
+    entries.push_back(w0.Step(s, Weights(s)));
+    entries.push_back(w1.Step(s, Weights(s + 1000)));
+  }
+  entries.push_back(w0.JobEnd());
+  entries.push_back(w1.JobEnd());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto appended = log->Append(0, absl::StrCat("e", i), entries[i].SerializeAsString());
+    SONDE_ASSERT_OK(appended);
+  }
+  // Applies entries until `count` have been applied (or replayed).
+  auto run = [&](Node& node, size_t count) {
+    auto from = node.applier().ReadFrom();
+    ASSERT_TRUE(from.ok()) << from.status();
+    auto reader = log->Read(0, *from);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    while (node.applier().applied() < count) {
+      auto next = (*reader)->Next(absl::Seconds(10));
+      ASSERT_TRUE(next.ok()) << next.status();
+      ASSERT_TRUE(next->has_value()) << "the log ran dry at " << node.applier().applied();
+      v1::LogEntry entry;
+      ASSERT_TRUE(entry.ParseFromString((*next)->bytes));
+      auto outcome = node.applier().Apply((*next)->sequence, entry);
+      ASSERT_TRUE(outcome.ok()) << outcome.status();
+      EXPECT_TRUE(outcome->ended.ok()) << outcome->ended;
+    }
+  };
+  {
+    Node node(dir.Sub("db"));
+    run(node, 7);
+  }
+  Node node(dir.Sub("db"));
+  run(node, entries.size());
+  auto job = node.store().GetJob("logged");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+  auto steps = node.store().ListSteps(job->job_id(), v1::MODE_TRAIN);
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 6u);
+  for (const v1::StepInfo& s : *steps) {
+    EXPECT_EQ(s.workers_size(), 2);
+    EXPECT_EQ(StoredWeights(node.store(), "logged", s.step(), 1), Weights(s.step() + 1000));
+  }
+}
+
+}  // namespace
+}  // namespace sonde::cluster
