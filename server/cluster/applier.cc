@@ -83,6 +83,10 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
     Stream& stream = *it->second;
     for (const v1::ClientMessage& m : entry.messages()) {
       absl::Status s = ApplyMessage(stream, m, sequence, outcome);
+      if (stream.session.joined()) {
+        outcome.job = stream.session.job();
+        outcome.worker = stream.session.worker();
+      }
       for (v1::ServerMessage& sent : stream.TakeSent()) outcome.replies.push_back(std::move(sent));
       if (s.ok()) s = stream.TakeAborted();
       if (!s.ok()) {

@@ -53,6 +53,9 @@ class PartitionApplier {
     // The entry was applied before (a restarted node rebuilding its open
     // streams): nothing new was stored, and the position stays.
     bool replayed = false;
+    // The stream's job and worker, once its hello was taken.
+    std::string job;
+    int32_t worker = -1;
   };
   // Applies the entry at `sequence`. Entries come in increasing sequence
   // order, from ReadFrom() on. An error is returned only when the node

@@ -44,6 +44,11 @@ uint64_t StableHash(const std::string& s) {
 
 }  // namespace
 
+int JobPartition(const std::string& job, int partitions) {
+  if (partitions <= 1) return 0;
+  return static_cast<int>(StableHash(absl::StrCat("job/", job)) % static_cast<uint64_t>(partitions));
+}
+
 std::vector<std::string> PreferredNodes(int partition, std::vector<std::string> nodes) {
   std::vector<std::pair<uint64_t, std::string>> ranked;
   ranked.reserve(nodes.size());

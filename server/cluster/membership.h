@@ -110,6 +110,10 @@ class Membership {
 // removing a node moves only the partitions whose first choice it is or was.
 std::vector<std::string> PreferredNodes(int partition, std::vector<std::string> nodes);
 
+// The partition of a job: a hash of its name that every process computes
+// the same way.
+int JobPartition(const std::string& job, int partitions);
+
 }  // namespace sonde::cluster
 
 #endif  // SONDE_SERVER_CLUSTER_MEMBERSHIP_H_

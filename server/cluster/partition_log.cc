@@ -240,6 +240,55 @@ absl::StatusOr<std::unique_ptr<PartitionLog::Reader>> PartitionLog::Read(int par
   return std::unique_ptr<Reader>(new StreamReader(sub));
 }
 
+absl::Status PartitionLog::Notify(const std::string& topic, absl::string_view bytes) {
+  const std::string subject = absl::StrCat(options_.name, ".", topic);
+  return FromNats(natsConnection_Publish(connection_->connection, subject.c_str(), bytes.data(),
+                                         static_cast<int>(bytes.size())),
+                  kNoJsError, absl::StrCat("notify on ", subject));
+}
+
+namespace {
+
+class SubjectListener : public PartitionLog::Listener {
+ public:
+  explicit SubjectListener(std::function<void(absl::string_view)> on_message)
+      : on_message_(std::move(on_message)) {}
+  ~SubjectListener() override {
+    if (sub_ != nullptr) {
+      natsSubscription_Unsubscribe(sub_);
+      natsSubscription_Destroy(sub_);  // waits for a callback in progress
+    }
+  }
+  static void OnMessage(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+    auto* self = static_cast<SubjectListener*>(closure);
+    self->on_message_(absl::string_view(natsMsg_GetData(msg),
+                                        static_cast<size_t>(natsMsg_GetDataLength(msg))));
+    natsMsg_Destroy(msg);
+  }
+  natsSubscription* sub_ = nullptr;
+
+ private:
+  const std::function<void(absl::string_view)> on_message_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PartitionLog::Listener>> PartitionLog::Listen(
+    const std::string& topic, std::function<void(absl::string_view)> on_message) {
+  const std::string subject = absl::StrCat(options_.name, ".", topic);
+  auto listener = std::make_unique<SubjectListener>(std::move(on_message));
+  SONDE_RETURN_IF_ERROR(FromNats(
+      natsConnection_Subscribe(&listener->sub_, connection_->connection, subject.c_str(),
+                               &SubjectListener::OnMessage, listener.get()),
+      kNoJsError, absl::StrCat("listening on ", subject)));
+  // Subscribed on the server before this returns, so nothing sent after
+  // is missed.
+  SONDE_RETURN_IF_ERROR(FromNats(
+      natsConnection_FlushTimeout(connection_->connection, Millis(options_.timeout)), kNoJsError,
+      absl::StrCat("listening on ", subject)));
+  return std::unique_ptr<Listener>(std::move(listener));
+}
+
 absl::StatusOr<uint64_t> PartitionLog::LastSequence(int partition) {
   const std::string stream = StreamName(partition);
   jsStreamInfo* info = nullptr;

@@ -16,6 +16,7 @@
 #define SONDE_SERVER_CLUSTER_PARTITION_LOG_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +76,19 @@ class PartitionLog {
 
   // The last sequence stored in the partition (0 when empty).
   absl::StatusOr<uint64_t> LastSequence(int partition);
+
+  // Plain NATS messages beside the log, for answers that need no
+  // durability (a node telling a gateway what became of an entry): sent to
+  // whoever listens now, lost if no one does. Subjects are "<name>.<topic>".
+  absl::Status Notify(const std::string& topic, absl::string_view bytes);
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+  };
+  // Calls `on_message` (from a libnats thread, one message at a time) with
+  // every message on `topic` until the Listener is destroyed.
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(
+      const std::string& topic, std::function<void(absl::string_view)> on_message);
 
   std::string StreamName(int partition) const;
   std::string Subject(int partition) const;

@@ -1,0 +1,257 @@
+// The cluster's parts together, in one process but over real sockets: a
+// three-member etcd and three nats-servers as child processes, collector
+// nodes and a gateway in this process, and real C++ hooks streaming
+// through the gateway as training processes do.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/hook.h"
+#include "common/thread_pool.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "rules/builtin_rules.h"
+#include "server/cluster/etcd.h"
+#include "server/cluster/gateway.h"
+#include "server/cluster/membership.h"
+#include "server/cluster/node.h"
+#include "server/cluster/partition_log.h"
+#include "server/job_registry.h"
+#include "storage/store.h"
+#include "tests/testing/etcd_cluster.h"
+#include "tests/testing/nats_cluster.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
+
+namespace sonde::cluster {
+namespace {
+
+using ::sonde::testing::WaitUntil;
+
+constexpr int kPartitions = 4;
+
+std::unique_ptr<PartitionLog> OpenLog(const std::vector<std::string>& servers) {
+  PartitionLog::Options o;
+  o.servers = servers;
+  o.partitions = kPartitions;
+  o.replicas = 3;
+  std::unique_ptr<PartitionLog> log;
+  EXPECT_TRUE(WaitUntil([&] {
+    auto opened = PartitionLog::Open(o);
+    if (opened.ok()) log = std::move(*opened);
+    return opened.ok();
+  }));
+  return log;
+}
+
+std::unique_ptr<Etcd> EtcdClient(const std::vector<std::string>& endpoints) {
+  Etcd::Options o;
+  o.endpoints = endpoints;
+  auto etcd = Etcd::Connect(o);
+  EXPECT_TRUE(etcd.ok()) << etcd.status();
+  return etcd.ok() ? std::move(*etcd) : nullptr;
+}
+
+// One collector node with its own store, registry and connections.
+class TestNode {
+ public:
+  TestNode(const std::string& name, const std::string& db, const std::vector<std::string>& etcd,
+           const std::vector<std::string>& nats) {
+    storage::Store::Options so;
+    so.path = db;
+    auto store = storage::Store::Open(so);
+    EXPECT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    registry_ = std::make_unique<server::JobRegistry>(store_.get(), &pool_, factory_.get(),
+                                                      std::vector<v1::RuleSpec>{},
+                                                      absl::Seconds(30));
+    etcd_ = EtcdClient(etcd);
+    log_ = OpenLog(nats);
+    ClusterNode::Options o;
+    o.membership.prefix = "/sonde/test";
+    o.membership.node = name;
+    o.membership.address = "127.0.0.1:0";
+    o.membership.lease_ttl = absl::Seconds(2);
+    o.placement_interval = absl::Milliseconds(200);
+    o.limits.max_chunk_bytes = 256 << 10;  // well inside a log entry
+    auto node = ClusterNode::Start(etcd_.get(), log_.get(), registry_.get(), store_.get(), o);
+    EXPECT_TRUE(node.ok()) << node.status();
+    node_ = std::move(*node);
+  }
+  ~TestNode() { Stop(); }
+
+  void Stop() {
+    node_.reset();
+    registry_.reset();
+  }
+
+  ClusterNode& node() { return *node_; }
+  storage::Store& store() { return *store_; }
+
+ private:
+  ThreadPool pool_{2, 64};
+  std::unique_ptr<rules::RuleFactory> factory_ = rules::BuiltinRuleFactory();
+  std::unique_ptr<storage::Store> store_;
+  std::unique_ptr<server::JobRegistry> registry_;
+  std::unique_ptr<Etcd> etcd_;
+  std::unique_ptr<PartitionLog> log_;
+  std::unique_ptr<ClusterNode> node_;
+};
+
+class TestGateway {
+ public:
+  explicit TestGateway(const std::vector<std::string>& nats) {
+    log_ = OpenLog(nats);
+    Gateway::Options o;
+    o.name = "gw-test";
+    o.hello_timeout = absl::Seconds(20);
+    auto gateway = Gateway::Create(log_.get(), o);
+    EXPECT_TRUE(gateway.ok()) << gateway.status();
+    gateway_ = std::move(*gateway);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(gateway_.get());
+    server_ = builder.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+  ~TestGateway() {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    server_->Wait();
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::unique_ptr<PartitionLog> log_;
+  std::unique_ptr<Gateway> gateway_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+std::unique_ptr<Hook> Client(const std::string& gateway, const std::string& job) {
+  HookOptions o;
+  o.collector = gateway;
+  o.job = job;
+  o.config.save_config = SaveConfig::Every(1);
+  o.config.include_collections = {"weights", "losses"};
+  o.close_timeout = absl::Seconds(60);
+  auto hook = Hook::Create(o);
+  EXPECT_TRUE(hook.ok()) << hook.status();
+  return hook.ok() ? std::move(*hook) : nullptr;
+}
+
+void Train(Hook& hook, int from, int to) {
+  std::vector<float> w(64);
+  for (int step = from; step < to; ++step) {
+    hook.StartStep();
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(step) + 0.01f * i;
+    SONDE_EXPECT_OK(hook.SaveTensor("fc.weight", HostTensor(w.data(), {64}), {"weights"}));
+    SONDE_EXPECT_OK(hook.SaveScalar("loss", 1.0 / (step + 1), {"losses"}));
+    hook.EndStep();
+  }
+}
+
+// The steps of `job` stored in `store` (none if the job is not there).
+std::vector<int64_t> StoredSteps(storage::Store& store, const std::string& job) {
+  auto info = store.GetJob(job);
+  if (!info.ok()) return {};
+  auto steps = store.ListSteps(info->job_id(), v1::MODE_UNSPECIFIED);
+  std::vector<int64_t> out;
+  if (steps.ok()) {
+    for (const v1::StepInfo& s : *steps) out.push_back(s.step());
+  }
+  return out;
+}
+
+bool Finished(storage::Store& store, const std::string& job) {
+  auto info = store.GetJob(job);
+  return info.ok() && info->status() == v1::JOB_STATUS_FINISHED;
+}
+
+std::vector<int64_t> Range(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(i);
+  return out;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveEtcd() || !testing::HaveNats()) GTEST_SKIP() << "no etcd or nats-server";
+    etcd_ = std::make_unique<testing::EtcdCluster>(dir_.path(), 3);
+    nats_ = std::make_unique<testing::NatsCluster>(dir_.path(), 3);
+    SONDE_ASSERT_OK(etcd_->Start());
+    SONDE_ASSERT_OK(nats_->Start());
+  }
+
+  std::unique_ptr<TestNode> StartNode(const std::string& name) {
+    return std::make_unique<TestNode>(name, dir_.Sub(name), etcd_->endpoints(), nats_->urls());
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<testing::EtcdCluster> etcd_;
+  std::unique_ptr<testing::NatsCluster> nats_;
+};
+
+TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOwner) {
+  auto a = StartNode("node-a");
+  auto b = StartNode("node-b");
+  // Every partition owned before clients come (each by its first choice).
+  ASSERT_TRUE(WaitUntil([&] {
+    return a->node().owned().size() + b->node().owned().size() == kPartitions;
+  }));
+  TestGateway gateway(nats_->urls());
+  const std::vector<std::string> jobs = {"job-0", "job-1", "job-2", "job-3"};
+  std::vector<std::unique_ptr<Hook>> hooks;
+  for (const std::string& job : jobs) {
+    hooks.push_back(Client(gateway.address(), job));
+    ASSERT_NE(hooks.back(), nullptr);
+  }
+  for (auto& h : hooks) Train(*h, 0, 12);
+  for (auto& h : hooks) {
+    SONDE_EXPECT_OK(h->Close());
+    EXPECT_EQ(h->counters().steps_dropped, 0u);
+    EXPECT_EQ(h->counters().reconnects, 0u);
+  }
+  for (const std::string& job : jobs) {
+    const int p = JobPartition(job, kPartitions);
+    std::vector<int> owned_a = a->node().owned();
+    TestNode& owner =
+        std::find(owned_a.begin(), owned_a.end(), p) != owned_a.end() ? *a : *b;
+    TestNode& other = &owner == a.get() ? *b : *a;
+    ASSERT_TRUE(WaitUntil([&] { return Finished(owner.store(), job); })) << job;
+    EXPECT_EQ(StoredSteps(owner.store(), job), Range(12)) << job;
+    EXPECT_TRUE(StoredSteps(other.store(), job).empty()) << job << " stored by both nodes";
+  }
+}
+
+TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) {
+  auto a = StartNode("node-a");
+  ASSERT_TRUE(WaitUntil([&] { return a->node().owned().size() == kPartitions; }));
+  TestGateway gateway(nats_->urls());
+  auto hook = Client(gateway.address(), "moving");
+  ASSERT_NE(hook, nullptr);
+  Train(*hook, 0, 8);
+  SONDE_ASSERT_OK(hook->Flush(absl::Seconds(30)));
+  // A second node joins: the partitions that rank it first move to it, and
+  // it replays their log from the start.
+  auto b = StartNode("node-b");
+  ASSERT_TRUE(WaitUntil([&] {
+    return a->node().owned().size() + b->node().owned().size() == kPartitions &&
+           !b->node().owned().empty();
+  }));
+  Train(*hook, 8, 14);
+  SONDE_ASSERT_OK(hook->Flush(absl::Seconds(30)));
+  a->Stop();  // node-a leaves: everything is node-b's
+  ASSERT_TRUE(WaitUntil([&] { return b->node().owned().size() == kPartitions; }));
+  Train(*hook, 14, 20);
+  SONDE_ASSERT_OK(hook->Close());
+  EXPECT_EQ(hook->counters().steps_dropped, 0u);
+  ASSERT_TRUE(WaitUntil([&] { return Finished(b->store(), "moving"); }));
+  EXPECT_EQ(StoredSteps(b->store(), "moving"), Range(20));
+}
+
+}  // namespace
+}  // namespace sonde::cluster

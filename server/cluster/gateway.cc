@@ -1,0 +1,254 @@
+#include "server/cluster/gateway.h"
+
+#include <algorithm>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "server/cluster/membership.h"
+
+namespace sonde::cluster {
+
+// What the nodes said about one stream's entries, waiting for its handler.
+struct Gateway::Mailbox {
+  absl::Mutex mu;
+  std::deque<v1::EntryOutcome> outcomes ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
+
+  // The outcome of the entry at `sequence`, or nullopt after `timeout`.
+  // Outcomes of other entries met on the way stay queued.
+  std::optional<v1::EntryOutcome> WaitFor(uint64_t sequence, absl::Duration timeout) {
+    absl::MutexLock lock(&mu);
+    // The condition only looks (Await may evaluate it more than once).
+    auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return std::find_if(outcomes.begin(), outcomes.end(),
+                          [&](const v1::EntryOutcome& o) { return o.sequence() == sequence; });
+    };
+    auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return closed || find() != outcomes.end();
+    };
+    mu.AwaitWithTimeout(absl::Condition(&arrived), timeout);
+    auto it = find();
+    if (it == outcomes.end()) return std::nullopt;
+    v1::EntryOutcome found = std::move(*it);
+    outcomes.erase(it);
+    return found;
+  }
+
+  // The next outcome of any entry, or nullopt once closed.
+  std::optional<v1::EntryOutcome> Next() {
+    absl::MutexLock lock(&mu);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return closed || !outcomes.empty(); };
+    mu.Await(absl::Condition(&ready));
+    if (outcomes.empty()) return std::nullopt;
+    v1::EntryOutcome o = std::move(outcomes.front());
+    outcomes.pop_front();
+    return o;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Create(PartitionLog* log, Options options) {
+  if (options.name.empty()) return absl::InvalidArgumentError("a gateway needs a name");
+  for (char c : options.name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gateway name '", options.name, "' may hold only letters, digits, '_' and '-'"));
+    }
+  }
+  std::unique_ptr<Gateway> gateway(new Gateway(log, std::move(options)));
+  SONDE_ASSIGN_OR_RETURN(gateway->listener_,
+                         log->Listen(absl::StrCat("out.", gateway->options_.name),
+                                     [g = gateway.get()](absl::string_view bytes) {
+                                       g->OnOutcome(bytes);
+                                     }));
+  return gateway;
+}
+
+// Connection numbers start at the gateway's start time in microseconds, so
+// a restarted gateway of the same name never reuses one a node may still
+// hold open.
+Gateway::Gateway(PartitionLog* log, Options options)
+    : log_(log),
+      options_(std::move(options)),
+      next_connection_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))) {}
+
+Gateway::~Gateway() { listener_.reset(); }
+
+int Gateway::PartitionOf(const std::string& job) const {
+  return JobPartition(job, log_->options().partitions);
+}
+
+int Gateway::open_streams() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(mailboxes_.size());
+}
+
+void Gateway::OnOutcome(absl::string_view bytes) {
+  v1::EntryOutcome outcome;
+  if (!outcome.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    LOG(WARNING) << "gateway '" << options_.name << "': an outcome that does not parse";
+    return;
+  }
+  std::shared_ptr<Mailbox> box;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = mailboxes_.find(outcome.connection());
+    if (it == mailboxes_.end()) return;  // the stream is gone
+    box = it->second;
+  }
+  absl::MutexLock lock(&box->mu);
+  box->outcomes.push_back(std::move(outcome));
+}
+
+absl::StatusOr<uint64_t> Gateway::AppendEntry(int partition, const v1::LogEntry& entry) {
+  const std::string id =
+      absl::StrCat(options_.name, "/", entry.connection(), "/",
+                   entry.messages_size() > 0 ? entry.messages(0).seq() : 0, entry.closed() ? "c" : "");
+  const std::string bytes = entry.SerializeAsString();
+  const absl::Time deadline = absl::Now() + options_.append_timeout;
+  absl::Duration pause = absl::Milliseconds(20);
+  while (true) {
+    absl::StatusOr<PartitionLog::Appended> appended = log_->Append(partition, id, bytes);
+    if (appended.ok()) return appended->sequence;
+    if (absl::IsInvalidArgument(appended.status()) || absl::Now() + pause > deadline) {
+      return appended.status();
+    }
+    absl::SleepFor(pause);  // a log server down, or a leader election
+    pause = std::min(pause * 2, absl::Milliseconds(500));
+  }
+}
+
+grpc::Status Gateway::Stream(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) {
+  const uint64_t connection = next_connection_.fetch_add(1);
+  auto box = std::make_shared<Mailbox>();
+  {
+    absl::MutexLock lock(&mu_);
+    mailboxes_[connection] = box;
+  }
+  absl::Mutex write_mu;
+  auto write = [&](const v1::ServerMessage& m) {
+    absl::MutexLock lock(&write_mu);
+    return stream->Write(m);
+  };
+  absl::Mutex ended_mu;
+  absl::Status ended;  // set by the outcome thread when a node ended the stream
+  std::thread outcomes;
+  int partition = -1;
+  auto log_entry = [&](std::vector<v1::ClientMessage> messages, bool closed) {
+    v1::LogEntry entry;
+    entry.set_gateway(options_.name);
+    entry.set_connection(connection);
+    for (v1::ClientMessage& m : messages) *entry.add_messages() = std::move(m);
+    entry.set_closed(closed);
+    return AppendEntry(partition, entry);
+  };
+  // However the stream ends: the node closes its session, and the
+  // outcome thread stops.
+  auto finish = [&](grpc::Status status) {
+    if (partition >= 0) {
+      absl::Status closed = log_entry({}, true).status();
+      if (!closed.ok()) LOG(WARNING) << "gateway: close of stream " << connection << ": " << closed;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      mailboxes_.erase(connection);
+    }
+    {
+      absl::MutexLock lock(&box->mu);
+      box->closed = true;
+    }
+    if (outcomes.joinable()) outcomes.join();
+    absl::MutexLock lock(&ended_mu);
+    return ended.ok() ? status : ToGrpcStatus(ended);
+  };
+
+  v1::ClientMessage m;
+  if (!stream->Read(&m)) return finish(grpc::Status::OK);
+  if (!m.has_hello()) {
+    return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               "the first message of a stream must be a hello"));
+  }
+  partition = PartitionOf(m.hello().job());
+  absl::StatusOr<uint64_t> hello_at = log_entry({m}, false);
+  if (!hello_at.ok()) {
+    partition = -1;  // nothing was logged
+    return finish(ToGrpcStatus(hello_at.status()));
+  }
+  std::optional<v1::EntryOutcome> answer = box->WaitFor(*hello_at, options_.hello_timeout);
+  if (!answer.has_value()) {
+    return finish(grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("no collector node answered the hello within ",
+                     absl::FormatDuration(options_.hello_timeout), " (partition ", partition,
+                     ")")));
+  }
+  if (answer->code() != 0) {
+    return finish(grpc::Status(static_cast<grpc::StatusCode>(answer->code()), answer->message()));
+  }
+  for (const v1::ServerMessage& reply : answer->replies()) write(reply);
+  // Later outcomes: actions to pass on, or a node ending the stream.
+  outcomes = std::thread([&] {
+    while (std::optional<v1::EntryOutcome> o = box->Next()) {
+      for (const v1::ServerMessage& reply : o->replies()) {
+        if (reply.has_action() || reply.has_warning()) write(reply);
+      }
+      if (o->code() != 0) {
+        absl::MutexLock lock(&ended_mu);
+        ended = absl::Status(static_cast<absl::StatusCode>(o->code()), o->message());
+        context->TryCancel();
+        return;
+      }
+    }
+  });
+
+  std::vector<v1::ClientMessage> pending;
+  size_t pending_bytes = 0;
+  bool in_step = false;
+  const size_t flush_at = static_cast<size_t>(log_->options().max_entry_bytes) / 2;
+  while (stream->Read(&m)) {
+    const bool step_end = m.has_step_end();
+    const bool job_end = m.has_job_end();
+    const bool profile = m.has_profile();
+    if (m.has_chunk() || m.has_summary()) in_step = true;
+    const size_t size = m.ByteSizeLong();
+    if (!pending.empty() && pending_bytes + size > flush_at) {
+      absl::StatusOr<uint64_t> at = log_entry(std::exchange(pending, {}), false);
+      pending_bytes = 0;
+      if (!at.ok()) return finish(ToGrpcStatus(at.status()));
+    }
+    v1::Ack ack;
+    ack.set_acked_seq(m.seq());
+    if (step_end) {
+      ack.set_step(m.step_end().step());
+      ack.set_mode(m.step_end().mode());
+      ack.set_tensors(m.step_end().tensor_count());
+    } else {
+      ack.set_step(-1);
+    }
+    pending_bytes += size;
+    pending.push_back(std::move(m));
+    if (!step_end && !job_end && !profile) continue;
+    absl::StatusOr<uint64_t> at = log_entry(std::exchange(pending, {}), false);
+    pending_bytes = 0;
+    if (!at.ok()) return finish(ToGrpcStatus(at.status()));
+    // Stored with its replicas: the client may forget it. A profile batch
+    // inside a step is covered by the step's ack.
+    if (profile && in_step) continue;
+    if (step_end) in_step = false;
+    v1::ServerMessage reply;
+    *reply.mutable_ack() = ack;
+    if (!write(reply)) break;
+  }
+  // A step cut off by the disconnect is not logged: the node's session,
+  // closed below, would drop it as the single-node collector does.
+  return finish(grpc::Status::OK);
+}
+
+}  // namespace sonde::cluster

@@ -1,0 +1,70 @@
+// The cluster's ingest front (docs/cluster.md): serves the Collector stream
+// the hook already speaks, logs each stream's messages to its job's
+// partition, and acknowledges a step as soon as the log has stored it, with
+// the configured replication. A hello waits for the partition owner's
+// answer (HelloAck, or a refusal), which the node sends back over NATS;
+// actions come the same way. Stateless: any gateway serves any client.
+//
+// This first version uses gRPC's synchronous API (a thread per open
+// stream); the single-node collector's callback reactor is the model for
+// the next.
+#ifndef SONDE_SERVER_CLUSTER_GATEWAY_H_
+#define SONDE_SERVER_CLUSTER_GATEWAY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+#include "proto/collector.grpc.pb.h"
+#include "server/cluster/partition_log.h"
+
+namespace sonde::cluster {
+
+class Gateway final : public v1::Collector::Service {
+ public:
+  struct Options {
+    std::string name;  // unique among the cluster's gateways; [A-Za-z0-9_-]+
+    // How long a hello waits for the partition owner's answer.
+    absl::Duration hello_timeout = absl::Seconds(30);
+    // How long an append is retried (same id) before the stream is ended
+    // with UNAVAILABLE and the client reconnects.
+    absl::Duration append_timeout = absl::Seconds(30);
+  };
+
+  static absl::StatusOr<std::unique_ptr<Gateway>> Create(PartitionLog* log, Options options);
+  ~Gateway() override;
+
+  grpc::Status Stream(grpc::ServerContext* context,
+                      grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream)
+      override;
+
+  // The partition of `job`: a stable hash of its name.
+  int PartitionOf(const std::string& job) const;
+  // Streams open now.
+  int open_streams() const;
+
+ private:
+  struct Mailbox;
+  Gateway(PartitionLog* log, Options options);
+  void OnOutcome(absl::string_view bytes);
+  // Appends one entry, retrying with the same id until append_timeout.
+  absl::StatusOr<uint64_t> AppendEntry(int partition, const v1::LogEntry& entry);
+
+  PartitionLog* const log_;
+  const Options options_;
+  std::atomic<uint64_t> next_connection_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Mailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<PartitionLog::Listener> listener_;
+};
+
+}  // namespace sonde::cluster
+
+#endif  // SONDE_SERVER_CLUSTER_GATEWAY_H_
