@@ -164,7 +164,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   // without; see docs/reliability.md).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.SetMaxSendMessageSize(max_message);
-  builder.RegisterService(c->collector_service_.get());
+  if (options.serve_ingest) builder.RegisterService(c->collector_service_.get());
   if (c->tokens_ != nullptr) {
     c->authorizing_query_service_ =
         std::make_unique<AuthorizingQueryService>(c->tokens_.get(), c->query_service_.get());

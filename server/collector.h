@@ -106,6 +106,9 @@ struct CollectorOptions {
   tensorboard::ExportOptions tensorboard;
   // How far a WatchSteps reader may fall behind (server/watch_calls.h).
   WatchOptions watch;
+  // Serve the Collector ingest stream. A cluster node (server/cluster/)
+  // takes its ingest from the log instead, through registry() and store().
+  bool serve_ingest = true;
 };
 
 class Collector {
@@ -124,6 +127,11 @@ class Collector {
   const std::string& metrics_address() const { return metrics_address_; }
   // WatchRuleResults and WatchSteps calls open now.
   size_t open_watches() const;
+
+  // For a cluster node, which applies its partitions of the log here. They
+  // live until Shutdown.
+  JobRegistry* registry() const { return registry_.get(); }
+  storage::Store* store() const { return store_.get(); }
 
   // Stops accepting, ends open streams (acknowledged data stays stored),
   // waits for rules to finish what they were given, closes the store.

@@ -1,0 +1,190 @@
+// sonde-cluster: one process of a Sonde cluster (docs/cluster.md).
+//
+//   sonde-cluster --role=node --name=node-1 --etcd=HOST:PORT,... --nats=nats://HOST:PORT,...
+//                 --listen=HOST:PORT --data_dir=DIR
+//       a collector node: owns partitions, applies them to its RocksDB,
+//       runs the rules, and serves the Query API for its jobs on --listen.
+//   sonde-cluster --role=gateway --name=gw-1 --nats=nats://HOST:PORT,... --listen=HOST:PORT
+//       a gateway: serves the Collector stream the hook speaks on --listen.
+//
+// Prints the address it listens on as the first line of stdout; SIGTERM or
+// SIGINT stops it cleanly.
+#include <csignal>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "rules/rule_config.h"
+#include "server/cluster/etcd.h"
+#include "server/cluster/gateway.h"
+#include "server/cluster/node.h"
+#include "server/cluster/partition_log.h"
+#include "server/collector.h"
+
+ABSL_FLAG(std::string, role, "", "node or gateway");
+ABSL_FLAG(std::string, name, "", "this process's name, unique in the cluster ([A-Za-z0-9_-]+)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "host:port to serve on (node: Query; gateway: Collector); port 0 picks one");
+ABSL_FLAG(std::vector<std::string>, etcd, {}, "etcd members, host:port,... (nodes)");
+ABSL_FLAG(std::vector<std::string>, nats, {}, "NATS servers, nats://host:port,...");
+ABSL_FLAG(std::string, cluster, "default",
+          "the cluster's name: its etcd prefix is /sonde/<cluster>");
+ABSL_FLAG(int, partitions, 16, "log partitions; fixed when the cluster is created");
+ABSL_FLAG(int, replicas, 3, "copies of each log partition (JetStream replicas)");
+ABSL_FLAG(std::string, data_dir, "sonde-data", "the node's RocksDB directory");
+ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecreasing",
+          "rules run for every job, as sonde-collector --rules");
+ABSL_FLAG(absl::Duration, lease, absl::Seconds(5),
+          "how long a node's partitions outlive it when it stops answering etcd");
+ABSL_FLAG(absl::Duration, step_wait, absl::Seconds(60),
+          "how long a step waits for its other workers before the rules see it");
+
+namespace {
+
+using sonde::cluster::ClusterNode;
+using sonde::cluster::Etcd;
+using sonde::cluster::Gateway;
+using sonde::cluster::PartitionLog;
+
+sigset_t BlockStopSignals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
+}
+
+absl::StatusOr<std::unique_ptr<PartitionLog>> OpenLog() {
+  PartitionLog::Options o;
+  o.servers = absl::GetFlag(FLAGS_nats);
+  o.partitions = absl::GetFlag(FLAGS_partitions);
+  o.replicas = absl::GetFlag(FLAGS_replicas);
+  // JetStream elects its meta leader after the servers start: retry a while.
+  absl::StatusOr<std::unique_ptr<PartitionLog>> log;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (true) {
+    log = PartitionLog::Open(o);
+    if (log.ok() || absl::IsInvalidArgument(log.status()) || absl::Now() > deadline) return log;
+    LOG(WARNING) << "the log is not ready yet: " << log.status();
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+}
+
+int RunNode(const sigset_t& stop) {
+  absl::StatusOr<std::vector<sonde::v1::RuleSpec>> rules =
+      sonde::rules::ParseRuleFlag(absl::GetFlag(FLAGS_rules));
+  if (!rules.ok()) {
+    std::cerr << "sonde-cluster: --rules: " << rules.status() << std::endl;
+    return 2;
+  }
+  sonde::server::CollectorOptions co;
+  co.listen = absl::GetFlag(FLAGS_listen);
+  co.data_dir = absl::GetFlag(FLAGS_data_dir);
+  co.default_rules = *rules;
+  co.step_wait = absl::GetFlag(FLAGS_step_wait);
+  co.serve_ingest = false;
+  co.limits.max_chunk_bytes = 256 << 10;  // a chunk and its message fit a log entry
+  auto collector = sonde::server::Collector::Start(co);
+  if (!collector.ok()) {
+    std::cerr << "sonde-cluster: " << collector.status() << std::endl;
+    return 1;
+  }
+  Etcd::Options eo;
+  eo.endpoints = absl::GetFlag(FLAGS_etcd);
+  auto etcd = Etcd::Connect(eo);
+  auto log = OpenLog();
+  if (!etcd.ok() || !log.ok()) {
+    std::cerr << "sonde-cluster: " << (etcd.ok() ? log.status() : etcd.status()) << std::endl;
+    return 1;
+  }
+  ClusterNode::Options no;
+  no.membership.prefix = "/sonde/" + absl::GetFlag(FLAGS_cluster);
+  no.membership.node = absl::GetFlag(FLAGS_name);
+  no.membership.address = (*collector)->address();
+  no.membership.lease_ttl = absl::GetFlag(FLAGS_lease);
+  no.limits = co.limits;
+  absl::StatusOr<std::unique_ptr<ClusterNode>> node;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (true) {  // a restarted node's old lease may hold its name a moment
+    node = ClusterNode::Start(etcd->get(), log->get(), (*collector)->registry(),
+                              (*collector)->store(), no);
+    if (node.ok() || !absl::IsAlreadyExists(node.status()) || absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  if (!node.ok()) {
+    std::cerr << "sonde-cluster: " << node.status() << std::endl;
+    return 1;
+  }
+  std::cout << (*collector)->address() << std::endl;
+  int sig = 0;
+  sigwait(&stop, &sig);
+  LOG(INFO) << "signal " << sig << ": leaving the cluster";
+  node->reset();
+  (*collector)->Shutdown();
+  return 0;
+}
+
+int RunGateway(const sigset_t& stop) {
+  auto log = OpenLog();
+  if (!log.ok()) {
+    std::cerr << "sonde-cluster: " << log.status() << std::endl;
+    return 1;
+  }
+  Gateway::Options go;
+  go.name = absl::GetFlag(FLAGS_name);
+  auto gateway = Gateway::Create(log->get(), go);
+  if (!gateway.ok()) {
+    std::cerr << "sonde-cluster: " << gateway.status() << std::endl;
+    return 1;
+  }
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>((*log)->options().max_entry_bytes));
+  builder.RegisterService(gateway->get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "sonde-cluster: cannot listen on '" << listen << "'" << std::endl;
+    return 1;
+  }
+  std::cout << listen.substr(0, listen.rfind(':')) << ":" << port << std::endl;
+  int sig = 0;
+  sigwait(&stop, &sig);
+  LOG(INFO) << "signal " << sig << ": stopping the gateway";
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  server->Wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("one process of a Sonde cluster: --role=node or --role=gateway");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  const sigset_t stop = BlockStopSignals();
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (absl::GetFlag(FLAGS_name).empty() || absl::GetFlag(FLAGS_nats).empty()) {
+    std::cerr << "sonde-cluster: --name and --nats are required" << std::endl;
+    return 2;
+  }
+  if (role == "node") {
+    if (absl::GetFlag(FLAGS_etcd).empty()) {
+      std::cerr << "sonde-cluster: a node needs --etcd" << std::endl;
+      return 2;
+    }
+    return RunNode(stop);
+  }
+  if (role == "gateway") return RunGateway(stop);
+  std::cerr << "sonde-cluster: --role must be node or gateway, not '" << role << "'" << std::endl;
+  return 2;
+}

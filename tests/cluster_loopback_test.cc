@@ -1,0 +1,252 @@
+// The whole cluster on 127.0.0.1, every server its own process: 3 etcd
+// members, 3 nats-servers, 3 Sonde nodes and 2 gateways (sonde-cluster),
+// with 8 training clients streaming through the gateways. While they
+// stream, Sonde nodes and a log server are killed with SIGKILL and
+// restarted, again and again. At the end every acknowledged step is stored
+// exactly once with its values, by the node that owns its job's partition,
+// every job is finished, and the StopTraining one job's rule asked for
+// fired once and reached its client.
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/hook.h"
+#include "client/query_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/cluster/etcd.h"
+#include "server/cluster/membership.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/etcd_cluster.h"
+#include "tests/testing/http_get.h"
+#include "tests/testing/nats_cluster.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/unused_port.h"
+#include "tests/testing/wait.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::WaitUntil;
+
+constexpr int kPartitions = 4;
+constexpr int kSteps = 100;
+constexpr int kClients = 8;
+constexpr char kPrefix[] = "/sonde/loop";
+
+std::string ClusterBinary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "sonde",
+                      "/server/cluster/sonde-cluster");
+}
+
+// A sonde-cluster process on a fixed port, which a test can kill -9 and
+// start again on the same port and data.
+class SondeProcess {
+ public:
+  SondeProcess(std::vector<std::string> args, std::string log)
+      : args_(std::move(args)), log_(std::move(log)) {}
+
+  void Start() {
+    port_ = testing::UnusedLoopbackPort();
+    Launch();
+  }
+  void Kill() { process_.Kill(); }
+  void Restart() { Launch(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  bool Running() { return process_.Running(); }
+  // Accepts TCP connections (its gRPC server is up).
+  bool Listening() {
+    const int fd = testing::ConnectTo(address());
+    if (fd < 0) return false;
+    close(fd);
+    return true;
+  }
+
+ private:
+  void Launch() {
+    std::vector<std::string> argv = {ClusterBinary()};
+    argv.insert(argv.end(), args_.begin(), args_.end());
+    argv.push_back("--listen=" + address());
+    ASSERT_TRUE(process_.Start(argv, log_));
+  }
+
+  const std::vector<std::string> args_;
+  const std::string log_;
+  int port_ = 0;
+  testing::ChildProcess process_;
+};
+
+class ClusterLoopbackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveEtcd() || !testing::HaveNats()) GTEST_SKIP() << "no etcd or nats-server";
+    etcd_ = std::make_unique<testing::EtcdCluster>(dir_.path(), 3);
+    nats_ = std::make_unique<testing::NatsCluster>(dir_.path(), 3);
+    SONDE_ASSERT_OK(etcd_->Start());
+    SONDE_ASSERT_OK(nats_->Start());
+    const std::string etcd = "--etcd=" + absl::StrJoin(etcd_->endpoints(), ",");
+    const std::string nats = "--nats=" + absl::StrJoin(nats_->urls(), ",");
+    const std::vector<std::string> common = {nats, "--cluster=loop",
+                                             absl::StrCat("--partitions=", kPartitions),
+                                             "--replicas=3"};
+    for (int i = 0; i < 3; ++i) {
+      std::vector<std::string> args = common;
+      args.insert(args.end(), {"--role=node", absl::StrCat("--name=node-", i), etcd,
+                               "--data_dir=" + dir_.Sub(absl::StrCat("node-", i)),
+                               "--lease=2s", "--rules=ExplodingTensor(actions=StopTraining)"});
+      nodes_.push_back(std::make_unique<SondeProcess>(
+          args, dir_.Sub(absl::StrCat("node-", i, ".log"))));
+    }
+    for (int i = 0; i < 2; ++i) {
+      std::vector<std::string> args = common;
+      args.insert(args.end(), {"--role=gateway", absl::StrCat("--name=gw-", i)});
+      gateways_.push_back(
+          std::make_unique<SondeProcess>(args, dir_.Sub(absl::StrCat("gw-", i, ".log"))));
+    }
+    for (auto& p : nodes_) p->Start();
+    for (auto& p : gateways_) p->Start();
+    cluster::Etcd::Options eo;
+    eo.endpoints = etcd_->endpoints();
+    auto client = cluster::Etcd::Connect(eo);
+    SONDE_ASSERT_OK(client);
+    etcd_client_ = std::move(*client);
+    // Every partition owned and every gateway serving before training starts.
+    ASSERT_TRUE(WaitUntil([&] {
+      auto owners = etcd_client_->List(absl::StrCat(kPrefix, "/owners/"));
+      return owners.ok() && owners->size() == kPartitions;
+    }, absl::Seconds(60))) << "partitions never all owned; see " << dir_.path();
+    for (auto& g : gateways_) ASSERT_TRUE(WaitUntil([&] { return g->Listening(); }));
+  }
+
+  // The Query address of the node owning `job`'s partition now.
+  std::string OwnerAddress(const std::string& job) {
+    const int p = cluster::JobPartition(job, kPartitions);
+    auto owner = etcd_client_->Get(absl::StrCat(kPrefix, "/owners/", p));
+    if (!owner.ok() || !owner->has_value()) return "";
+    auto node = etcd_client_->Get(absl::StrCat(kPrefix, "/nodes/", (*owner)->value));
+    if (!node.ok() || !node->has_value()) return "";
+    return (*node)->value;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<testing::EtcdCluster> etcd_;
+  std::unique_ptr<testing::NatsCluster> nats_;
+  std::vector<std::unique_ptr<SondeProcess>> nodes_;
+  std::vector<std::unique_ptr<SondeProcess>> gateways_;
+  std::unique_ptr<cluster::Etcd> etcd_client_;
+};
+
+float Value(int client, int step, int i) { return client * 1000.0f + step + 0.001f * i; }
+
+TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreKilled) {
+  // Eight training processes, four per gateway.
+  std::vector<std::unique_ptr<Hook>> hooks;
+  for (int c = 0; c < kClients; ++c) {
+    HookOptions o;
+    o.collector = gateways_[c % 2]->address();
+    o.job = absl::StrCat("job-", c);
+    o.config.save_config = SaveConfig::Every(1);
+    o.config.include_collections = {"weights", "losses"};
+    o.close_timeout = absl::Seconds(120);
+    auto hook = Hook::Create(o);
+    SONDE_ASSERT_OK(hook);
+    hooks.push_back(std::move(*hook));
+  }
+  std::atomic<int> training{kClients};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      Hook& hook = *hooks[c];
+      std::vector<float> w(64);
+      for (int step = 0; step < kSteps; ++step) {
+        hook.StartStep();
+        for (int i = 0; i < 64; ++i) w[i] = Value(c, step, i);
+        EXPECT_TRUE(hook.SaveTensor("fc.weight", HostTensor(w.data(), {64}), {"weights"}).ok());
+        // job-0's loss explodes at step 40: its rule stops the training.
+        const double loss = c == 0 && step == 40 ? std::nan("") : 1.0 / (step + 1);
+        EXPECT_TRUE(hook.SaveScalar("loss", loss, {"losses"}).ok());
+        hook.EndStep();
+        absl::SleepFor(absl::Milliseconds(100));  // 10 s of training
+      }
+      --training;
+    });
+  }
+  // Chaos while they stream: kill -9 a Sonde node or a log server, let it
+  // lie dead a moment, start it again; round and round.
+  std::mt19937 rng(19);
+  int kills = 0;
+  for (int round = 0; training.load() > 0; ++round) {
+    absl::SleepFor(absl::Milliseconds(400));
+    if (round % 2 == 0) {
+      const int n = static_cast<int>(rng() % nodes_.size());
+      nodes_[n]->Kill();
+      absl::SleepFor(absl::Milliseconds(300));
+      nodes_[n]->Restart();
+    } else {
+      const int s = static_cast<int>(rng() % 3);
+      nats_->Kill(s);
+      absl::SleepFor(absl::Milliseconds(300));
+      SONDE_ASSERT_OK(nats_->Restart(s));
+    }
+    ++kills;
+  }
+  for (std::thread& t : clients) t.join();
+  for (auto& h : hooks) SONDE_EXPECT_OK(h->Close());
+  RecordProperty("kills", kills);
+  EXPECT_GE(kills, 4);
+
+  for (int c = 0; c < kClients; ++c) {
+    const std::string job = absl::StrCat("job-", c);
+    EXPECT_EQ(hooks[c]->counters().steps_dropped, 0u) << job;
+    EXPECT_EQ(hooks[c]->counters().tensors_dropped, 0u) << job;
+    // The owner may still be applying (or taking over): wait for the end.
+    v1::JobInfo info;
+    ASSERT_TRUE(WaitUntil([&] {
+      const std::string owner = OwnerAddress(job);
+      if (owner.empty()) return false;
+      auto got = QueryClient::Connect(owner)->GetJob(job);
+      if (!got.ok()) return false;
+      info = *got;
+      return info.status() == v1::JOB_STATUS_FINISHED || info.status() == v1::JOB_STATUS_STOPPED;
+    }, absl::Seconds(90))) << job << " never finished; logs in " << dir_.path();
+    auto q = QueryClient::Connect(OwnerAddress(job));
+    auto steps = q->ListSteps(job);
+    SONDE_ASSERT_OK(steps);
+    std::vector<int64_t> stored;
+    for (const v1::StepInfo& s : *steps) {
+      stored.push_back(s.step());
+      EXPECT_EQ(s.workers_size(), 1) << job << " step " << s.step();
+    }
+    std::vector<int64_t> all(kSteps);
+    for (int i = 0; i < kSteps; ++i) all[i] = i;
+    EXPECT_EQ(stored, all) << job;  // every step, once, in order
+    for (int step : {0, 29, kSteps - 1}) {
+      auto values = q->ReadTensor(job, "fc.weight", step);
+      SONDE_ASSERT_OK(values);
+      ASSERT_EQ(values->bytes.size(), 64u * sizeof(float)) << job << " step " << step;
+      std::vector<float> got(64);
+      std::memcpy(got.data(), values->bytes.data(), values->bytes.size());
+      for (int i = 0; i < 64; ++i) ASSERT_EQ(got[i], Value(c, step, i)) << job << " " << step;
+    }
+  }
+  // The exploding loss of job-0: its StopTraining fired once and came back.
+  auto fired = etcd_client_->List(absl::StrCat(kPrefix, "/actions/job-0/"));
+  SONDE_ASSERT_OK(fired);
+  EXPECT_EQ(fired->size(), 1u);
+  EXPECT_TRUE(hooks[0]->should_stop());
+  for (int c = 1; c < kClients; ++c) EXPECT_FALSE(hooks[c]->should_stop()) << c;
+}
+
+}  // namespace
+}  // namespace sonde
