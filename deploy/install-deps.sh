@@ -11,7 +11,7 @@ PACKAGES=(
   python3-dev pybind11-dev python3-torch python3-pytest python3-sklearn python3-matplotlib
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev
-  etcd-server golang-etcd-server-dev nats-server libnats-dev
+  etcd-server golang-etcd-server-dev nats-server libnats-dev python3-yaml
   chromium
 )
 

@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "server/access.h"
 #include "server/cluster/membership.h"
 
 namespace sonde::cluster {
@@ -174,6 +175,14 @@ grpc::Status Gateway::Stream(
   if (!m.has_hello()) {
     return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                "the first message of a stream must be a hello"));
+  }
+  if (options_.tokens != nullptr) {
+    absl::StatusOr<const server::TokenGrant*> grant =
+        server::AuthenticateCall(*options_.tokens, *context);
+    absl::Status allowed = grant.ok() ? server::Authorize(**grant, "/sonde.v1.Collector/Stream",
+                                                          m, context->peer())
+                                      : grant.status();
+    if (!allowed.ok()) return finish(ToGrpcStatus(allowed));
   }
   partition = PartitionOf(m.hello().job());
   absl::StatusOr<uint64_t> hello_at = log_entry({m}, false);

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "proto/collector.grpc.pb.h"
+#include "server/auth.h"
 #include "server/cluster/partition_log.h"
 
 namespace sonde::cluster {
@@ -36,6 +37,10 @@ class Gateway final : public v1::Collector::Service {
     // How long an append is retried (same id) before the stream is ended
     // with UNAVAILABLE and the client reconnects.
     absl::Duration append_timeout = absl::Seconds(30);
+    // Bearer tokens (server/auth.h), checked as sonde-collector checks
+    // them: a stream's token must grant writing its hello's job. Null:
+    // no authentication.
+    const server::TokenTable* tokens = nullptr;
   };
 
   static absl::StatusOr<std::unique_ptr<Gateway>> Create(PartitionLog* log, Options options);

@@ -25,12 +25,17 @@
 #include "server/cluster/gateway.h"
 #include "server/cluster/node.h"
 #include "server/cluster/partition_log.h"
+#include "server/auth.h"
 #include "server/collector.h"
+#include "server/security.h"
 
 ABSL_FLAG(std::string, role, "", "node or gateway");
 ABSL_FLAG(std::string, name, "", "this process's name, unique in the cluster ([A-Za-z0-9_-]+)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port to serve on (node: Query; gateway: Collector); port 0 picks one");
+ABSL_FLAG(std::string, advertise, "",
+          "node: the host:port other processes reach its Query service at (e.g. the pod's "
+          "DNS name); empty: the address it listens on");
 ABSL_FLAG(std::vector<std::string>, etcd, {}, "etcd members, host:port,... (nodes)");
 ABSL_FLAG(std::vector<std::string>, nats, {}, "NATS servers, nats://host:port,...");
 ABSL_FLAG(std::string, cluster, "default",
@@ -42,6 +47,17 @@ ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecr
           "rules run for every job, as sonde-collector --rules");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(5),
           "how long a node's partitions outlive it when it stops answering etcd");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(30),
+          "gateway: close each client connection after this long (the hook reconnects and "
+          "resends what was not acknowledged), so an L4 balancer spreads clients over "
+          "gateways added later; 0: never");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA: clients must present a certificate it signed");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "JSON file of bearer tokens and their rights, as sonde-collector --auth_tokens");
+ABSL_FLAG(bool, allow_insecure, false,
+          "allow plaintext without --auth_tokens on an address that is not loopback");
 ABSL_FLAG(absl::Duration, step_wait, absl::Seconds(60),
           "how long a step waits for its other workers before the rules see it");
 
@@ -51,6 +67,16 @@ using sonde::cluster::ClusterNode;
 using sonde::cluster::Etcd;
 using sonde::cluster::Gateway;
 using sonde::cluster::PartitionLog;
+
+sonde::server::ServerSecurityOptions Security() {
+  sonde::server::ServerSecurityOptions s;
+  s.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  s.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  s.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  s.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  s.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  return s;
+}
 
 sigset_t BlockStopSignals() {
   sigset_t stop;
@@ -90,6 +116,7 @@ int RunNode(const sigset_t& stop) {
   co.default_rules = *rules;
   co.step_wait = absl::GetFlag(FLAGS_step_wait);
   co.serve_ingest = false;
+  co.security = Security();
   co.limits.max_chunk_bytes = 256 << 10;  // a chunk and its message fit a log entry
   auto collector = sonde::server::Collector::Start(co);
   if (!collector.ok()) {
@@ -107,7 +134,9 @@ int RunNode(const sigset_t& stop) {
   ClusterNode::Options no;
   no.membership.prefix = "/sonde/" + absl::GetFlag(FLAGS_cluster);
   no.membership.node = absl::GetFlag(FLAGS_name);
-  no.membership.address = (*collector)->address();
+  no.membership.address = absl::GetFlag(FLAGS_advertise).empty()
+                              ? (*collector)->address()
+                              : absl::GetFlag(FLAGS_advertise);
   no.membership.lease_ttl = absl::GetFlag(FLAGS_lease);
   no.limits = co.limits;
   absl::StatusOr<std::unique_ptr<ClusterNode>> node;
@@ -132,6 +161,23 @@ int RunNode(const sigset_t& stop) {
 }
 
 int RunGateway(const sigset_t& stop) {
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  const sonde::server::ServerSecurityOptions security = Security();
+  absl::Status secure = sonde::server::CheckServerSecurity(listen, security);
+  auto credentials = sonde::server::MakeServerCredentials(security);
+  std::unique_ptr<sonde::server::TokenTable> tokens;
+  if (secure.ok() && credentials.ok() && security.auth()) {
+    auto loaded = sonde::server::TokenTable::FromFile(security.auth_tokens_file);
+    if (loaded.ok()) {
+      tokens = std::move(*loaded);
+    } else {
+      secure = loaded.status();
+    }
+  }
+  if (!secure.ok() || !credentials.ok()) {
+    std::cerr << "sonde-cluster: " << (secure.ok() ? credentials.status() : secure) << std::endl;
+    return 2;
+  }
   auto log = OpenLog();
   if (!log.ok()) {
     std::cerr << "sonde-cluster: " << log.status() << std::endl;
@@ -139,6 +185,7 @@ int RunGateway(const sigset_t& stop) {
   }
   Gateway::Options go;
   go.name = absl::GetFlag(FLAGS_name);
+  go.tokens = tokens.get();
   auto gateway = Gateway::Create(log->get(), go);
   if (!gateway.ok()) {
     std::cerr << "sonde-cluster: " << gateway.status() << std::endl;
@@ -146,9 +193,14 @@ int RunGateway(const sigset_t& stop) {
   }
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>((*log)->options().max_entry_bytes));
+  const absl::Duration age = absl::GetFlag(FLAGS_max_connection_age);
+  if (age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(age)));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 10000);
+  }
   builder.RegisterService(gateway->get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
