@@ -103,6 +103,19 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
     EndStream(key);
     ended_.erase(key);
   }
+  // Streams the registry aborted meanwhile end now, so they hold neither a
+  // session nor the replay position back (their gateway may be gone and
+  // never log their close).
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    absl::Status aborted = it->second->TakeAborted();
+    if (aborted.ok() || it->first == key) {
+      ++it;
+      continue;
+    }
+    outcome.others_ended.push_back({it->first.first, it->first.second, aborted});
+    ended_.insert(it->first);
+    it = streams_.erase(it);
+  }
   if (!replaying) {
     applied_ = sequence;
     // A committed step wrote the position already; writing it again is

@@ -56,6 +56,15 @@ class PartitionApplier {
     // The stream's job and worker, once its hello was taken.
     std::string job;
     int32_t worker = -1;
+    // Other streams this entry ended: a hello that took over a worker
+    // aborts the stream that had it (e.g. one whose gateway died). Their
+    // gateways should end them too.
+    struct Ended {
+      std::string gateway;
+      uint64_t connection = 0;
+      absl::Status status;
+    };
+    std::vector<Ended> others_ended;
   };
   // Applies the entry at `sequence`. Entries come in increasing sequence
   // order, from ReadFrom() on. An error is returned only when the node

@@ -287,6 +287,42 @@ TEST(PartitionApplier, ARefusedStreamEndsAloneAndStoresNothingOfItsBadStep) {
   EXPECT_EQ(good_job->status(), v1::JOB_STATUS_FINISHED);
 }
 
+// A client whose gateway died reconnects through another: its new hello
+// takes the worker over, the old stream ends (its gateway is told), and it
+// no longer holds back where a restarted node would replay from.
+TEST(PartitionApplier, AStreamWhoseWorkerIsTakenOverEndsAndFreesTheReplayPosition) {
+  TempDir dir;
+  Node node(dir.Sub("db"));
+  SONDE_ASSERT_OK(node.applier().ReadFrom());
+  LoggedStream old_stream("gw-dead", 1), new_stream("gw-b", 9);
+  std::vector<v1::LogEntry> log = {old_stream.Hello("moved", 0, 1, 77), old_stream.Step(0, Weights(0)),
+                                   new_stream.Hello("moved", 0, 1, 77),
+                                   new_stream.Step(1, Weights(1)), new_stream.JobEnd()};
+  std::vector<PartitionApplier::Outcome> outcomes;
+  for (size_t i = 0; i < log.size(); ++i) {
+    auto outcome = node.applier().Apply(i + 1, log[i]);
+    SONDE_ASSERT_OK(outcome);
+    SONDE_EXPECT_OK(outcome->ended) << "entry " << i + 1;
+    outcomes.push_back(*std::move(outcome));
+    if (i == 2) {
+      ASSERT_EQ(outcomes[2].others_ended.size(), 1u);
+      EXPECT_EQ(outcomes[2].others_ended[0].gateway, "gw-dead");
+      EXPECT_EQ(outcomes[2].others_ended[0].connection, 1u);
+      EXPECT_EQ(outcomes[2].others_ended[0].status.code(), absl::StatusCode::kAborted);
+      EXPECT_EQ(node.applier().open_streams(), 1u);
+      auto position = node.store().GetLogPosition(0);
+      SONDE_ASSERT_OK(position);
+      EXPECT_EQ(position->replay_from(), 3u);  // the new stream's hello, not 1
+    }
+  }
+  auto job = node.store().GetJob("moved");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED);
+  auto steps = node.store().ListSteps(job->job_id(), v1::MODE_TRAIN);
+  SONDE_ASSERT_OK(steps);
+  EXPECT_EQ(steps->size(), 2u);
+}
+
 // The pieces together: a gateway's entries through a real JetStream log,
 // applied by a node that is stopped and restarted halfway.
 TEST(PartitionApplier, AppliesARealLogAcrossANodeRestart) {

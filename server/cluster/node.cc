@@ -206,6 +206,15 @@ bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
     }
     *out.add_replies() = reply;
   }
+  for (const PartitionApplier::Outcome::Ended& e : outcome.others_ended) {
+    v1::EntryOutcome ended;
+    ended.set_connection(e.connection);
+    ended.set_sequence(sequence);
+    ended.set_code(static_cast<int32_t>(e.status.code()));
+    ended.set_message(std::string(e.status.message()));
+    absl::Status s = log_->Notify(absl::StrCat("out.", e.gateway), ended.SerializeAsString());
+    if (!s.ok()) LOG(WARNING) << "partition " << partition << ": " << s;
+  }
   if (out.replies_size() == 0 && out.code() == 0) return true;
   absl::Status s = log_->Notify(absl::StrCat("out.", entry.gateway()), out.SerializeAsString());
   if (!s.ok()) LOG(WARNING) << "partition " << partition << ": " << s;

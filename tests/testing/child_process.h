@@ -50,6 +50,8 @@ class ChildProcess {
     return pid_ > 0;
   }
 
+  pid_t pid() const { return pid_; }
+
   // SIGKILL, as a crash, and waits for it.
   void Kill() { Signal(SIGKILL); }
   // SIGTERM, and waits for it to exit.

@@ -56,6 +56,8 @@ class EtcdCluster {
   }
   int size() const { return members_; }
 
+  pid_t pid(int i) const { return processes_[i]->pid(); }
+
   // kill -9 of member i.
   void Kill(int i) { processes_[i]->Kill(); }
   // Starts member i again on its data directory and ports.

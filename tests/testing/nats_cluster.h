@@ -51,6 +51,7 @@ class NatsCluster {
   }
 
   void Kill(int i) { processes_[i]->Kill(); }
+  pid_t pid(int i) const { return processes_[i]->pid(); }
   absl::Status Restart(int i) {
     if (!processes_[i]->Start({kNatsBinary, "-c", ConfigPath(i)}, LogPath(i))) {
       return absl::InternalError("cannot fork nats-server");
