@@ -110,7 +110,9 @@ class ClusterLoopbackTest : public ::testing::Test {
     }
     for (int i = 0; i < 2; ++i) {
       std::vector<std::string> args = common;
-      args.insert(args.end(), {"--role=gateway", absl::StrCat("--name=gw-", i)});
+      // Gateways also serve the Query API (they know etcd): queries below
+      // go through them, as a user's would.
+      args.insert(args.end(), {"--role=gateway", absl::StrCat("--name=gw-", i), etcd});
       gateways_.push_back(
           std::make_unique<SondeProcess>(args, dir_.Sub(absl::StrCat("gw-", i, ".log"))));
     }
@@ -127,16 +129,6 @@ class ClusterLoopbackTest : public ::testing::Test {
       return owners.ok() && owners->size() == kPartitions;
     }, absl::Seconds(60))) << "partitions never all owned; see " << dir_.path();
     for (auto& g : gateways_) ASSERT_TRUE(WaitUntil([&] { return g->Listening(); }));
-  }
-
-  // The Query address of the node owning `job`'s partition now.
-  std::string OwnerAddress(const std::string& job) {
-    const int p = cluster::JobPartition(job, kPartitions);
-    auto owner = etcd_client_->Get(absl::StrCat(kPrefix, "/owners/", p));
-    if (!owner.ok() || !owner->has_value()) return "";
-    auto node = etcd_client_->Get(absl::StrCat(kPrefix, "/nodes/", (*owner)->value));
-    if (!node.ok() || !node->has_value()) return "";
-    return (*node)->value;
   }
 
   testing::TempDir dir_;
@@ -211,16 +203,15 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
     EXPECT_EQ(hooks[c]->counters().steps_dropped, 0u) << job;
     EXPECT_EQ(hooks[c]->counters().tensors_dropped, 0u) << job;
     // The owner may still be applying (or taking over): wait for the end.
+    // Asked through a gateway, which routes to the partition's owner.
+    auto q = QueryClient::Connect(gateways_[(c + 1) % 2]->address());
     v1::JobInfo info;
     ASSERT_TRUE(WaitUntil([&] {
-      const std::string owner = OwnerAddress(job);
-      if (owner.empty()) return false;
-      auto got = QueryClient::Connect(owner)->GetJob(job);
+      auto got = q->GetJob(job);
       if (!got.ok()) return false;
       info = *got;
       return info.status() == v1::JOB_STATUS_FINISHED || info.status() == v1::JOB_STATUS_STOPPED;
     }, absl::Seconds(90))) << job << " never finished; logs in " << dir_.path();
-    auto q = QueryClient::Connect(OwnerAddress(job));
     auto steps = q->ListSteps(job);
     SONDE_ASSERT_OK(steps);
     std::vector<int64_t> stored;
@@ -240,6 +231,9 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
       for (int i = 0; i < 64; ++i) ASSERT_EQ(got[i], Value(c, step, i)) << job << " " << step;
     }
   }
+  auto listed = QueryClient::Connect(gateways_[0]->address())->ListJobs();
+  SONDE_ASSERT_OK(listed);
+  EXPECT_EQ(listed->size(), size_t{kClients});  // each job once, from its owner
   // The exploding loss of job-0: its StopTraining fired once and came back.
   auto fired = etcd_client_->List(absl::StrCat(kPrefix, "/actions/job-0/"));
   SONDE_ASSERT_OK(fired);

@@ -2,22 +2,24 @@
 // three-member etcd and three nats-servers as child processes, collector
 // nodes and a gateway in this process, and real C++ hooks streaming
 // through the gateway as training processes do.
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "client/hook.h"
-#include "common/thread_pool.h"
+#include "client/query_client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "rules/builtin_rules.h"
 #include "server/cluster/etcd.h"
 #include "server/cluster/gateway.h"
 #include "server/cluster/membership.h"
 #include "server/cluster/node.h"
 #include "server/cluster/partition_log.h"
-#include "server/job_registry.h"
+#include "server/cluster/query_front.h"
+#include "server/collector.h"
 #include "storage/store.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/nats_cluster.h"
@@ -54,29 +56,33 @@ std::unique_ptr<Etcd> EtcdClient(const std::vector<std::string>& endpoints) {
   return etcd.ok() ? std::move(*etcd) : nullptr;
 }
 
-// One collector node with its own store, registry and connections.
+// One collector node, as sonde-cluster --role=node runs it: a Collector
+// serving Query (its ingest off) with a ClusterNode on its registry and
+// store, and connections of its own.
 class TestNode {
  public:
   TestNode(const std::string& name, const std::string& db, const std::vector<std::string>& etcd,
            const std::vector<std::string>& nats) {
-    storage::Store::Options so;
-    so.path = db;
-    auto store = storage::Store::Open(so);
-    EXPECT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    registry_ = std::make_unique<server::JobRegistry>(store_.get(), &pool_, factory_.get(),
-                                                      std::vector<v1::RuleSpec>{},
-                                                      absl::Seconds(30));
+    server::CollectorOptions co;
+    co.listen = "127.0.0.1:0";
+    co.data_dir = db;
+    co.step_wait = absl::Seconds(30);
+    co.serve_ingest = false;
+    co.limits.max_chunk_bytes = 256 << 10;  // well inside a log entry
+    auto collector = server::Collector::Start(co);
+    EXPECT_TRUE(collector.ok()) << collector.status();
+    collector_ = std::move(*collector);
     etcd_ = EtcdClient(etcd);
     log_ = OpenLog(nats);
     ClusterNode::Options o;
     o.membership.prefix = "/sonde/test";
     o.membership.node = name;
-    o.membership.address = "127.0.0.1:0";
+    o.membership.address = collector_->address();
     o.membership.lease_ttl = absl::Seconds(2);
     o.placement_interval = absl::Milliseconds(200);
-    o.limits.max_chunk_bytes = 256 << 10;  // well inside a log entry
-    auto node = ClusterNode::Start(etcd_.get(), log_.get(), registry_.get(), store_.get(), o);
+    o.limits = co.limits;
+    auto node = ClusterNode::Start(etcd_.get(), log_.get(), collector_->registry(),
+                                   collector_->store(), o);
     EXPECT_TRUE(node.ok()) << node.status();
     node_ = std::move(*node);
   }
@@ -84,26 +90,29 @@ class TestNode {
 
   void Stop() {
     node_.reset();
-    registry_.reset();
+    if (collector_ != nullptr) collector_->Shutdown();
   }
 
   ClusterNode& node() { return *node_; }
-  storage::Store& store() { return *store_; }
+  storage::Store& store() { return *collector_->store(); }
 
  private:
-  ThreadPool pool_{2, 64};
-  std::unique_ptr<rules::RuleFactory> factory_ = rules::BuiltinRuleFactory();
-  std::unique_ptr<storage::Store> store_;
-  std::unique_ptr<server::JobRegistry> registry_;
+  std::unique_ptr<server::Collector> collector_;
   std::unique_ptr<Etcd> etcd_;
   std::unique_ptr<PartitionLog> log_;
   std::unique_ptr<ClusterNode> node_;
 };
 
+// A gateway serving ingest and, through a QueryFront, the Query API.
 class TestGateway {
  public:
-  explicit TestGateway(const std::vector<std::string>& nats) {
+  TestGateway(const std::vector<std::string>& nats, const std::vector<std::string>& etcd) {
     log_ = OpenLog(nats);
+    etcd_ = EtcdClient(etcd);
+    QueryFront::Options fo;
+    fo.prefix = "/sonde/test";
+    fo.partitions = kPartitions;
+    front_ = std::make_unique<QueryFront>(etcd_.get(), fo);
     Gateway::Options o;
     o.name = "gw-test";
     o.hello_timeout = absl::Seconds(20);
@@ -114,6 +123,7 @@ class TestGateway {
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(gateway_.get());
+    builder.RegisterService(front_.get());
     server_ = builder.BuildAndStart();
     address_ = "127.0.0.1:" + std::to_string(port);
   }
@@ -125,7 +135,9 @@ class TestGateway {
 
  private:
   std::unique_ptr<PartitionLog> log_;
+  std::unique_ptr<Etcd> etcd_;
   std::unique_ptr<Gateway> gateway_;
+  std::unique_ptr<QueryFront> front_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 };
@@ -202,7 +214,7 @@ TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOw
   ASSERT_TRUE(WaitUntil([&] {
     return a->node().owned().size() + b->node().owned().size() == kPartitions;
   }));
-  TestGateway gateway(nats_->urls());
+  TestGateway gateway(nats_->urls(), etcd_->endpoints());
   const std::vector<std::string> jobs = {"job-0", "job-1", "job-2", "job-3"};
   std::vector<std::unique_ptr<Hook>> hooks;
   for (const std::string& job : jobs) {
@@ -225,12 +237,32 @@ TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOw
     EXPECT_EQ(StoredSteps(owner.store(), job), Range(12)) << job;
     EXPECT_TRUE(StoredSteps(other.store(), job).empty()) << job << " stored by both nodes";
   }
+  // The Query API through the gateway, as against a single collector.
+  auto q = QueryClient::Connect(gateway.address());
+  auto listed = q->ListJobs();
+  SONDE_ASSERT_OK(listed);
+  std::vector<std::string> names;
+  for (const v1::JobInfo& j : *listed) names.push_back(j.job());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, jobs);
+  for (const std::string& job : jobs) {
+    auto steps = q->ListSteps(job);
+    SONDE_ASSERT_OK(steps);
+    EXPECT_EQ(steps->size(), 12u) << job;
+    auto value = q->ReadTensor(job, "fc.weight", 7);  // streamed through
+    SONDE_ASSERT_OK(value);
+    ASSERT_EQ(value->bytes.size(), 64 * sizeof(float));
+    float first = 0;
+    std::memcpy(&first, value->bytes.data(), sizeof(float));
+    EXPECT_EQ(first, 7.0f);
+  }
+  EXPECT_EQ(q->GetJob("no-such-job").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) {
   auto a = StartNode("node-a");
   ASSERT_TRUE(WaitUntil([&] { return a->node().owned().size() == kPartitions; }));
-  TestGateway gateway(nats_->urls());
+  TestGateway gateway(nats_->urls(), etcd_->endpoints());
   auto hook = Client(gateway.address(), "moving");
   ASSERT_NE(hook, nullptr);
   Train(*hook, 0, 8);
@@ -244,6 +276,11 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   }));
   Train(*hook, 8, 14);
   SONDE_ASSERT_OK(hook->Flush(absl::Seconds(30)));
+  // Listed once, from its partition's owner now, though the node that
+  // owned it before may still hold a copy.
+  auto listed = QueryClient::Connect(gateway.address())->ListJobs();
+  SONDE_ASSERT_OK(listed);
+  EXPECT_EQ(listed->size(), 1u);
   a->Stop();  // node-a leaves: everything is node-b's
   ASSERT_TRUE(WaitUntil([&] { return b->node().owned().size() == kPartitions; }));
   Train(*hook, 14, 20);

@@ -10,6 +10,8 @@
 // Prints the address it listens on as the first line of stdout; SIGTERM or
 // SIGINT stops it cleanly.
 #include <csignal>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "server/cluster/gateway.h"
 #include "server/cluster/node.h"
 #include "server/cluster/partition_log.h"
+#include "server/cluster/query_front.h"
 #include "server/auth.h"
 #include "server/collector.h"
 #include "server/security.h"
@@ -36,7 +39,12 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, advertise, "",
           "node: the host:port other processes reach its Query service at (e.g. the pod's "
           "DNS name); empty: the address it listens on");
-ABSL_FLAG(std::vector<std::string>, etcd, {}, "etcd members, host:port,... (nodes)");
+ABSL_FLAG(std::vector<std::string>, etcd, {},
+          "etcd members, host:port,...: required for nodes; a gateway given them also serves "
+          "the Query API, routing each job's calls to the node that owns it");
+ABSL_FLAG(std::string, node_tls_ca, "",
+          "gateway: PEM CA of the nodes' TLS certificates, for the Query hop to them; empty: "
+          "plaintext");
 ABSL_FLAG(std::vector<std::string>, nats, {}, "NATS servers, nats://host:port,...");
 ABSL_FLAG(std::string, cluster, "default",
           "the cluster's name: its etcd prefix is /sonde/<cluster>");
@@ -202,6 +210,35 @@ int RunGateway(const sigset_t& stop) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 10000);
   }
   builder.RegisterService(gateway->get());
+  std::unique_ptr<Etcd> etcd;
+  std::unique_ptr<sonde::cluster::QueryFront> front;
+  if (!absl::GetFlag(FLAGS_etcd).empty()) {
+    Etcd::Options eo;
+    eo.endpoints = absl::GetFlag(FLAGS_etcd);
+    auto connected = Etcd::Connect(eo);
+    if (!connected.ok()) {
+      std::cerr << "sonde-cluster: " << connected.status() << std::endl;
+      return 1;
+    }
+    etcd = std::move(*connected);
+    sonde::cluster::QueryFront::Options fo;
+    fo.prefix = "/sonde/" + absl::GetFlag(FLAGS_cluster);
+    fo.partitions = absl::GetFlag(FLAGS_partitions);
+    if (!absl::GetFlag(FLAGS_node_tls_ca).empty()) {
+      std::ifstream ca(absl::GetFlag(FLAGS_node_tls_ca));
+      std::stringstream pem;
+      pem << ca.rdbuf();
+      if (!ca) {
+        std::cerr << "sonde-cluster: cannot read --node_tls_ca" << std::endl;
+        return 2;
+      }
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = pem.str();
+      fo.node_credentials = grpc::SslCredentials(ssl);
+    }
+    front = std::make_unique<sonde::cluster::QueryFront>(etcd.get(), std::move(fo));
+    builder.RegisterService(front.get());
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::cerr << "sonde-cluster: cannot listen on '" << listen << "'" << std::endl;

@@ -1,0 +1,96 @@
+// The cluster's Query front end (docs/cluster.md): the same Query API as
+// sonde-collector, so the CLI, the C++ and Python clients and grpcurl work
+// unchanged against a cluster. A call about one job goes to the node that
+// owns the job's partition now (found in etcd); ListJobs asks every live
+// node and keeps each job's record from its partition's owner (a node
+// that owned a partition earlier may still hold an old copy).
+//
+// The caller's authorization header and deadline go along: nodes check
+// tokens as sonde-collector does.
+#ifndef SONDE_SERVER_CLUSTER_QUERY_FRONT_H_
+#define SONDE_SERVER_CLUSTER_QUERY_FRONT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/query.grpc.pb.h"
+#include "server/cluster/etcd.h"
+
+namespace sonde::cluster {
+
+class QueryFront final : public v1::Query::Service {
+ public:
+  struct Options {
+    std::string prefix;  // the cluster's etcd prefix, e.g. "/sonde/default"
+    int partitions = 16;
+    // Credentials for the hop to the nodes (insecure when null).
+    std::shared_ptr<grpc::ChannelCredentials> node_credentials;
+  };
+  QueryFront(Etcd* etcd, Options options);
+
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::JobInfo* response) override;
+  grpc::Status ListTensors(grpc::ServerContext* context, const v1::ListTensorsRequest* request,
+                           v1::ListTensorsResponse* response) override;
+  grpc::Status ListSteps(grpc::ServerContext* context, const v1::ListStepsRequest* request,
+                         v1::ListStepsResponse* response) override;
+  grpc::Status ReadTensor(grpc::ServerContext* context, const v1::ReadTensorRequest* request,
+                          grpc::ServerWriter<v1::TensorChunk>* writer) override;
+  grpc::Status ReadSeries(grpc::ServerContext* context, const v1::ReadSeriesRequest* request,
+                          v1::ReadSeriesResponse* response) override;
+  grpc::Status GetRuleResults(grpc::ServerContext* context,
+                              const v1::GetRuleResultsRequest* request,
+                              v1::GetRuleResultsResponse* response) override;
+  grpc::Status WatchRuleResults(grpc::ServerContext* context,
+                                const v1::GetRuleResultsRequest* request,
+                                grpc::ServerWriter<v1::RuleResult>* writer) override;
+  grpc::Status ListRuleCatalog(grpc::ServerContext* context,
+                               const v1::ListRuleCatalogRequest* request,
+                               v1::ListRuleCatalogResponse* response) override;
+  grpc::Status WatchSteps(grpc::ServerContext* context, const v1::WatchStepsRequest* request,
+                          grpc::ServerWriter<v1::CompletedStep>* writer) override;
+  grpc::Status PostRuleResult(grpc::ServerContext* context,
+                              const v1::PostRuleResultRequest* request,
+                              v1::PostRuleResultResponse* response) override;
+  grpc::Status EnableRules(grpc::ServerContext* context, const v1::EnableRulesRequest* request,
+                           v1::EnableRulesResponse* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
+  grpc::Status ListMetrics(grpc::ServerContext* context, const v1::ListMetricsRequest* request,
+                           v1::ListMetricsResponse* response) override;
+  grpc::Status ReadMetrics(grpc::ServerContext* context, const v1::ReadMetricsRequest* request,
+                           v1::ReadMetricsResponse* response) override;
+  grpc::Status ReadEvents(grpc::ServerContext* context, const v1::ReadEventsRequest* request,
+                          v1::ReadEventsResponse* response) override;
+  grpc::Status GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request,
+                         v1::GetReportResponse* response) override;
+
+ private:
+  // The stub of the node owning `job`'s partition now; UNAVAILABLE while
+  // the partition has no owner (a failover in progress).
+  absl::StatusOr<v1::Query::Stub*> OwnerOf(const std::string& job);
+  v1::Query::Stub* StubFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
+
+  template <typename Request, typename Response, typename Method>
+  grpc::Status Unary(grpc::ServerContext* context, const std::string& job,
+                     const Request& request, Response* response, Method method);
+  template <typename Request, typename Item, typename Method>
+  grpc::Status Streamed(grpc::ServerContext* context, const std::string& job,
+                        const Request& request, grpc::ServerWriter<Item>* writer, Method method);
+
+  Etcd* const etcd_;
+  const Options options_;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::Query::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sonde::cluster
+
+#endif  // SONDE_SERVER_CLUSTER_QUERY_FRONT_H_
