@@ -45,8 +45,13 @@ struct PartitionApplier::Stream : public server::StreamHandle {
 };
 
 PartitionApplier::PartitionApplier(uint32_t partition, server::JobRegistry* registry,
-                                   storage::Store* store, server::IngestLimits limits)
-    : partition_(partition), registry_(registry), store_(store), limits_(limits) {}
+                                   storage::Store* store, server::IngestLimits limits,
+                                   absl::Duration gateway_timeout)
+    : partition_(partition),
+      registry_(registry),
+      store_(store),
+      limits_(limits),
+      gateway_timeout_micros_(absl::ToInt64Microseconds(gateway_timeout)) {}
 
 PartitionApplier::~PartitionApplier() { streams_.clear(); }
 
@@ -75,7 +80,14 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
   // During a replay (sequence <= applied_) sessions are rebuilt and what
   // they commit is recognised as stored; the position is not written back.
   const bool replaying = sequence <= applied_;
-  if (!ended_.count(key)) {
+  if (entry.unix_micros() > 0) {
+    log_now_micros_ = std::max(log_now_micros_, entry.unix_micros());
+    int64_t& seen = gateway_seen_[entry.gateway()];
+    seen = std::max(seen, entry.unix_micros());
+  }
+  if (entry.heartbeat()) {
+    // Only the clock moves.
+  } else if (!ended_.count(key)) {
     auto it = streams_.find(key);
     if (it == streams_.end()) {
       it = streams_.emplace(key, std::make_unique<Stream>(registry_, limits_, sequence)).first;
@@ -108,12 +120,29 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
   // never log their close).
   for (auto it = streams_.begin(); it != streams_.end();) {
     absl::Status aborted = it->second->TakeAborted();
+    bool silent = false;
+    if (aborted.ok() && it->first != key) {
+      // A gateway silent past the timeout (in log time) is gone: its
+      // streams end as disconnected ones do.
+      auto seen = gateway_seen_.find(it->first.first);
+      if (seen != gateway_seen_.end() &&
+          log_now_micros_ - seen->second > gateway_timeout_micros_) {
+        aborted = absl::UnavailableError(absl::StrCat(
+            "gateway '", it->first.first, "' has logged nothing for ",
+            absl::FormatDuration(absl::Microseconds(log_now_micros_ - seen->second)),
+            ": its streams are taken for disconnected"));
+        silent = true;
+      }
+    }
     if (aborted.ok() || it->first == key) {
       ++it;
       continue;
     }
     outcome.others_ended.push_back({it->first.first, it->first.second, aborted});
-    ended_.insert(it->first);
+    // A taken-over stream's later entries are refused; a silent gateway's
+    // (if it was only cut off) start no session without a hello anyway,
+    // and it may never log again, so nothing is kept for it.
+    if (!silent) ended_.insert(it->first);
     it = streams_.erase(it);
   }
   if (!replaying) {

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "server/ingest_limits.h"
 #include "server/job_registry.h"
@@ -35,8 +36,12 @@ namespace sonde::cluster {
 
 class PartitionApplier {
  public:
+  // A gateway silent for `gateway_timeout` of log time (its entries'
+  // unix_micros against the newest entry's) is taken for dead: its open
+  // streams end as if their clients had disconnected.
   PartitionApplier(uint32_t partition, server::JobRegistry* registry, storage::Store* store,
-                   server::IngestLimits limits);
+                   server::IngestLimits limits,
+                   absl::Duration gateway_timeout = absl::Minutes(1));
   // Ends every open session, as streams ending without a job end.
   ~PartitionApplier();
 
@@ -87,7 +92,10 @@ class PartitionApplier {
   server::JobRegistry* const registry_;
   storage::Store* const store_;
   const server::IngestLimits limits_;
+  const int64_t gateway_timeout_micros_;
   uint64_t applied_ = 0;
+  int64_t log_now_micros_ = 0;                      // the newest entry's unix_micros
+  std::map<std::string, int64_t> gateway_seen_;     // each gateway's newest entry
   std::map<StreamKey, std::unique_ptr<Stream>> streams_;
   // Streams ended by an error whose gateway has not logged their close yet.
   std::set<StreamKey> ended_;

@@ -323,6 +323,49 @@ TEST(PartitionApplier, AStreamWhoseWorkerIsTakenOverEndsAndFreesTheReplayPositio
   EXPECT_EQ(steps->size(), 2u);
 }
 
+// A gateway that dies while its client never comes back: once the other
+// gateways' entries show a minute of log time without a word from it, its
+// streams end as disconnected ones, and the replay position moves past them.
+TEST(PartitionApplier, AStreamOfAGatewaySilentPastTheTimeoutEnds) {
+  TempDir dir;
+  Node node(dir.Sub("db"));
+  SONDE_ASSERT_OK(node.applier().ReadFrom());
+  LoggedStream lost("gw-dead", 1), alive("gw-b", 2);
+  const int64_t t0 = 1'800'000'000'000'000;  // unix micros
+  auto at = [](v1::LogEntry e, int64_t micros) {
+    e.set_unix_micros(micros);
+    return e;
+  };
+  v1::LogEntry beat;
+  beat.set_gateway("gw-b");
+  beat.set_heartbeat(true);
+  std::vector<v1::LogEntry> log = {
+      at(lost.Hello("orphan", 0, 1, 3), t0), at(lost.Step(0, Weights(0)), t0 + 1'000'000),
+      at(alive.Hello("other", 0, 1, 4), t0 + 2'000'000),
+      at(beat, t0 + 30'000'000),   // half a minute: nothing ends
+      at(beat, t0 + 62'000'000)};  // gw-dead silent 61 s
+  std::vector<PartitionApplier::Outcome> outcomes;
+  for (size_t i = 0; i < log.size(); ++i) {
+    auto outcome = node.applier().Apply(i + 1, log[i]);
+    SONDE_ASSERT_OK(outcome);
+    outcomes.push_back(*std::move(outcome));
+  }
+  EXPECT_TRUE(outcomes[3].others_ended.empty());
+  ASSERT_EQ(outcomes[4].others_ended.size(), 1u);
+  EXPECT_EQ(outcomes[4].others_ended[0].gateway, "gw-dead");
+  EXPECT_EQ(outcomes[4].others_ended[0].status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(node.applier().open_streams(), 1u);  // gw-b's
+  auto position = node.store().GetLogPosition(0);
+  SONDE_ASSERT_OK(position);
+  EXPECT_EQ(position->replay_from(), 3u);  // gw-b's hello
+  auto orphan = node.store().GetJob("orphan");
+  SONDE_ASSERT_OK(orphan);
+  EXPECT_EQ(orphan->status(), v1::JOB_STATUS_DISCONNECTED);  // its step 0 kept
+  auto steps = node.store().ListSteps(orphan->job_id(), v1::MODE_TRAIN);
+  SONDE_ASSERT_OK(steps);
+  EXPECT_EQ(steps->size(), 1u);
+}
+
 // The pieces together: a gateway's entries through a real JetStream log,
 // applied by a node that is stopped and restarted halfway.
 TEST(PartitionApplier, AppliesARealLogAcrossANodeRestart) {

@@ -19,6 +19,7 @@
 #include "server/cluster/node.h"
 #include "server/cluster/partition_log.h"
 #include "server/cluster/query_front.h"
+#include "proto/cluster.pb.h"
 #include "server/collector.h"
 #include "storage/store.h"
 #include "tests/testing/etcd_cluster.h"
@@ -116,6 +117,7 @@ class TestGateway {
     Gateway::Options o;
     o.name = "gw-test";
     o.hello_timeout = absl::Seconds(20);
+    o.heartbeat_interval = absl::Milliseconds(200);
     auto gateway = Gateway::Create(log_.get(), o);
     EXPECT_TRUE(gateway.ok()) << gateway.status();
     gateway_ = std::move(*gateway);
@@ -222,6 +224,7 @@ TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOw
     ASSERT_NE(hooks.back(), nullptr);
   }
   for (auto& h : hooks) Train(*h, 0, 12);
+  absl::SleepFor(absl::Milliseconds(500));  // streams open: heartbeats go out
   for (auto& h : hooks) {
     SONDE_EXPECT_OK(h->Close());
     EXPECT_EQ(h->counters().steps_dropped, 0u);
@@ -257,6 +260,25 @@ TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOw
     EXPECT_EQ(first, 7.0f);
   }
   EXPECT_EQ(q->GetJob("no-such-job").status().code(), absl::StatusCode::kNotFound);
+  // The gateway told every partition it streamed to that it was alive, with
+  // its clock, while it had streams open there.
+  std::unique_ptr<PartitionLog> log = OpenLog(nats_->urls());
+  const int p = JobPartition("job-0", kPartitions);
+  auto last = log->LastSequence(p);
+  SONDE_ASSERT_OK(last);
+  auto reader = log->Read(p, 1);
+  SONDE_ASSERT_OK(reader);
+  int beats = 0;
+  for (uint64_t i = 0; i < *last; ++i) {
+    auto e = (*reader)->Next(absl::Seconds(10));
+    SONDE_ASSERT_OK(e);
+    ASSERT_TRUE(e->has_value());
+    v1::LogEntry entry;
+    ASSERT_TRUE(entry.ParseFromString((*e)->bytes));
+    EXPECT_GT(entry.unix_micros(), 0);
+    if (entry.heartbeat()) ++beats;
+  }
+  EXPECT_GE(beats, 1);
 }
 
 TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) {

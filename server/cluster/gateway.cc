@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Create(PartitionLog* log, Opti
     }
   }
   std::unique_ptr<Gateway> gateway(new Gateway(log, std::move(options)));
+  gateway->heartbeat_ = std::thread([g = gateway.get()] { g->HeartbeatLoop(); });
   SONDE_ASSIGN_OR_RETURN(gateway->listener_,
                          log->Listen(absl::StrCat("out.", gateway->options_.name),
                                      [g = gateway.get()](absl::string_view bytes) {
@@ -78,7 +79,37 @@ Gateway::Gateway(PartitionLog* log, Options options)
       options_(std::move(options)),
       next_connection_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))) {}
 
-Gateway::~Gateway() { listener_.reset(); }
+Gateway::~Gateway() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  heartbeat_.join();
+  listener_.reset();
+}
+
+void Gateway::HeartbeatLoop() {
+  while (true) {
+    std::vector<int> partitions;
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop), options_.heartbeat_interval)) return;
+      for (const auto& [p, open] : open_per_partition_) {
+        if (open > 0) partitions.push_back(p);
+      }
+    }
+    for (int p : partitions) {
+      v1::LogEntry beat;
+      beat.set_gateway(options_.name);
+      beat.set_heartbeat(true);
+      beat.set_unix_micros(absl::ToUnixMicros(absl::Now()));
+      absl::StatusOr<PartitionLog::Appended> appended = log_->Append(
+          p, absl::StrCat(options_.name, "/beat/", beat.unix_micros()), beat.SerializeAsString());
+      if (!appended.ok()) LOG(WARNING) << "gateway heartbeat to partition " << p << ": " << appended.status();
+    }
+  }
+}
 
 int Gateway::PartitionOf(const std::string& job) const {
   return JobPartition(job, log_->options().partitions);
@@ -148,6 +179,7 @@ grpc::Status Gateway::Stream(
     entry.set_connection(connection);
     for (v1::ClientMessage& m : messages) *entry.add_messages() = std::move(m);
     entry.set_closed(closed);
+    entry.set_unix_micros(absl::ToUnixMicros(absl::Now()));
     return AppendEntry(partition, entry);
   };
   // However the stream ends: the node closes its session, and the
@@ -160,6 +192,7 @@ grpc::Status Gateway::Stream(
     {
       absl::MutexLock lock(&mu_);
       mailboxes_.erase(connection);
+      if (partition >= 0) --open_per_partition_[partition];
     }
     {
       absl::MutexLock lock(&box->mu);
@@ -185,8 +218,16 @@ grpc::Status Gateway::Stream(
     if (!allowed.ok()) return finish(ToGrpcStatus(allowed));
   }
   partition = PartitionOf(m.hello().job());
+  {
+    absl::MutexLock lock(&mu_);
+    ++open_per_partition_[partition];  // heartbeats to it from now on
+  }
   absl::StatusOr<uint64_t> hello_at = log_entry({m}, false);
   if (!hello_at.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      --open_per_partition_[partition];
+    }
     partition = -1;  // nothing was logged
     return finish(ToGrpcStatus(hello_at.status()));
   }

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -37,6 +38,10 @@ class Gateway final : public v1::Collector::Service {
     // How long an append is retried (same id) before the stream is ended
     // with UNAVAILABLE and the client reconnects.
     absl::Duration append_timeout = absl::Seconds(30);
+    // How often the gateway logs a heartbeat to each partition it has open
+    // streams on; nodes take it for dead after PartitionApplier's
+    // gateway_timeout (1 min) without one.
+    absl::Duration heartbeat_interval = absl::Seconds(10);
     // Bearer tokens (server/auth.h), checked as sonde-collector checks
     // them: a stream's token must grant writing its hello's job. Null:
     // no authentication.
@@ -62,11 +67,16 @@ class Gateway final : public v1::Collector::Service {
   // Appends one entry, retrying with the same id until append_timeout.
   absl::StatusOr<uint64_t> AppendEntry(int partition, const v1::LogEntry& entry);
 
+  void HeartbeatLoop();
+
   PartitionLog* const log_;
   const Options options_;
   std::atomic<uint64_t> next_connection_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Mailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);
+  std::map<int, int> open_per_partition_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread heartbeat_;
   std::unique_ptr<PartitionLog::Listener> listener_;
 };
 
