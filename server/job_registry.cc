@@ -124,6 +124,12 @@ void JobRegistry::TickLoop() {
   }
 }
 
+void JobRegistry::set_webhook_gate(
+    std::function<bool(const std::string& job, const v1::Action&)> gate) {
+  absl::MutexLock lock(&mu_);
+  webhook_gate_ = std::move(gate);
+}
+
 void JobRegistry::set_worker_lease(absl::Duration lease) {
   absl::MutexLock lock(&mu_);
   worker_lease_ = lease;
@@ -284,6 +290,14 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
   RuleActions::Targets targets;
   targets.published = [this, job = hello.job()](const v1::RuleResult& r) { Notify(job, r); };
   targets.stop_training = [this, job = hello.job()](const v1::Action& a) { Broadcast(job, a); };
+  {
+    absl::MutexLock lock(&mu_);
+    if (webhook_gate_) {
+      targets.may_post = [gate = webhook_gate_, job = hello.job()](const v1::Action& a) {
+        return gate(job, a);
+      };
+    }
+  }
   auto sink = std::make_unique<RuleActions>(hello.job(), info.job_id(), store_, webhooks_,
                                             std::move(targets));
   SONDE_ASSIGN_OR_RETURN(

@@ -96,6 +96,10 @@ class JobRegistry {
   // the owner streams, and for this long after its stream went (or after
   // the collector started), unless the owner sent its job end. Default 60 s.
   void set_worker_lease(absl::Duration lease);
+  // Cluster mode: a webhook action of `job` is posted only if `gate` says
+  // so (server/cluster/node.h: by the partition's owner, once per
+  // transition across failovers). Set before the first Join.
+  void set_webhook_gate(std::function<bool(const std::string& job, const v1::Action&)> gate);
 
   // Stores one worker's step (one WriteBatch, with the job record updated)
   // and, once every connected worker has committed it, hands the step to
@@ -221,6 +225,7 @@ class JobRegistry {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration worker_end_timeout_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   absl::Duration worker_lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(60);
+  std::function<bool(const std::string&, const v1::Action&)> webhook_gate_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
 
   // Serialises PostExternalResult's read-modify-write.

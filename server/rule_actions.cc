@@ -26,7 +26,10 @@ void RuleActions::OnAction(const v1::Action& action) {
                            : absl::StrCat(" Suggestion: ", action.verdict().suggestion()));
       break;
     case v1::ACTION_WEBHOOK:
-      if (webhooks_ != nullptr) {
+      if (targets_.may_post && !targets_.may_post(action)) {
+        VLOG(1) << "job '" << job_ << "': webhook of " << action.rule() << " at step "
+                << action.step() << " was posted before or is not this node's to post";
+      } else if (webhooks_ != nullptr) {
         webhooks_->Post(action);
       } else {
         LOG(WARNING) << "job '" << job_ << "': no webhook notifier; verdict of " << action.rule()

@@ -24,6 +24,9 @@ class RuleActions final : public rules::RuleSink {
     std::function<void(const v1::RuleResult&)> published;
     // A StopTraining action, for every stream of the job.
     std::function<void(const v1::Action&)> stop_training;
+    // Whether a webhook action may be posted (null: always). A cluster
+    // node posts only for partitions it owns, once per transition.
+    std::function<bool(const v1::Action&)> may_post;
   };
   // `store` must outlive this; `webhooks` may be null (webhook actions are
   // then logged as not sent).

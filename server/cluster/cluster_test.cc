@@ -3,6 +3,7 @@
 // nodes and a gateway in this process, and real C++ hooks streaming
 // through the gateway as training processes do.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -22,7 +23,9 @@
 #include "proto/cluster.pb.h"
 #include "server/collector.h"
 #include "storage/store.h"
+#include "rules/rule_config.h"
 #include "tests/testing/etcd_cluster.h"
+#include "tests/testing/http_server.h"
 #include "tests/testing/nats_cluster.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -144,8 +147,14 @@ class TestGateway {
   std::string address_;
 };
 
-std::unique_ptr<Hook> Client(const std::string& gateway, const std::string& job) {
+std::unique_ptr<Hook> Client(const std::string& gateway, const std::string& job,
+                             const std::string& rules = "") {
   HookOptions o;
+  if (!rules.empty()) {
+    auto parsed = rules::ParseRuleFlag(rules);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    if (parsed.ok()) o.rules = *parsed;
+  }
   o.collector = gateway;
   o.job = job;
   o.config.save_config = SaveConfig::Every(1);
@@ -156,13 +165,15 @@ std::unique_ptr<Hook> Client(const std::string& gateway, const std::string& job)
   return hook.ok() ? std::move(*hook) : nullptr;
 }
 
-void Train(Hook& hook, int from, int to) {
+// Steps [from, to); the loss is NaN at `nan_at`.
+void Train(Hook& hook, int from, int to, int nan_at = -1) {
   std::vector<float> w(64);
   for (int step = from; step < to; ++step) {
     hook.StartStep();
     for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(step) + 0.01f * i;
     SONDE_EXPECT_OK(hook.SaveTensor("fc.weight", HostTensor(w.data(), {64}), {"weights"}));
-    SONDE_EXPECT_OK(hook.SaveScalar("loss", 1.0 / (step + 1), {"losses"}));
+    SONDE_EXPECT_OK(
+        hook.SaveScalar("loss", step == nan_at ? std::nan("") : 1.0 / (step + 1), {"losses"}));
     hook.EndStep();
   }
 }
@@ -285,9 +296,14 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   auto a = StartNode("node-a");
   ASSERT_TRUE(WaitUntil([&] { return a->node().owned().size() == kPartitions; }));
   TestGateway gateway(nats_->urls(), etcd_->endpoints());
-  auto hook = Client(gateway.address(), "moving");
+  // The NaN loss at step 5 fires a webhook: once, though the partition's
+  // log is applied again by each new owner.
+  testing::TestHttpServer webhook;
+  auto hook = Client(gateway.address(), "moving",
+                     "ExplodingTensor(actions=Webhook:" + webhook.Url("/sonde") + ")");
   ASSERT_NE(hook, nullptr);
-  Train(*hook, 0, 8);
+  Train(*hook, 0, 8, /*nan_at=*/5);
+  ASSERT_EQ(webhook.WaitForRequests(1, absl::Seconds(20)).size(), 1u);
   SONDE_ASSERT_OK(hook->Flush(absl::Seconds(30)));
   // A second node joins: the partitions that rank it first move to it, and
   // it replays their log from the start.
@@ -310,6 +326,8 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   EXPECT_EQ(hook->counters().steps_dropped, 0u);
   ASSERT_TRUE(WaitUntil([&] { return Finished(b->store(), "moving"); }));
   EXPECT_EQ(StoredSteps(b->store(), "moving"), Range(20));
+  absl::SleepFor(absl::Milliseconds(500));  // a second post would be out by now
+  EXPECT_EQ(webhook.requests().size(), 1u);
 }
 
 }  // namespace

@@ -28,6 +28,14 @@ absl::StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(Etcd* etcd, Part
                          Membership::Join(etcd, options.membership));
   std::unique_ptr<ClusterNode> node(
       new ClusterNode(log, registry, store, std::move(options), std::move(membership)));
+  {
+    absl::MutexLock lock(&node->gate_->mu);
+    node->gate_->node = node.get();
+  }
+  registry->set_webhook_gate([state = node->gate_](const std::string& job, const v1::Action& a) {
+    absl::MutexLock lock(&state->mu);
+    return state->node != nullptr && state->node->MayPost(job, a);
+  });
   node->placement_ = std::thread([n = node.get()] { n->PlacementLoop(); });
   return node;
 }
@@ -42,6 +50,10 @@ ClusterNode::ClusterNode(PartitionLog* log, server::JobRegistry* registry,
       membership_(std::move(membership)) {}
 
 ClusterNode::~ClusterNode() {
+  {
+    absl::MutexLock lock(&gate_->mu);  // waits for a gate call in progress
+    gate_->node = nullptr;
+  }
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -63,6 +75,25 @@ uint64_t ClusterNode::applied(int partition) const {
   absl::MutexLock lock(&mu_);
   auto it = owned_.find(partition);
   return it == owned_.end() ? 0 : it->second->applied.load();
+}
+
+bool ClusterNode::MayPost(const std::string& job, const v1::Action& action) {
+  const int p = JobPartition(job, log_->options().partitions);
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = owned_.find(p);
+    if (it == owned_.end()) return false;  // a standby's or a former owner's replay
+    epoch = it->second->epoch;
+  }
+  const std::string key = absl::StrCat(options_.membership.prefix, "/actions/", job, "/webhook/",
+                                       action.rule(), "/", action.step(), "/", action.target());
+  absl::StatusOr<bool> fired = membership_->FireOnce(p, epoch, key, action.SerializeAsString());
+  if (!fired.ok()) {
+    LOG(WARNING) << "job '" << job << "': webhook not posted: " << fired.status();
+    return false;
+  }
+  return *fired;
 }
 
 void ClusterNode::PlacementLoop() {
@@ -188,8 +219,11 @@ bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
   out.set_sequence(sequence);
   out.set_code(static_cast<int32_t>(outcome.ended.code()));
   out.set_message(std::string(outcome.ended.message()));
+  // A hello's answer carries a stop already decided for the job: a worker
+  // that reconnects is told again, whoever told it before.
+  const bool hello = entry.messages_size() > 0 && entry.messages(0).has_hello();
   for (const v1::ServerMessage& reply : outcome.replies) {
-    if (reply.has_action()) {
+    if (reply.has_action() && !hello) {
       // Once per job, worker, rule and step, whoever owns the partition.
       const v1::Action& a = reply.action();
       const std::string key = absl::StrCat(

@@ -67,6 +67,17 @@ class ClusterNode {
   bool Forward(int partition, int64_t epoch, uint64_t sequence, const v1::LogEntry& entry,
                const PartitionApplier::Outcome& outcome);
   void Drop(int partition) ABSL_LOCKS_EXCLUDED(mu_);
+  // The registry's webhook gate: true once per transition, and only while
+  // this node owns the job's partition.
+  bool MayPost(const std::string& job, const v1::Action& action) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What the registry's gate calls, cleared when the node goes (rule
+  // threads may still hold the gate).
+  struct GateState {
+    absl::Mutex mu;
+    ClusterNode* node ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<GateState> gate_ = std::make_shared<GateState>();
 
   PartitionLog* const log_;
   server::JobRegistry* const registry_;
