@@ -69,10 +69,11 @@ void TakeStepFields(const v1::JobInfo& from, v1::JobInfo& into) {
 void AddWorkerEnd(v1::JobInfo& info, int32_t worker, const std::string& reason,
                   uint64_t steps_dropped) {
   auto* ended = info.mutable_ended_workers();
-  if (std::find(ended->begin(), ended->end(), worker) == ended->end()) {
-    info.add_ended_workers(worker);
-    std::sort(ended->begin(), ended->end());
+  if (std::find(ended->begin(), ended->end(), worker) != ended->end()) {
+    return;  // a job end applied again (a cluster node replaying its log): counted once
   }
+  info.add_ended_workers(worker);
+  std::sort(ended->begin(), ended->end());
   if (!reason.empty()) info.set_end_reason(reason);
   info.set_steps_dropped(info.steps_dropped() + steps_dropped);
 }

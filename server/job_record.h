@@ -45,8 +45,10 @@ void AddStep(v1::JobInfo& info, int32_t worker, const v1::StepInfo& step,
 // workers, the status, which other threads change) as they are in `into`.
 void TakeStepFields(const v1::JobInfo& from, v1::JobInfo& into);
 
-// Records `worker`'s job end: it joins ended_workers (once, kept sorted),
-// `reason` (if any) becomes the end reason, `steps_dropped` adds to the gaps.
+// Records `worker`'s job end: it joins ended_workers (kept sorted), `reason`
+// (if any) becomes the end reason, `steps_dropped` adds to the gaps. A
+// worker that has ended already changes nothing (the same end applied
+// again is counted once).
 void AddWorkerEnd(v1::JobInfo& info, int32_t worker, const std::string& reason,
                   uint64_t steps_dropped);
 

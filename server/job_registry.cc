@@ -124,6 +124,23 @@ void JobRegistry::TickLoop() {
   }
 }
 
+absl::Status JobRegistry::RecordDroppedSteps(const std::string& job_name, uint64_t steps) {
+  LiveJob* job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = FindLocked(job_name);
+  }
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  absl::MutexLock commit(&job->commit_mu);
+  absl::MutexLock lock(&mu_);
+  job->AssertHeld();
+  v1::JobInfo info = job->info;
+  info.set_steps_dropped(info.steps_dropped() + steps);
+  SONDE_RETURN_IF_ERROR(store_->PutJob(info));
+  job->info = std::move(info);
+  return absl::OkStatus();
+}
+
 void JobRegistry::set_webhook_gate(
     std::function<bool(const std::string& job, const v1::Action&)> gate) {
   absl::MutexLock lock(&mu_);

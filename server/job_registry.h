@@ -96,6 +96,10 @@ class JobRegistry {
   // the owner streams, and for this long after its stream went (or after
   // the collector started), unless the owner sent its job end. Default 60 s.
   void set_worker_lease(absl::Duration lease);
+  // Adds `steps` whole steps to the job's dropped count (JobInfo.steps_
+  // dropped), stored at once: steps a cluster node refused after the log
+  // had acknowledged them to the client. NotFound for a job not live here.
+  absl::Status RecordDroppedSteps(const std::string& job, uint64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
   // Cluster mode: a webhook action of `job` is posted only if `gate` says
   // so (server/cluster/node.h: by the partition's owner, once per
   // transition across failovers). Set before the first Join.

@@ -93,8 +93,14 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
       it = streams_.emplace(key, std::make_unique<Stream>(registry_, limits_, sequence)).first;
     }
     Stream& stream = *it->second;
-    for (const v1::ClientMessage& m : entry.messages()) {
-      absl::Status s = ApplyMessage(stream, m, sequence, outcome);
+    for (int i = 0; i < entry.messages_size(); ++i) {
+      bool storage_failed = false;
+      absl::Status s = ApplyMessage(stream, entry.messages(i), sequence, outcome, &storage_failed);
+      if (storage_failed) {
+        // Not the client's fault, and not to be skipped: the node stops
+        // here, the position unmoved, and this entry is applied again.
+        return s;
+      }
       if (stream.session.joined()) {
         outcome.job = stream.session.job();
         outcome.worker = stream.session.worker();
@@ -103,13 +109,18 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
       if (s.ok()) s = stream.TakeAborted();
       if (!s.ok()) {
         outcome.ended = s;
+        const std::string job = stream.session.joined() ? stream.session.job() : "";
         EndStream(key);
-        ended_.insert(key);
+        ended_[key] = job;
+        // The gateway acknowledged what the log stored; steps refused from
+        // here on are counted where the job's gaps are.
+        CountRefused(job, entry, i, replaying);
         break;
       }
     }
   } else {
     outcome.ended = absl::AbortedError("the stream ended before this entry");
+    CountRefused(ended_[key], entry, 0, replaying);
   }
   if (entry.closed()) {
     EndStream(key);
@@ -139,10 +150,13 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
       continue;
     }
     outcome.others_ended.push_back({it->first.first, it->first.second, aborted});
-    // A taken-over stream's later entries are refused; a silent gateway's
-    // (if it was only cut off) start no session without a hello anyway,
-    // and it may never log again, so nothing is kept for it.
-    if (!silent) ended_.insert(it->first);
+    // A taken-over stream's later entries are refused (and counted); a
+    // silent gateway's (if it was only cut off) start no session without a
+    // hello anyway, and it may never log again, so nothing is kept for it.
+    if (!silent) {
+      ended_[it->first] =
+          it->second->session.joined() ? it->second->session.job() : std::string();
+    }
     it = streams_.erase(it);
   }
   if (!replaying) {
@@ -155,9 +169,49 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
   return outcome;
 }
 
+namespace {
+
+// Errors of the storage below a session (RocksDB's, as storage::Store
+// gives them), as opposed to a refusal of what the client sent.
+bool IsStorageFailure(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kDataLoss:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+void PartitionApplier::CountRefused(const std::string& job, const v1::LogEntry& entry, int from,
+                                    bool replaying) {
+  if (replaying || job.empty()) return;  // counted when first applied
+  uint64_t steps = 0;
+  for (int i = from; i < entry.messages_size(); ++i) steps += entry.messages(i).has_step_end();
+  if (steps == 0) return;
+  absl::Status s = registry_->RecordDroppedSteps(job, steps);
+  if (!s.ok()) {
+    LOG(ERROR) << "job '" << job << "': " << steps << " refused step(s) not counted: " << s;
+  }
+}
+
 absl::Status PartitionApplier::ApplyMessage(Stream& stream, const v1::ClientMessage& message,
-                                            uint64_t sequence, Outcome& outcome) {
+                                            uint64_t sequence, Outcome& outcome,
+                                            bool* storage_failed) {
+  // A refusal of the message itself (its checks need no storage).
   SONDE_ASSIGN_OR_RETURN(server::IngestSession::Next next, stream.session.OnMessage(message));
+  absl::Status stored = ApplyNext(stream, next, sequence, outcome);
+  *storage_failed = IsStorageFailure(stored);
+  return stored;
+}
+
+absl::Status PartitionApplier::ApplyNext(Stream& stream, server::IngestSession::Next next,
+                                         uint64_t sequence, Outcome& outcome) {
   switch (next) {
     case server::IngestSession::Next::kRead:
       return absl::OkStatus();

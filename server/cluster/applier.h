@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "server/ingest_limits.h"
+#include "server/ingest_session.h"
 #include "server/job_registry.h"
 #include "storage/store.h"
 
@@ -83,8 +84,14 @@ class PartitionApplier {
   struct Stream;
   using StreamKey = std::pair<std::string, uint64_t>;  // gateway, connection
 
+  // `storage_failed`: the error came from storage, not from the message.
   absl::Status ApplyMessage(Stream& stream, const v1::ClientMessage& message, uint64_t sequence,
-                            Outcome& outcome);
+                            Outcome& outcome, bool* storage_failed);
+  absl::Status ApplyNext(Stream& stream, server::IngestSession::Next next, uint64_t sequence,
+                         Outcome& outcome);
+  // Adds the step ends of `entry` from message `from` on to `job`'s dropped
+  // steps (not when replaying: they were counted then).
+  void CountRefused(const std::string& job, const v1::LogEntry& entry, int from, bool replaying);
   v1::LogPosition PositionAt(uint64_t sequence) const;
   void EndStream(const StreamKey& key);
 
@@ -97,8 +104,9 @@ class PartitionApplier {
   int64_t log_now_micros_ = 0;                      // the newest entry's unix_micros
   std::map<std::string, int64_t> gateway_seen_;     // each gateway's newest entry
   std::map<StreamKey, std::unique_ptr<Stream>> streams_;
-  // Streams ended by an error whose gateway has not logged their close yet.
-  std::set<StreamKey> ended_;
+  // Streams ended by an error whose gateway has not logged their close
+  // yet, with their job ("" before the hello was taken).
+  std::map<StreamKey, std::string> ended_;
 };
 
 }  // namespace sonde::cluster

@@ -282,6 +282,11 @@ TEST(PartitionApplier, ARefusedStreamEndsAloneAndStoresNothingOfItsBadStep) {
   SONDE_ASSERT_OK(steps);
   ASSERT_EQ(steps->size(), 1u);  // step 0 only
   EXPECT_EQ((*steps)[0].step(), 0);
+  // The log had acknowledged steps 1 and 2 to the client: both are counted
+  // as dropped, so the gap shows.
+  auto bad_job = node.store().GetJob("bad");
+  SONDE_ASSERT_OK(bad_job);
+  EXPECT_EQ(bad_job->steps_dropped(), 2u);
   auto good_job = node.store().GetJob("good");
   SONDE_ASSERT_OK(good_job);
   EXPECT_EQ(good_job->status(), v1::JOB_STATUS_FINISHED);

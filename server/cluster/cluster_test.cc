@@ -72,6 +72,7 @@ class TestNode {
     co.data_dir = db;
     co.step_wait = absl::Seconds(30);
     co.serve_ingest = false;
+    co.worker_lease = absl::ZeroDuration();  // as sonde-cluster runs nodes
     co.limits.max_chunk_bytes = 256 << 10;  // well inside a log entry
     auto collector = server::Collector::Start(co);
     EXPECT_TRUE(collector.ok()) << collector.status();
@@ -121,6 +122,8 @@ class TestGateway {
     o.name = "gw-test";
     o.hello_timeout = absl::Seconds(20);
     o.heartbeat_interval = absl::Milliseconds(200);
+    o.etcd = etcd_.get();
+    o.prefix = "/sonde/test";
     auto gateway = Gateway::Create(log_.get(), o);
     EXPECT_TRUE(gateway.ok()) << gateway.status();
     gateway_ = std::move(*gateway);

@@ -72,6 +72,12 @@ class Etcd {
     // host:port of each member; calls go to any member that answers.
     std::vector<std::string> endpoints;
     absl::Duration timeout = absl::Seconds(5);
+    // TLS: the CA that signed the members' certificates (PEM file); with
+    // it, calls go over TLS. A client certificate and key for members that
+    // require one (--client-cert-auth). Empty: plaintext.
+    std::string tls_ca_file;
+    std::string tls_cert_file;
+    std::string tls_key_file;
   };
 
   static absl::StatusOr<std::unique_ptr<Etcd>> Connect(const Options& options);

@@ -10,6 +10,7 @@
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_certificates.h"
 #include "tests/testing/wait.h"
 
 namespace sonde::cluster {
@@ -183,6 +184,60 @@ TEST_F(EtcdTest, AKilledMemberComesBackAndServes) {
   auto before = etcd_->Get("/r/before");
   SONDE_ASSERT_OK(before);
   EXPECT_TRUE(before->has_value());
+}
+
+}  // namespace
+}  // namespace sonde::cluster
+
+namespace sonde::cluster {
+namespace {
+
+// etcd with TLS on clients and peers and client certificates required:
+// only a client holding a certificate of the CA gets in.
+TEST(EtcdTls, MembersAnswerOnlyClientsWithACertificateOfTheirCa) {
+  if (!testing::HaveEtcd()) GTEST_SKIP() << "no " << testing::kEtcdBinary;
+  testing::Certificates certs;
+  ASSERT_TRUE(certs.ok()) << "openssl failed; see " << certs("openssl.log");
+  testing::TempDir dir;
+  EtcdCluster cluster(dir.path(), 3);
+  cluster.set_tls(certs.dir());
+  SONDE_ASSERT_OK(cluster.Start());
+  Etcd::Options o;
+  o.endpoints = cluster.endpoints();
+  o.timeout = absl::Seconds(3);
+  o.tls_ca_file = certs("ca.pem");
+  o.tls_cert_file = certs("client.pem");
+  o.tls_key_file = certs("client.key");
+  auto etcd = Etcd::Connect(o);
+  SONDE_ASSERT_OK(etcd);
+  ASSERT_TRUE(WaitUntil([&] { return (*etcd)->Put("/tls/k", "v").ok(); }, absl::Seconds(20)));
+  auto got = (*etcd)->Get("/tls/k");
+  SONDE_ASSERT_OK(got);
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->value, "v");
+
+  Etcd::Options without_certificate = o;
+  without_certificate.tls_cert_file.clear();
+  without_certificate.tls_key_file.clear();
+  auto anonymous = Etcd::Connect(without_certificate);
+  SONDE_ASSERT_OK(anonymous);
+  EXPECT_FALSE((*anonymous)->Get("/tls/k").ok());
+  Etcd::Options other_ca = o;
+  other_ca.tls_cert_file = certs("other_client.pem");
+  other_ca.tls_key_file = certs("other_client.key");
+  auto stranger = Etcd::Connect(other_ca);
+  SONDE_ASSERT_OK(stranger);
+  EXPECT_FALSE((*stranger)->Get("/tls/k").ok());
+  Etcd::Options plaintext = o;
+  plaintext.tls_ca_file.clear();
+  plaintext.tls_cert_file.clear();
+  plaintext.tls_key_file.clear();
+  EXPECT_EQ(Etcd::Connect(plaintext).status().code(), absl::StatusCode::kOk);
+  EXPECT_FALSE((*Etcd::Connect(plaintext))->Get("/tls/k").ok());
+  // A certificate without its CA is a configuration error, said at once.
+  Etcd::Options no_ca = o;
+  no_ca.tls_ca_file.clear();
+  EXPECT_EQ(Etcd::Connect(no_ca).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -172,6 +172,7 @@ grpc::Status Gateway::Stream(
   absl::Mutex ended_mu;
   absl::Status ended;  // set by the outcome thread when a node ended the stream
   std::thread outcomes;
+  std::unique_ptr<Etcd::Watch> actions;  // destroyed before the stream ends
   int partition = -1;
   auto log_entry = [&](std::vector<v1::ClientMessage> messages, bool closed) {
     v1::LogEntry entry;
@@ -185,6 +186,7 @@ grpc::Status Gateway::Stream(
   // However the stream ends: the node closes its session, and the
   // outcome thread stops.
   auto finish = [&](grpc::Status status) {
+    actions.reset();
     if (partition >= 0) {
       absl::Status closed = log_entry({}, true).status();
       if (!closed.ok()) LOG(WARNING) << "gateway: close of stream " << connection << ": " << closed;
@@ -224,11 +226,8 @@ grpc::Status Gateway::Stream(
   }
   absl::StatusOr<uint64_t> hello_at = log_entry({m}, false);
   if (!hello_at.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      --open_per_partition_[partition];
-    }
-    partition = -1;  // nothing was logged
+    // The hello may have been stored all the same (a timeout): the close
+    // finish logs lets the node end the session it may have opened.
     return finish(ToGrpcStatus(hello_at.status()));
   }
   std::optional<v1::EntryOutcome> answer = box->WaitFor(*hello_at, options_.hello_timeout);
@@ -243,6 +242,32 @@ grpc::Status Gateway::Stream(
     return finish(grpc::Status(static_cast<grpc::StatusCode>(answer->code()), answer->message()));
   }
   for (const v1::ServerMessage& reply : answer->replies()) write(reply);
+  if (options_.etcd != nullptr) {
+    const std::string fired = absl::StrCat(options_.prefix, "/actions/", m.hello().job(), "/",
+                                           m.hello().worker(), "/");
+    auto deliver = [&write](const std::string& value) {
+      v1::ServerMessage msg;
+      if (msg.mutable_action()->ParseFromString(value)) write(msg);
+    };
+    int64_t revision = 0;
+    absl::StatusOr<std::vector<KeyValue>> before = options_.etcd->List(fired, &revision);
+    if (before.ok()) {
+      for (const KeyValue& kv : *before) deliver(kv.value);
+      actions = options_.etcd->WatchPrefix(
+          fired, revision,
+          [deliver](const std::vector<Event>& events) {
+            for (const Event& e : events) {
+              if (e.type == Event::Type::kPut) deliver(e.kv.value);
+            }
+          },
+          [connection](const absl::Status& s) {
+            LOG(WARNING) << "gateway: stream " << connection << " stops watching actions: " << s;
+          });
+    } else {
+      LOG(WARNING) << "gateway: stream " << connection << " cannot list its actions: "
+                   << before.status();
+    }
+  }
   // Later outcomes: actions to pass on, or a node ending the stream.
   outcomes = std::thread([&] {
     while (std::optional<v1::EntryOutcome> o = box->Next()) {

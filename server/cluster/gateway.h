@@ -25,6 +25,7 @@
 #include "proto/cluster.pb.h"
 #include "proto/collector.grpc.pb.h"
 #include "server/auth.h"
+#include "server/cluster/etcd.h"
 #include "server/cluster/partition_log.h"
 
 namespace sonde::cluster {
@@ -46,6 +47,13 @@ class Gateway final : public v1::Collector::Service {
     // them: a stream's token must grant writing its hello's job. Null:
     // no authentication.
     const server::TokenTable* tokens = nullptr;
+    // The cluster's etcd and prefix: with them, each stream also watches
+    // the actions fired for its job and worker (<prefix>/actions/<job>/
+    // <worker>/...) and passes them on. The nodes' NATS answers may be lost
+    // while a log server restarts; the keys in etcd are not, and a worker
+    // that reconnects is told again. Null: actions come over NATS only.
+    Etcd* etcd = nullptr;
+    std::string prefix;
   };
 
   static absl::StatusOr<std::unique_ptr<Gateway>> Create(PartitionLog* log, Options options);

@@ -9,6 +9,7 @@
 //
 // Prints the address it listens on as the first line of stdout; SIGTERM or
 // SIGINT stops it cleanly.
+#include <atomic>
 #include <csignal>
 #include <fstream>
 #include <sstream>
@@ -59,6 +60,12 @@ ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(30),
           "gateway: close each client connection after this long (the hook reconnects and "
           "resends what was not acknowledged), so an L4 balancer spreads clients over "
           "gateways added later; 0: never");
+ABSL_FLAG(std::string, etcd_tls_ca, "", "PEM CA of the etcd members' certificates: etcd over TLS");
+ABSL_FLAG(std::string, etcd_tls_cert, "", "PEM client certificate for etcd (--client-cert-auth)");
+ABSL_FLAG(std::string, etcd_tls_key, "", "PEM key of --etcd_tls_cert");
+ABSL_FLAG(std::string, nats_tls_ca, "", "PEM CA of the NATS servers' certificates: NATS over TLS");
+ABSL_FLAG(std::string, nats_tls_cert, "", "PEM client certificate for NATS (tls { verify: true })");
+ABSL_FLAG(std::string, nats_tls_key, "", "PEM key of --nats_tls_cert");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA: clients must present a certificate it signed");
@@ -75,6 +82,15 @@ using sonde::cluster::ClusterNode;
 using sonde::cluster::Etcd;
 using sonde::cluster::Gateway;
 using sonde::cluster::PartitionLog;
+
+Etcd::Options EtcdOptions() {
+  Etcd::Options o;
+  o.endpoints = absl::GetFlag(FLAGS_etcd);
+  o.tls_ca_file = absl::GetFlag(FLAGS_etcd_tls_ca);
+  o.tls_cert_file = absl::GetFlag(FLAGS_etcd_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_etcd_tls_key);
+  return o;
+}
 
 sonde::server::ServerSecurityOptions Security() {
   sonde::server::ServerSecurityOptions s;
@@ -100,6 +116,9 @@ absl::StatusOr<std::unique_ptr<PartitionLog>> OpenLog() {
   o.servers = absl::GetFlag(FLAGS_nats);
   o.partitions = absl::GetFlag(FLAGS_partitions);
   o.replicas = absl::GetFlag(FLAGS_replicas);
+  o.tls_ca_file = absl::GetFlag(FLAGS_nats_tls_ca);
+  o.tls_cert_file = absl::GetFlag(FLAGS_nats_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_nats_tls_key);
   // JetStream elects its meta leader after the servers start: retry a while.
   absl::StatusOr<std::unique_ptr<PartitionLog>> log;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
@@ -125,15 +144,17 @@ int RunNode(const sigset_t& stop) {
   co.step_wait = absl::GetFlag(FLAGS_step_wait);
   co.serve_ingest = false;
   co.security = Security();
+  // Another client may take a worker over as soon as its owner's stream
+  // has ended: a node replaying the log must decide as the first one did,
+  // and a lease measured on its own clock would not (docs/cluster.md).
+  co.worker_lease = absl::ZeroDuration();
   co.limits.max_chunk_bytes = 256 << 10;  // a chunk and its message fit a log entry
   auto collector = sonde::server::Collector::Start(co);
   if (!collector.ok()) {
     std::cerr << "sonde-cluster: " << collector.status() << std::endl;
     return 1;
   }
-  Etcd::Options eo;
-  eo.endpoints = absl::GetFlag(FLAGS_etcd);
-  auto etcd = Etcd::Connect(eo);
+  auto etcd = Etcd::Connect(EtcdOptions());
   auto log = OpenLog();
   if (!etcd.ok() || !log.ok()) {
     std::cerr << "sonde-cluster: " << (etcd.ok() ? log.status() : etcd.status()) << std::endl;
@@ -147,6 +168,14 @@ int RunNode(const sigset_t& stop) {
                               : absl::GetFlag(FLAGS_advertise);
   no.membership.lease_ttl = absl::GetFlag(FLAGS_lease);
   no.limits = co.limits;
+  // A node whose lease is gone stops, to be restarted by its supervisor
+  // with a new one (its partitions have moved meanwhile).
+  static std::atomic<bool> lost{false};
+  no.membership.on_lost = [](const absl::Status& why) {
+    LOG(ERROR) << "the node lost its etcd lease; stopping: " << why;
+    lost = true;
+    kill(getpid(), SIGTERM);
+  };
   absl::StatusOr<std::unique_ptr<ClusterNode>> node;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (true) {  // a restarted node's old lease may hold its name a moment
@@ -165,7 +194,7 @@ int RunNode(const sigset_t& stop) {
   LOG(INFO) << "signal " << sig << ": leaving the cluster";
   node->reset();
   (*collector)->Shutdown();
-  return 0;
+  return lost ? 1 : 0;
 }
 
 int RunGateway(const sigset_t& stop) {
@@ -191,9 +220,20 @@ int RunGateway(const sigset_t& stop) {
     std::cerr << "sonde-cluster: " << log.status() << std::endl;
     return 1;
   }
+  std::unique_ptr<Etcd> etcd;
+  if (!absl::GetFlag(FLAGS_etcd).empty()) {
+    auto connected = Etcd::Connect(EtcdOptions());
+    if (!connected.ok()) {
+      std::cerr << "sonde-cluster: " << connected.status() << std::endl;
+      return 1;
+    }
+    etcd = std::move(*connected);
+  }
   Gateway::Options go;
   go.name = absl::GetFlag(FLAGS_name);
   go.tokens = tokens.get();
+  go.etcd = etcd.get();
+  go.prefix = "/sonde/" + absl::GetFlag(FLAGS_cluster);
   auto gateway = Gateway::Create(log->get(), go);
   if (!gateway.ok()) {
     std::cerr << "sonde-cluster: " << gateway.status() << std::endl;
@@ -210,17 +250,8 @@ int RunGateway(const sigset_t& stop) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 10000);
   }
   builder.RegisterService(gateway->get());
-  std::unique_ptr<Etcd> etcd;
   std::unique_ptr<sonde::cluster::QueryFront> front;
-  if (!absl::GetFlag(FLAGS_etcd).empty()) {
-    Etcd::Options eo;
-    eo.endpoints = absl::GetFlag(FLAGS_etcd);
-    auto connected = Etcd::Connect(eo);
-    if (!connected.ok()) {
-      std::cerr << "sonde-cluster: " << connected.status() << std::endl;
-      return 1;
-    }
-    etcd = std::move(*connected);
+  if (etcd != nullptr) {
     sonde::cluster::QueryFront::Options fo;
     fo.prefix = "/sonde/" + absl::GetFlag(FLAGS_cluster);
     fo.partitions = absl::GetFlag(FLAGS_partitions);

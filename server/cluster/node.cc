@@ -17,6 +17,9 @@ struct ClusterNode::Owned {
   int64_t epoch = 0;
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> applied{0};
+  // The apply loop gave up (storage failing, or fenced): the next
+  // placement pass releases the partition, so it can be taken again.
+  std::atomic<bool> finished{false};
   std::thread thread;
 };
 
@@ -128,9 +131,24 @@ void ClusterNode::Place() {
     const std::vector<std::string> preferred = PreferredNodes(p, names);
     const bool mine = !preferred.empty() && preferred[0] == membership_->node();
     bool owned_here;
+    bool gave_up = false;
     {
       absl::MutexLock lock(&mu_);
-      owned_here = owned_.count(p) > 0;
+      auto it = owned_.find(p);
+      owned_here = it != owned_.end();
+      gave_up = owned_here && it->second->finished.load();
+    }
+    if (gave_up) {
+      LOG(WARNING) << "node '" << membership_->node() << "': releasing partition " << p
+                   << ", whose apply loop stopped";
+      Drop(p);
+      continue;
+    }
+    const std::optional<PartitionOwner>& owner = (*owners)[p];
+    if (!owned_here && owner.has_value() && owner->node == membership_->node()) {
+      // Ours in etcd but not applied here (a release that failed): free it.
+      membership_->Release(p, owner->epoch).IgnoreError();
+      continue;
     }
     if (!mine && owned_here) {
       LOG(INFO) << "node '" << membership_->node() << "': partition " << p << " goes to '"
@@ -177,22 +195,33 @@ void ClusterNode::ApplyLoop(Owned* owned) {
   absl::StatusOr<std::unique_ptr<PartitionLog::Reader>> reader =
       from.ok() ? log_->Read(p, *from) : absl::StatusOr<std::unique_ptr<PartitionLog::Reader>>(
                                              from.status());
+  if (!from.ok()) {
+    LOG(ERROR) << "partition " << p << ": cannot read the applied position: " << from.status();
+    owned->finished = true;
+    return;
+  }
   while (!owned->stop.load() && !reader.ok()) {
     LOG(WARNING) << "partition " << p << ": cannot read the log yet: " << reader.status();
     absl::SleepFor(absl::Milliseconds(200));
-    if (from.ok()) reader = log_->Read(p, *from);
+    reader = log_->Read(p, *from);
   }
   owned->applied = applier.applied();
+  uint64_t next_sequence = *from;  // of the entry the reader gives next
   while (!owned->stop.load() && membership_->alive()) {
     absl::StatusOr<std::optional<PartitionLog::Entry>> next =
         (*reader)->Next(absl::Milliseconds(100));
     if (!next.ok()) {
+      // The reader may have consumed an entry it could not return: read
+      // again from the next one this loop expects.
       LOG(WARNING) << "partition " << p << ": reading the log: " << next.status();
       absl::SleepFor(absl::Milliseconds(100));
+      absl::StatusOr<std::unique_ptr<PartitionLog::Reader>> again = log_->Read(p, next_sequence);
+      if (again.ok()) reader = std::move(again);
       continue;
     }
     if (!next->has_value()) continue;
     const PartitionLog::Entry& e = **next;
+    next_sequence = e.sequence + 1;
     v1::LogEntry entry;
     if (!entry.ParseFromString(e.bytes)) {
       LOG(ERROR) << "partition " << p << ": entry " << e.sequence << " ('" << e.id
@@ -204,11 +233,15 @@ void ClusterNode::ApplyLoop(Owned* owned) {
       // The store is failing: stop applying; another node may do better.
       LOG(ERROR) << "partition " << p << ": cannot apply entry " << e.sequence << ": "
                  << outcome.status();
-      break;
+      owned->finished = true;
+      return;
     }
     owned->applied = applier.applied();
     if (outcome->replayed) continue;
-    if (!Forward(p, owned->epoch, e.sequence, entry, *outcome)) break;
+    if (!Forward(p, owned->epoch, e.sequence, entry, *outcome)) {
+      owned->finished = true;  // fenced: another node owns it now
+      return;
+    }
   }
 }
 

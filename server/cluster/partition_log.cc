@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 
 namespace sonde::cluster {
@@ -98,6 +99,19 @@ absl::StatusOr<std::unique_ptr<PartitionLog>> PartitionLog::Open(const Options& 
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(c->options, -1);  // forever
   if (s == NATS_OK) s = natsOptions_SetReconnectWait(c->options, 100);
   if (s == NATS_OK) s = natsOptions_SetTimeout(c->options, Millis(options.timeout));
+  if (!options.tls_ca_file.empty()) {
+    if (s == NATS_OK) s = natsOptions_SetSecure(c->options, true);
+    if (s == NATS_OK) {
+      s = natsOptions_LoadCATrustedCertificates(c->options, options.tls_ca_file.c_str());
+    }
+    if (s == NATS_OK && !options.tls_cert_file.empty()) {
+      s = natsOptions_LoadCertificatesChain(c->options, options.tls_cert_file.c_str(),
+                                            options.tls_key_file.c_str());
+    }
+    SONDE_RETURN_IF_ERROR(FromNats(s, kNoJsError, "TLS set-up"));
+  } else if (!options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("NATS: a client certificate needs the CA (tls_ca_file)");
+  }
   if (s == NATS_OK) s = natsConnection_Connect(&c->connection, c->options);
   SONDE_RETURN_IF_ERROR(FromNats(s, kNoJsError, "connect"));
   jsOptions jo;
@@ -254,11 +268,15 @@ class SubjectListener : public PartitionLog::Listener {
   explicit SubjectListener(std::function<void(absl::string_view)> on_message)
       : on_message_(std::move(on_message)) {}
   ~SubjectListener() override {
-    if (sub_ != nullptr) {
-      natsSubscription_Unsubscribe(sub_);
-      natsSubscription_Destroy(sub_);  // waits for a callback in progress
+    if (sub_ == nullptr) return;
+    // Destroy does not wait for a callback in progress; the on-complete
+    // callback comes once none runs any more, so the closure may go.
+    if (natsSubscription_Unsubscribe(sub_) == NATS_OK && completion_set_) {
+      done_.WaitForNotificationWithTimeout(absl::Seconds(10));
     }
+    natsSubscription_Destroy(sub_);
   }
+  static void OnComplete(void* closure) { static_cast<SubjectListener*>(closure)->done_.Notify(); }
   static void OnMessage(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
     auto* self = static_cast<SubjectListener*>(closure);
     self->on_message_(absl::string_view(natsMsg_GetData(msg),
@@ -266,9 +284,11 @@ class SubjectListener : public PartitionLog::Listener {
     natsMsg_Destroy(msg);
   }
   natsSubscription* sub_ = nullptr;
+  bool completion_set_ = false;
 
  private:
   const std::function<void(absl::string_view)> on_message_;
+  absl::Notification done_;
 };
 
 }  // namespace
@@ -281,6 +301,9 @@ absl::StatusOr<std::unique_ptr<PartitionLog::Listener>> PartitionLog::Listen(
       natsConnection_Subscribe(&listener->sub_, connection_->connection, subject.c_str(),
                                &SubjectListener::OnMessage, listener.get()),
       kNoJsError, absl::StrCat("listening on ", subject)));
+  listener->completion_set_ = natsSubscription_SetOnCompleteCB(
+                                  listener->sub_, &SubjectListener::OnComplete,
+                                  listener.get()) == NATS_OK;
   // Subscribed on the server before this returns, so nothing sent after
   // is missed.
   SONDE_RETURN_IF_ERROR(FromNats(

@@ -42,6 +42,12 @@ class PartitionLog {
     // Larger entries are refused (nats-server's default limit is 1 MiB;
     // its authors advise at most 8 MiB): callers chunk tensors below it.
     int64_t max_entry_bytes = 1 << 20;
+    // TLS: the CA of the servers' certificates (PEM file), and a client
+    // certificate and key for servers that verify clients. Empty:
+    // plaintext.
+    std::string tls_ca_file;
+    std::string tls_cert_file;
+    std::string tls_key_file;
   };
 
   // Connects and creates the partitions' streams where they do not exist

@@ -38,6 +38,12 @@ class EtcdCluster {
  public:
   EtcdCluster(std::string dir, int members) : dir_(std::move(dir)), members_(members) {}
 
+  // Before Start: serve clients and peers over TLS with client
+  // certificates required, with `certs_dir`'s ca.pem, server.pem and
+  // server.key (tests/testing/test_certificates.h). Health stays on a
+  // plaintext metrics port.
+  void set_tls(std::string certs_dir) { tls_ = std::move(certs_dir); }
+
   // Starts every member and waits until the cluster answers.
   absl::Status Start() {
     absl::Status last;
@@ -70,11 +76,13 @@ class EtcdCluster {
   absl::Status StartOnce(int attempt) {
     client_ports_.clear();
     peer_ports_.clear();
+    metrics_ports_.clear();
     processes_.clear();
     token_ = absl::StrCat("sonde-test-", getpid(), "-", attempt);
     for (int i = 0; i < members_; ++i) {
       client_ports_.push_back(UnusedLoopbackPort());
       peer_ports_.push_back(UnusedLoopbackPort());
+      metrics_ports_.push_back(UnusedLoopbackPort());
       processes_.push_back(std::make_unique<ChildProcess>());
     }
     for (int i = 0; i < members_; ++i) {
@@ -88,48 +96,60 @@ class EtcdCluster {
   }
 
   bool Launch(int i, bool existing) {
+    const std::string scheme = tls_.empty() ? "http" : "https";
     std::vector<std::string> peers;
     for (int m = 0; m < members_; ++m) {
-      peers.push_back(absl::StrCat("m", m, "=http://127.0.0.1:", peer_ports_[m]));
+      peers.push_back(absl::StrCat("m", m, "=", scheme, "://127.0.0.1:", peer_ports_[m]));
     }
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_ports_[i]);
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_ports_[i]);
+    const std::string client = absl::StrCat(scheme, "://127.0.0.1:", client_ports_[i]);
+    const std::string peer = absl::StrCat(scheme, "://127.0.0.1:", peer_ports_[i]);
     const std::string data = absl::StrCat(dir_, "/etcd-", token_, "-m", i);
-    return processes_[i]->Start(
-        {kEtcdBinary, absl::StrCat("--name=m", i), "--data-dir=" + data,
-         "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
-         "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
-         "--initial-cluster=" + absl::StrJoin(peers, ","),
-         std::string("--initial-cluster-state=") + (existing ? "existing" : "new"),
-         "--initial-cluster-token=" + token_, "--heartbeat-interval=50",
-         "--election-timeout=500", "--logger=zap", "--log-level=warn"},
-        absl::StrCat(dir_, "/etcd-m", i, ".log"));
+    std::vector<std::string> tls;
+    if (!tls_.empty()) {
+      for (const char* side : {"", "peer-"}) {
+        tls.push_back(absl::StrCat("--", side, "cert-file=", tls_, "/server.pem"));
+        tls.push_back(absl::StrCat("--", side, "key-file=", tls_, "/server.key"));
+        tls.push_back(absl::StrCat("--", side, "trusted-ca-file=", tls_, "/ca.pem"));
+        tls.push_back(absl::StrCat("--", side, "client-cert-auth"));
+      }
+    }
+    std::vector<std::string> argv = {
+        kEtcdBinary, absl::StrCat("--name=m", i), "--data-dir=" + data,
+        "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+        "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+        "--initial-cluster=" + absl::StrJoin(peers, ","),
+        std::string("--initial-cluster-state=") + (existing ? "existing" : "new"),
+        "--initial-cluster-token=" + token_, "--heartbeat-interval=50",
+        "--election-timeout=500", "--logger=zap", "--log-level=warn",
+        absl::StrCat("--listen-metrics-urls=http://127.0.0.1:", metrics_ports_[i])};
+    argv.insert(argv.end(), tls.begin(), tls.end());
+    return processes_[i]->Start(argv, absl::StrCat(dir_, "/etcd-m", i, ".log"));
   }
 
   // Member i says it is healthy (it has joined a cluster with a leader).
   // Asked over HTTP/1.1: a gRPC channel that connects before the member is
   // ready stalls for ~10 s (see server/cluster/etcd.cc).
   absl::Status WaitServing(int i) {
-    const std::string address = absl::StrCat("127.0.0.1:", client_ports_[i]);
+    const std::string address = absl::StrCat("127.0.0.1:", metrics_ports_[i]);
     std::string last = "no answer";
     const bool up = WaitUntil(
         [&] {
-          if (!processes_[i]->Running()) return true;
-          const int fd = ConnectTo(address);
-          if (fd < 0) return false;
-          timeval timeout{1, 0};
-          setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-          SendAll(fd, absl::StrCat("GET /health HTTP/1.1\r\nHost: ", address,
-                                   "\r\nConnection: close\r\n\r\n"));
-          const HttpReply reply = ReadReply(fd);
-          close(fd);
-          last = reply.raw.empty() ? "no answer" : reply.body;
-          return reply.status == 200 && reply.body.find("\"true\"") != std::string::npos;
+         if (!processes_[i]->Running()) return true;
+         const int fd = ConnectTo(address);
+         if (fd < 0) return false;
+         timeval timeout{1, 0};
+         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+         SendAll(fd, absl::StrCat("GET /health HTTP/1.1\r\nHost: ", address,
+                                  "\r\nConnection: close\r\n\r\n"));
+         const HttpReply reply = ReadReply(fd);
+         close(fd);
+         last = reply.raw.empty() ? "no answer" : reply.body;
+         return reply.status == 200 && reply.body.find("\"true\"") != std::string::npos;
         },
         absl::Seconds(30));
     if (!processes_[i]->Running()) {
       return absl::UnavailableError(absl::StrCat("etcd member ", i, " exited; see ", dir_,
-                                                 "/etcd-m", i, ".log"));
+                                                "/etcd-m", i, ".log"));
     }
     if (!up) return absl::DeadlineExceededError(absl::StrCat("etcd member ", i, ": ", last));
     return absl::OkStatus();
@@ -140,6 +160,8 @@ class EtcdCluster {
   std::string token_;
   std::vector<int> client_ports_;
   std::vector<int> peer_ports_;
+  std::vector<int> metrics_ports_;
+  std::string tls_;
   std::vector<std::unique_ptr<ChildProcess>> processes_;
 };
 

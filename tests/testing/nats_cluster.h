@@ -32,6 +32,11 @@ class NatsCluster {
  public:
   NatsCluster(std::string dir, int servers) : dir_(std::move(dir)), servers_(servers) {}
 
+  // Before Start: clients and routes over TLS, client certificates
+  // verified, with `certs_dir`'s ca.pem, server.pem and server.key
+  // (tests/testing/test_certificates.h). Monitoring stays plaintext.
+  void set_tls(std::string certs_dir) { tls_ = std::move(certs_dir); }
+
   // Starts every server and waits until JetStream is healthy on each.
   absl::Status Start() {
     absl::Status last;
@@ -83,9 +88,15 @@ class NatsCluster {
            << "listen: 127.0.0.1:" << client_ports_[i] << "\n"
            << "http: 127.0.0.1:" << monitor_ports_[i] << "\n"
            << "jetstream { store_dir: \"" << dir_ << "/nats-" << attempt << "-n" << i << "\" }\n";
+      const std::string tls =
+          tls_.empty() ? ""
+                       : absl::StrCat("tls { cert_file: \"", tls_, "/server.pem\", key_file: \"",
+                                      tls_, "/server.key\", ca_file: \"", tls_,
+                                      "/ca.pem\", verify: true }\n");
+      conf << tls;
       if (servers_ > 1) {  // one server alone runs JetStream unclustered
         conf << "cluster {\n  name: sonde-test\n  listen: 127.0.0.1:" << route_ports_[i]
-             << "\n  routes: [" << absl::StrJoin(routes, ", ") << "]\n}\n";
+             << "\n  routes: [" << absl::StrJoin(routes, ", ") << "]\n" << tls << "}\n";
       }
       if (!conf) return absl::InternalError("cannot write " + ConfigPath(i));
     }
@@ -129,6 +140,7 @@ class NatsCluster {
 
   const std::string dir_;
   const int servers_;
+  std::string tls_;
   int attempt_ = 0;
   std::vector<int> client_ports_;
   std::vector<int> route_ports_;
