@@ -125,12 +125,7 @@ void JobRegistry::TickLoop() {
 }
 
 absl::Status JobRegistry::RecordDroppedSteps(const std::string& job_name, uint64_t steps) {
-  LiveJob* job;
-  {
-    absl::MutexLock lock(&mu_);
-    job = FindLocked(job_name);
-  }
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  SONDE_ASSIGN_OR_RETURN(LiveJob * job, FindLive(job_name));
   absl::MutexLock commit(&job->commit_mu);
   absl::MutexLock lock(&mu_);
   job->AssertHeld();
@@ -232,6 +227,13 @@ bool JobRegistry::Activated(const LiveJob& job) {
   absl::MutexLock lock(&mu_);
   job.AssertHeld();
   return job.runner != nullptr;
+}
+
+absl::StatusOr<JobRegistry::LiveJob*> JobRegistry::FindLive(const std::string& job_name) {
+  absl::MutexLock lock(&mu_);
+  LiveJob* job = FindLocked(job_name);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  return job;
 }
 
 JobRegistry::LiveJob* JobRegistry::FindLocked(const std::string& job) {
@@ -488,12 +490,7 @@ absl::Status JobRegistry::CheckStreamOwnerLocked(const LiveJob& job, const std::
 
 absl::Status JobRegistry::StoreProfile(const std::string& job_name, int32_t worker,
                                        const StreamHandle* stream, v1::ProfileBatch batch) {
-  LiveJob* job;
-  {
-    absl::MutexLock lock(&mu_);
-    job = FindLocked(job_name);
-  }
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  SONDE_ASSIGN_OR_RETURN(LiveJob * job, FindLive(job_name));
   // As CommitStep: under the job's commit lock, so a job being ended or
   // deleted never gets keys written after it.
   absl::MutexLock commit(&job->commit_mu);
@@ -526,12 +523,7 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
                                                      int32_t worker, const StreamHandle* stream,
                                                      storage::StepWrite write,
                                                      uint64_t steps_dropped) {
-  LiveJob* job;
-  {
-    absl::MutexLock lock(&mu_);
-    job = FindLocked(job_name);
-  }
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  SONDE_ASSIGN_OR_RETURN(LiveJob * job, FindLive(job_name));
   absl::MutexLock commit(&job->commit_mu);
   v1::JobInfo info;
   {
@@ -580,12 +572,7 @@ absl::Status JobRegistry::EndJob(const std::string& job_name, int32_t worker,
 
 absl::Status JobRegistry::MarkWorkerEnded(const std::string& job_name, int32_t worker,
                                           const std::string& reason, uint64_t steps_dropped) {
-  LiveJob* job;
-  {
-    absl::MutexLock lock(&mu_);
-    job = FindLocked(job_name);
-  }
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no live job '", job_name, "'"));
+  SONDE_ASSIGN_OR_RETURN(LiveJob * job, FindLive(job_name));
   absl::MutexLock commit(&job->commit_mu);
   absl::MutexLock lock(&mu_);
   job->AssertHeld();

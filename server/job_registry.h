@@ -172,6 +172,8 @@ class JobRegistry {
   struct LiveJob;
 
   LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live job of that name; NotFound if none.
+  absl::StatusOr<LiveJob*> FindLive(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the job's rules run here (Activate has run since the collector
   // started). The caller holds the job's commit_mu.
   bool Activated(const LiveJob& job) ABSL_LOCKS_EXCLUDED(mu_);

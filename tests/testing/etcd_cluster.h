@@ -23,8 +23,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tests/testing/child_process.h"
-#include "tests/testing/unused_port.h"
 #include "tests/testing/http_get.h"
+#include "tests/testing/unused_port.h"
 #include "tests/testing/wait.h"
 
 namespace sonde::testing {
@@ -36,7 +36,8 @@ inline bool HaveEtcd() { return access(kEtcdBinary, X_OK) == 0; }
 
 class EtcdCluster {
  public:
-  EtcdCluster(std::string dir, int members) : dir_(std::move(dir)), members_(members) {}
+  EtcdCluster(std::string dir, int members)
+      : dir_(std::move(dir)), members_(members) {}
 
   // Before Start: serve clients and peers over TLS with client
   // certificates required, with `certs_dir`'s ca.pem, server.pem and
@@ -57,7 +58,8 @@ class EtcdCluster {
 
   std::vector<std::string> endpoints() const {
     std::vector<std::string> out;
-    for (int port : client_ports_) out.push_back(absl::StrCat("127.0.0.1:", port));
+    for (int port : client_ports_)
+      out.push_back(absl::StrCat("127.0.0.1:", port));
     return out;
   }
   int size() const { return members_; }
@@ -68,7 +70,8 @@ class EtcdCluster {
   void Kill(int i) { processes_[i]->Kill(); }
   // Starts member i again on its data directory and ports.
   absl::Status Restart(int i) {
-    if (!Launch(i, /*existing=*/true)) return absl::InternalError("cannot fork etcd");
+    if (!Launch(i, /*existing=*/true))
+      return absl::InternalError("cannot fork etcd");
     return WaitServing(i);
   }
 
@@ -86,7 +89,8 @@ class EtcdCluster {
       processes_.push_back(std::make_unique<ChildProcess>());
     }
     for (int i = 0; i < members_; ++i) {
-      if (!Launch(i, /*existing=*/false)) return absl::InternalError("cannot fork etcd");
+      if (!Launch(i, /*existing=*/false))
+        return absl::InternalError("cannot fork etcd");
     }
     for (int i = 0; i < members_; ++i) {
       absl::Status s = WaitServing(i);
@@ -99,29 +103,44 @@ class EtcdCluster {
     const std::string scheme = tls_.empty() ? "http" : "https";
     std::vector<std::string> peers;
     for (int m = 0; m < members_; ++m) {
-      peers.push_back(absl::StrCat("m", m, "=", scheme, "://127.0.0.1:", peer_ports_[m]));
+      peers.push_back(
+          absl::StrCat("m", m, "=", scheme, "://127.0.0.1:", peer_ports_[m]));
     }
-    const std::string client = absl::StrCat(scheme, "://127.0.0.1:", client_ports_[i]);
-    const std::string peer = absl::StrCat(scheme, "://127.0.0.1:", peer_ports_[i]);
+    const std::string client =
+        absl::StrCat(scheme, "://127.0.0.1:", client_ports_[i]);
+    const std::string peer =
+        absl::StrCat(scheme, "://127.0.0.1:", peer_ports_[i]);
     const std::string data = absl::StrCat(dir_, "/etcd-", token_, "-m", i);
     std::vector<std::string> tls;
     if (!tls_.empty()) {
       for (const char* side : {"", "peer-"}) {
-        tls.push_back(absl::StrCat("--", side, "cert-file=", tls_, "/server.pem"));
-        tls.push_back(absl::StrCat("--", side, "key-file=", tls_, "/server.key"));
-        tls.push_back(absl::StrCat("--", side, "trusted-ca-file=", tls_, "/ca.pem"));
+        tls.push_back(
+            absl::StrCat("--", side, "cert-file=", tls_, "/server.pem"));
+        tls.push_back(
+            absl::StrCat("--", side, "key-file=", tls_, "/server.key"));
+        tls.push_back(
+            absl::StrCat("--", side, "trusted-ca-file=", tls_, "/ca.pem"));
         tls.push_back(absl::StrCat("--", side, "client-cert-auth"));
       }
     }
     std::vector<std::string> argv = {
-        kEtcdBinary, absl::StrCat("--name=m", i), "--data-dir=" + data,
-        "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
-        "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+        kEtcdBinary,
+        absl::StrCat("--name=m", i),
+        "--data-dir=" + data,
+        "--listen-client-urls=" + client,
+        "--advertise-client-urls=" + client,
+        "--listen-peer-urls=" + peer,
+        "--initial-advertise-peer-urls=" + peer,
         "--initial-cluster=" + absl::StrJoin(peers, ","),
-        std::string("--initial-cluster-state=") + (existing ? "existing" : "new"),
-        "--initial-cluster-token=" + token_, "--heartbeat-interval=50",
-        "--election-timeout=500", "--logger=zap", "--log-level=warn",
-        absl::StrCat("--listen-metrics-urls=http://127.0.0.1:", metrics_ports_[i])};
+        std::string("--initial-cluster-state=") +
+            (existing ? "existing" : "new"),
+        "--initial-cluster-token=" + token_,
+        "--heartbeat-interval=50",
+        "--election-timeout=500",
+        "--logger=zap",
+        "--log-level=warn",
+        absl::StrCat("--listen-metrics-urls=http://127.0.0.1:",
+                     metrics_ports_[i])};
     argv.insert(argv.end(), tls.begin(), tls.end());
     return processes_[i]->Start(argv, absl::StrCat(dir_, "/etcd-m", i, ".log"));
   }
@@ -134,24 +153,20 @@ class EtcdCluster {
     std::string last = "no answer";
     const bool up = WaitUntil(
         [&] {
-         if (!processes_[i]->Running()) return true;
-         const int fd = ConnectTo(address);
-         if (fd < 0) return false;
-         timeval timeout{1, 0};
-         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-         SendAll(fd, absl::StrCat("GET /health HTTP/1.1\r\nHost: ", address,
-                                  "\r\nConnection: close\r\n\r\n"));
-         const HttpReply reply = ReadReply(fd);
-         close(fd);
-         last = reply.raw.empty() ? "no answer" : reply.body;
-         return reply.status == 200 && reply.body.find("\"true\"") != std::string::npos;
+          if (!processes_[i]->Running()) return true;
+          const HttpReply reply = HttpGetWithin(address, "/health", 1);
+          last = reply.raw.empty() ? "no answer" : reply.body;
+          return reply.status == 200 &&
+                 reply.body.find("\"true\"") != std::string::npos;
         },
         absl::Seconds(30));
     if (!processes_[i]->Running()) {
-      return absl::UnavailableError(absl::StrCat("etcd member ", i, " exited; see ", dir_,
-                                                "/etcd-m", i, ".log"));
+      return absl::UnavailableError(absl::StrCat(
+          "etcd member ", i, " exited; see ", dir_, "/etcd-m", i, ".log"));
     }
-    if (!up) return absl::DeadlineExceededError(absl::StrCat("etcd member ", i, ": ", last));
+    if (!up)
+      return absl::DeadlineExceededError(
+          absl::StrCat("etcd member ", i, ": ", last));
     return absl::OkStatus();
   }
 

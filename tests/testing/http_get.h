@@ -6,6 +6,7 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <map>
@@ -98,6 +99,21 @@ inline HttpReply HttpExchange(const std::string& address, const std::string& req
   const int fd = ConnectTo(address);
   if (fd < 0) return HttpReply();
   SendAll(fd, request);
+  HttpReply reply = ReadReply(fd);
+  close(fd);
+  return reply;
+}
+
+// A GET that gives up after `timeout` without an answer (a server that
+// accepts connections before it serves them), for readiness probes.
+inline HttpReply HttpGetWithin(const std::string& address, const std::string& path,
+                               int timeout_seconds) {
+  const int fd = ConnectTo(address);
+  if (fd < 0) return HttpReply();
+  timeval timeout{timeout_seconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  SendAll(fd, absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address,
+                           "\r\nConnection: close\r\n\r\n"));
   HttpReply reply = ReadReply(fd);
   close(fd);
   return reply;

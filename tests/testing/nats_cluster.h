@@ -30,7 +30,8 @@ inline bool HaveNats() { return access(kNatsBinary, X_OK) == 0; }
 
 class NatsCluster {
  public:
-  NatsCluster(std::string dir, int servers) : dir_(std::move(dir)), servers_(servers) {}
+  NatsCluster(std::string dir, int servers)
+      : dir_(std::move(dir)), servers_(servers) {}
 
   // Before Start: clients and routes over TLS, client certificates
   // verified, with `certs_dir`'s ca.pem, server.pem and server.key
@@ -51,7 +52,8 @@ class NatsCluster {
   // nats://127.0.0.1:port of each server.
   std::vector<std::string> urls() const {
     std::vector<std::string> out;
-    for (int port : client_ports_) out.push_back(absl::StrCat("nats://127.0.0.1:", port));
+    for (int port : client_ports_)
+      out.push_back(absl::StrCat("nats://127.0.0.1:", port));
     return out;
   }
 
@@ -65,8 +67,12 @@ class NatsCluster {
   }
 
  private:
-  std::string ConfigPath(int i) const { return absl::StrCat(dir_, "/nats-", attempt_, "-n", i, ".conf"); }
-  std::string LogPath(int i) const { return absl::StrCat(dir_, "/nats-n", i, ".log"); }
+  std::string ConfigPath(int i) const {
+    return absl::StrCat(dir_, "/nats-", attempt_, "-n", i, ".conf");
+  }
+  std::string LogPath(int i) const {
+    return absl::StrCat(dir_, "/nats-n", i, ".log");
+  }
 
   absl::Status StartOnce(int attempt) {
     attempt_ = attempt;
@@ -81,27 +87,33 @@ class NatsCluster {
       processes_.push_back(std::make_unique<ChildProcess>());
     }
     std::vector<std::string> routes;
-    for (int port : route_ports_) routes.push_back(absl::StrCat("nats-route://127.0.0.1:", port));
+    for (int port : route_ports_)
+      routes.push_back(absl::StrCat("nats-route://127.0.0.1:", port));
     for (int i = 0; i < servers_; ++i) {
       std::ofstream conf(ConfigPath(i));
       conf << "server_name: n" << i << "\n"
            << "listen: 127.0.0.1:" << client_ports_[i] << "\n"
            << "http: 127.0.0.1:" << monitor_ports_[i] << "\n"
-           << "jetstream { store_dir: \"" << dir_ << "/nats-" << attempt << "-n" << i << "\" }\n";
+           << "jetstream { store_dir: \"" << dir_ << "/nats-" << attempt << "-n"
+           << i << "\" }\n";
       const std::string tls =
           tls_.empty() ? ""
-                       : absl::StrCat("tls { cert_file: \"", tls_, "/server.pem\", key_file: \"",
-                                      tls_, "/server.key\", ca_file: \"", tls_,
+                       : absl::StrCat("tls { cert_file: \"", tls_,
+                                      "/server.pem\", key_file: \"", tls_,
+                                      "/server.key\", ca_file: \"", tls_,
                                       "/ca.pem\", verify: true }\n");
       conf << tls;
       if (servers_ > 1) {  // one server alone runs JetStream unclustered
-        conf << "cluster {\n  name: sonde-test\n  listen: 127.0.0.1:" << route_ports_[i]
-             << "\n  routes: [" << absl::StrJoin(routes, ", ") << "]\n" << tls << "}\n";
+        conf << "cluster {\n  name: sonde-test\n  listen: 127.0.0.1:"
+             << route_ports_[i] << "\n  routes: ["
+             << absl::StrJoin(routes, ", ") << "]\n"
+             << tls << "}\n";
       }
       if (!conf) return absl::InternalError("cannot write " + ConfigPath(i));
     }
     for (int i = 0; i < servers_; ++i) {
-      if (!processes_[i]->Start({kNatsBinary, "-c", ConfigPath(i)}, LogPath(i))) {
+      if (!processes_[i]->Start({kNatsBinary, "-c", ConfigPath(i)},
+                                LogPath(i))) {
         return absl::InternalError("cannot fork nats-server");
       }
     }
@@ -119,22 +131,18 @@ class NatsCluster {
     const bool up = WaitUntil(
         [&] {
           if (!processes_[i]->Running()) return true;
-          const int fd = ConnectTo(address);
-          if (fd < 0) return false;
-          timeval timeout{1, 0};
-          setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-          SendAll(fd, absl::StrCat("GET /healthz HTTP/1.1\r\nHost: ", address,
-                                   "\r\nConnection: close\r\n\r\n"));
-          const HttpReply reply = ReadReply(fd);
-          close(fd);
+          const HttpReply reply = HttpGetWithin(address, "/healthz", 1);
           last = reply.raw.empty() ? "no answer" : reply.body;
           return reply.status == 200;
         },
         absl::Seconds(30));
     if (!processes_[i]->Running()) {
-      return absl::UnavailableError(absl::StrCat("nats-server ", i, " exited; see ", LogPath(i)));
+      return absl::UnavailableError(
+          absl::StrCat("nats-server ", i, " exited; see ", LogPath(i)));
     }
-    if (!up) return absl::DeadlineExceededError(absl::StrCat("nats-server ", i, ": ", last));
+    if (!up)
+      return absl::DeadlineExceededError(
+          absl::StrCat("nats-server ", i, ": ", last));
     return absl::OkStatus();
   }
 
