@@ -45,6 +45,9 @@ using ::sonde::testing::WaitUntil;
 
 constexpr int kPartitions = 4;
 constexpr int kSteps = 100;
+// job-0 trains until its rule stops it, as a training loop that checks
+// should_stop() does, for at most this many steps.
+constexpr int kMaxStepsUntilStopped = 600;
 constexpr int kClients = 8;
 constexpr char kPrefix[] = "/sonde/loop";
 
@@ -185,12 +188,15 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
     hooks.push_back(std::move(*hook));
   }
   std::atomic<int> training{kClients};
+  std::vector<int> steps_run(kClients, 0);
   std::vector<std::thread> clients;
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&, c] {
       Hook& hook = *hooks[c];
       std::vector<float> w(64);
-      for (int step = 0; step < kSteps; ++step) {
+      const int steps = c == 0 ? kMaxStepsUntilStopped : kSteps;
+      for (int step = 0; step < steps && !hook.should_stop(); ++step) {
+        steps_run[c] = step + 1;
         hook.StartStep();
         for (int i = 0; i < 64; ++i) w[i] = Value(c, step, i);
         EXPECT_TRUE(hook.SaveTensor("fc.weight", HostTensor(w.data(), {64}), {"weights"}).ok());
@@ -250,13 +256,13 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
       stored.push_back(s.step());
       EXPECT_EQ(s.workers_size(), 1) << job << " step " << s.step();
     }
-    std::vector<int64_t> all(kSteps);
-    for (int i = 0; i < kSteps; ++i) all[i] = i;
+    std::vector<int64_t> all(steps_run[c]);
+    for (int i = 0; i < steps_run[c]; ++i) all[i] = i;
     EXPECT_EQ(stored, all) << job;  // every step, once, in order
     // Nothing the gateways acknowledged was refused later by a node.
     EXPECT_EQ(info.steps_dropped(), 0u) << job;
     EXPECT_EQ(info.tensors_dropped(), 0u) << job;
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < steps_run[c]; ++step) {
       auto values = q->ReadTensor(job, "fc.weight", step);
       SONDE_ASSERT_OK(values);
       ASSERT_EQ(values->bytes.size(), 64u * sizeof(float)) << job << " step " << step;
@@ -277,6 +283,9 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
   SONDE_ASSERT_OK(fired);
   EXPECT_EQ(fired->size(), 1u);
   EXPECT_TRUE(hooks[0]->should_stop());
+  EXPECT_LT(steps_run[0], kMaxStepsUntilStopped);  // it stopped training
+  EXPECT_GT(steps_run[0], 40);
+  RecordProperty("job0_steps_until_stopped", steps_run[0]);
   for (int c = 1; c < kClients; ++c) EXPECT_FALSE(hooks[c]->should_stop()) << c;
 }
 
