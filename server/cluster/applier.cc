@@ -74,16 +74,20 @@ v1::LogPosition PartitionApplier::PositionAt(uint64_t sequence) const {
 void PartitionApplier::EndStream(const StreamKey& key) { streams_.erase(key); }
 
 absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t sequence,
-                                                                 const v1::LogEntry& entry) {
+                                                                 const v1::LogEntry& entry,
+                                                                 int64_t log_micros) {
   Outcome outcome;
   const StreamKey key{entry.gateway(), entry.connection()};
   // During a replay (sequence <= applied_) sessions are rebuilt and what
   // they commit is recognised as stored; the position is not written back.
   const bool replaying = sequence <= applied_;
-  if (entry.unix_micros() > 0) {
-    log_now_micros_ = std::max(log_now_micros_, entry.unix_micros());
+  // The log's own clock where there is one: the same for every replica,
+  // and one clock for all gateways however theirs differ.
+  const int64_t at = log_micros > 0 ? log_micros : entry.unix_micros();
+  if (at > 0) {
+    log_now_micros_ = std::max(log_now_micros_, at);
     int64_t& seen = gateway_seen_[entry.gateway()];
-    seen = std::max(seen, entry.unix_micros());
+    seen = std::max(seen, at);
   }
   if (entry.heartbeat()) {
     // Only the clock moves.

@@ -37,9 +37,9 @@ namespace sonde::cluster {
 
 class PartitionApplier {
  public:
-  // A gateway silent for `gateway_timeout` of log time (its entries'
-  // unix_micros against the newest entry's) is taken for dead: its open
-  // streams end as if their clients had disconnected.
+  // A gateway silent for `gateway_timeout` of log time (when the log
+  // stored its last entry, against the newest entry) is taken for dead:
+  // its open streams end as if their clients had disconnected.
   PartitionApplier(uint32_t partition, server::JobRegistry* registry, storage::Store* store,
                    server::IngestLimits limits,
                    absl::Duration gateway_timeout = absl::Minutes(1));
@@ -75,7 +75,10 @@ class PartitionApplier {
   // Applies the entry at `sequence`. Entries come in increasing sequence
   // order, from ReadFrom() on. An error is returned only when the node
   // cannot go on (storage failing); a refused stream is an Outcome.
-  absl::StatusOr<Outcome> Apply(uint64_t sequence, const v1::LogEntry& entry);
+  // `log_micros`: when the log stored the entry (PartitionLog::Entry::
+  // unix_micros); 0 to use the gateway's stamp in the entry instead.
+  absl::StatusOr<Outcome> Apply(uint64_t sequence, const v1::LogEntry& entry,
+                                int64_t log_micros = 0);
 
   uint64_t applied() const { return applied_; }
   size_t open_streams() const { return streams_.size(); }

@@ -371,6 +371,32 @@ TEST(PartitionApplier, AStreamOfAGatewaySilentPastTheTimeoutEnds) {
   EXPECT_EQ(steps->size(), 1u);
 }
 
+// With the log's own time, a gateway whose clock is ten minutes behind
+// another's is not taken for dead.
+TEST(PartitionApplier, TheLogsClockDecidesGatewaySilenceNotTheGateways) {
+  TempDir dir;
+  Node node(dir.Sub("db"));
+  SONDE_ASSERT_OK(node.applier().ReadFrom());
+  LoggedStream slow("gw-slow-clock", 1), fast("gw-fast-clock", 2);
+  const int64_t t0 = 1'800'000'000'000'000;
+  std::vector<std::pair<v1::LogEntry, int64_t>> log;  // entry, its gateway's stamp
+  log.push_back({slow.Hello("skewed", 0, 1, 1), t0 - 600'000'000});
+  log.push_back({fast.Hello("other", 0, 1, 2), t0});
+  for (int64_t s = 0; s < 3; ++s) {
+    log.push_back({slow.Step(s, Weights(s)), t0 - 600'000'000 + s * 1'000'000});
+    log.push_back({fast.Step(s, Weights(s)), t0 + s * 1'000'000});
+  }
+  for (size_t i = 0; i < log.size(); ++i) {
+    v1::LogEntry e = log[i].first;
+    e.set_unix_micros(log[i].second);
+    // The log stored them a second apart, in order.
+    auto outcome = node.applier().Apply(i + 1, e, t0 + static_cast<int64_t>(i) * 1'000'000);
+    SONDE_ASSERT_OK(outcome);
+    EXPECT_TRUE(outcome->others_ended.empty()) << "entry " << i + 1;
+  }
+  EXPECT_EQ(node.applier().open_streams(), 2u);
+}
+
 // The pieces together: a gateway's entries through a real JetStream log,
 // applied by a node that is stopped and restarted halfway.
 TEST(PartitionApplier, AppliesARealLogAcrossANodeRestart) {

@@ -99,15 +99,24 @@ void Gateway::HeartbeatLoop() {
         if (open > 0) partitions.push_back(p);
       }
     }
+    // All at once: one slow partition must not hold the others' beats
+    // past the nodes' timeout.
+    std::vector<std::thread> beats;
     for (int p : partitions) {
-      v1::LogEntry beat;
-      beat.set_gateway(options_.name);
-      beat.set_heartbeat(true);
-      beat.set_unix_micros(absl::ToUnixMicros(absl::Now()));
-      absl::StatusOr<PartitionLog::Appended> appended = log_->Append(
-          p, absl::StrCat(options_.name, "/beat/", beat.unix_micros()), beat.SerializeAsString());
-      if (!appended.ok()) LOG(WARNING) << "gateway heartbeat to partition " << p << ": " << appended.status();
+      beats.emplace_back([this, p] {
+        v1::LogEntry beat;
+        beat.set_gateway(options_.name);
+        beat.set_heartbeat(true);
+        beat.set_unix_micros(absl::ToUnixMicros(absl::Now()));
+        absl::StatusOr<PartitionLog::Appended> appended =
+            log_->Append(p, absl::StrCat(options_.name, "/beat/", p, "/", beat.unix_micros()),
+                         beat.SerializeAsString());
+        if (!appended.ok()) {
+          LOG(WARNING) << "gateway heartbeat to partition " << p << ": " << appended.status();
+        }
+      });
     }
+    for (std::thread& t : beats) t.join();
   }
 }
 

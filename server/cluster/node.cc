@@ -228,7 +228,8 @@ void ClusterNode::ApplyLoop(Owned* owned) {
                  << "') is not a LogEntry; skipped";
       continue;
     }
-    absl::StatusOr<PartitionApplier::Outcome> outcome = applier.Apply(e.sequence, entry);
+    absl::StatusOr<PartitionApplier::Outcome> outcome =
+        applier.Apply(e.sequence, entry, e.unix_micros);
     if (!outcome.ok()) {
       // The store is failing: stop applying; another node may do better.
       LOG(ERROR) << "partition " << p << ": cannot apply entry " << e.sequence << ": "

@@ -215,6 +215,7 @@ class StreamReader : public PartitionLog::Reader {
     s = natsMsg_GetMetaData(&meta, msg);
     if (s == NATS_OK) {
       entry.sequence = meta->Sequence.Stream;
+      entry.unix_micros = meta->Timestamp / 1000;
       jsMsgMetaData_Destroy(meta);
     }
     const char* id = nullptr;

@@ -70,6 +70,9 @@ class PartitionLog {
     uint64_t sequence = 0;
     std::string id;
     std::string bytes;
+    // When the stream stored it (JetStream's timestamp, set by the stream's
+    // leader and replicated with the entry: every reader sees the same).
+    int64_t unix_micros = 0;
   };
   // Entries of one partition in order, from a sequence on.
   class Reader {

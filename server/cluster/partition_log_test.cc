@@ -104,6 +104,9 @@ TEST_F(PartitionLogTest, EntriesComeBackInOrderWithTheirIdsAndARepeatIsStoredOnc
   EXPECT_EQ(entries[0].bytes, "first");
   EXPECT_EQ(entries[1].sequence, 2u);
   EXPECT_EQ(entries[1].bytes, "second");
+  // The stream's own time of storing, in order, close to now.
+  EXPECT_GT(entries[0].unix_micros, absl::ToUnixMicros(absl::Now() - absl::Minutes(5)));
+  EXPECT_GE(entries[1].unix_micros, entries[0].unix_micros);
   // From the middle.
   auto reader = log_->Read(0, 2);
   SONDE_ASSERT_OK(reader);
