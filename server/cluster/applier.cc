@@ -91,6 +91,8 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
   }
   if (entry.heartbeat()) {
     // Only the clock moves.
+  } else if (entry.control_case() != v1::LogEntry::CONTROL_NOT_SET) {
+    ApplyControl(entry, outcome);
   } else if (!ended_.count(key)) {
     auto it = streams_.find(key);
     if (it == streams_.end()) {
@@ -191,6 +193,26 @@ bool IsStorageFailure(const absl::Status& s) {
 }
 
 }  // namespace
+
+void PartitionApplier::ApplyControl(const v1::LogEntry& entry, Outcome& outcome) {
+  if (entry.has_enable_rules()) {
+    const v1::EnableRulesRequest& r = entry.enable_rules();
+    absl::StatusOr<std::vector<v1::RuleSpec>> rules = registry_->EnableRules(
+        r.job(), std::vector<v1::RuleSpec>(r.rules().begin(), r.rules().end()));
+    if (!rules.ok()) {
+      outcome.ended = rules.status();
+      return;
+    }
+    v1::EnableRulesResponse response;
+    for (v1::RuleSpec& spec : *rules) *response.add_rules() = std::move(spec);
+    outcome.response = response.SerializeAsString();
+    return;
+  }
+  const v1::PostRuleResultRequest& r = entry.post_rule_result();
+  outcome.ended = registry_->PostExternalResult(
+      r.result(), std::vector<std::string>(r.actions().begin(), r.actions().end()));
+  outcome.response = v1::PostRuleResultResponse().SerializeAsString();
+}
 
 void PartitionApplier::CountRefused(const std::string& job, const v1::LogEntry& entry, int from,
                                     bool replaying) {

@@ -71,6 +71,8 @@ class PartitionApplier {
       absl::Status status;
     };
     std::vector<Ended> others_ended;
+    // A control entry's answer (EnableRulesResponse), serialized.
+    std::string response;
   };
   // Applies the entry at `sequence`. Entries come in increasing sequence
   // order, from ReadFrom() on. An error is returned only when the node
@@ -95,6 +97,8 @@ class PartitionApplier {
   // Adds the step ends of `entry` from message `from` on to `job`'s dropped
   // steps (not when replaying: they were counted then).
   void CountRefused(const std::string& job, const v1::LogEntry& entry, int from, bool replaying);
+  // EnableRules or PostRuleResult, as the Query service would run them.
+  void ApplyControl(const v1::LogEntry& entry, Outcome& outcome);
   v1::LogPosition PositionAt(uint64_t sequence) const;
   void EndStream(const StreamKey& key);
 

@@ -397,6 +397,58 @@ TEST(PartitionApplier, TheLogsClockDecidesGatewaySilenceNotTheGateways) {
   EXPECT_EQ(node.applier().open_streams(), 2u);
 }
 
+// EnableRules and PostRuleResult logged as entries: applied in their place
+// among the job's entries, with the Query service's answers and refusals.
+TEST(PartitionApplier, ControlEntriesMakeTheirChangesInLogOrder) {
+  TempDir dir;
+  Node node(dir.Sub("db"));
+  SONDE_ASSERT_OK(node.applier().ReadFrom());
+  v1::LogEntry enable;
+  enable.set_gateway("gw-a");
+  enable.set_connection(100);
+  enable.set_closed(true);
+  enable.mutable_enable_rules()->set_job("ruled");
+  v1::RuleSpec* spec = enable.mutable_enable_rules()->add_rules();
+  spec->set_rule_type("LossNotDecreasing");
+  spec->set_name("early_loss");
+  auto enabled = node.applier().Apply(1, enable);
+  SONDE_ASSERT_OK(enabled);
+  SONDE_ASSERT_OK(enabled->ended);
+  v1::EnableRulesResponse answer;
+  ASSERT_TRUE(answer.ParseFromString(enabled->response));
+  ASSERT_EQ(answer.rules_size(), 1);
+  EXPECT_EQ(answer.rules(0).name(), "early_loss");
+  EXPECT_EQ(node.applier().open_streams(), 0u);  // a control entry opens no session
+
+  LoggedStream w("gw-a", 1);
+  auto hello = node.applier().Apply(2, w.Hello("ruled", 0, 1, 9));
+  SONDE_ASSERT_OK(hello);
+  SONDE_ASSERT_OK(hello->ended);
+  auto job = node.store().GetJob("ruled");
+  SONDE_ASSERT_OK(job);
+  bool found = false;
+  for (const v1::RuleSpec& r : job->rules()) found = found || r.name() == "early_loss";
+  EXPECT_TRUE(found);
+
+  // Enabling rules once the job has started is refused, as by the service.
+  enable.set_connection(101);
+  auto late = node.applier().Apply(3, enable);
+  SONDE_ASSERT_OK(late);
+  EXPECT_EQ(late->ended.code(), absl::StatusCode::kFailedPrecondition) << late->ended;
+
+  v1::LogEntry post;
+  post.set_gateway("gw-a");
+  post.set_connection(102);
+  post.set_closed(true);
+  v1::RuleResult* result = post.mutable_post_rule_result()->mutable_result();
+  result->set_job("no-such-job");
+  result->set_rule("external");
+  result->set_status(v1::RULE_STATUS_NO_ISSUES_FOUND);
+  auto posted = node.applier().Apply(4, post);
+  SONDE_ASSERT_OK(posted);
+  EXPECT_EQ(posted->ended.code(), absl::StatusCode::kNotFound) << posted->ended;
+}
+
 // The pieces together: a gateway's entries through a real JetStream log,
 // applied by a node that is stopped and restarted halfway.
 TEST(PartitionApplier, AppliesARealLogAcrossANodeRestart) {

@@ -114,10 +114,6 @@ class TestGateway {
   TestGateway(const std::vector<std::string>& nats, const std::vector<std::string>& etcd) {
     log_ = OpenLog(nats);
     etcd_ = EtcdClient(etcd);
-    QueryFront::Options fo;
-    fo.prefix = "/sonde/test";
-    fo.partitions = kPartitions;
-    front_ = std::make_unique<QueryFront>(etcd_.get(), fo);
     Gateway::Options o;
     o.name = "gw-test";
     o.hello_timeout = absl::Seconds(20);
@@ -127,6 +123,11 @@ class TestGateway {
     auto gateway = Gateway::Create(log_.get(), o);
     EXPECT_TRUE(gateway.ok()) << gateway.status();
     gateway_ = std::move(*gateway);
+    QueryFront::Options fo;
+    fo.prefix = "/sonde/test";
+    fo.partitions = kPartitions;
+    fo.gateway = gateway_.get();
+    front_ = std::make_unique<QueryFront>(etcd_.get(), fo);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -305,6 +306,12 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   // The NaN loss at step 5 fires a webhook: once, though the partition's
   // log is applied again by each new owner.
   testing::TestHttpServer webhook;
+  // Rules enabled before the job starts are logged: every node that
+  // applies the partition has them.
+  auto rules = rules::ParseRuleFlag("LossNotDecreasing(name=early_loss)");
+  SONDE_ASSERT_OK(rules);
+  auto enabled = QueryClient::Connect(gateway.address())->EnableRules("moving", *rules);
+  SONDE_ASSERT_OK(enabled);
   auto hook = Client(gateway.address(), "moving",
                      "ExplodingTensor(actions=Webhook:" + webhook.Url("/sonde") + ")");
   ASSERT_NE(hook, nullptr);
@@ -334,6 +341,11 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   EXPECT_EQ(StoredSteps(b->store(), "moving"), Range(20));
   absl::SleepFor(absl::Milliseconds(500));  // a second post would be out by now
   EXPECT_EQ(webhook.requests().size(), 1u);
+  auto info = b->store().GetJob("moving");
+  SONDE_ASSERT_OK(info);
+  bool has_early = false;
+  for (const v1::RuleSpec& r : info->rules()) has_early = has_early || r.name() == "early_loss";
+  EXPECT_TRUE(has_early) << "the rule enabled before the job started is lost on its new owner";
 }
 
 }  // namespace

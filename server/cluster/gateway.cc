@@ -164,6 +164,35 @@ absl::StatusOr<uint64_t> Gateway::AppendEntry(int partition, const v1::LogEntry&
   }
 }
 
+absl::StatusOr<v1::EntryOutcome> Gateway::LogControl(const std::string& job,
+                                                      v1::LogEntry control) {
+  const uint64_t connection = next_connection_.fetch_add(1);
+  auto box = std::make_shared<Mailbox>();
+  {
+    absl::MutexLock lock(&mu_);
+    mailboxes_[connection] = box;
+  }
+  control.set_gateway(options_.name);
+  control.set_connection(connection);
+  control.set_closed(true);  // nothing follows it: no session stays open
+  control.set_unix_micros(absl::ToUnixMicros(absl::Now()));
+  const int partition = PartitionOf(job);
+  absl::StatusOr<uint64_t> at = AppendEntry(partition, control);
+  std::optional<v1::EntryOutcome> answer;
+  if (at.ok()) answer = box->WaitFor(*at, options_.hello_timeout);
+  {
+    absl::MutexLock lock(&mu_);
+    mailboxes_.erase(connection);
+  }
+  if (!at.ok()) return at.status();
+  if (!answer.has_value()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no collector node answered within ", absl::FormatDuration(options_.hello_timeout),
+        " (partition ", partition, "); the change is logged and will be applied"));
+  }
+  return *std::move(answer);
+}
+
 grpc::Status Gateway::Stream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) {

@@ -65,6 +65,12 @@ class Gateway final : public v1::Collector::Service {
 
   // The partition of `job`: a stable hash of its name.
   int PartitionOf(const std::string& job) const;
+
+  // Logs `control` (EnableRules, PostRuleResult) to `job`'s partition as an
+  // entry of its own and waits for the owner node's answer: the call's
+  // status in code and message, its answer in response. UNAVAILABLE if no
+  // node answered within hello_timeout.
+  absl::StatusOr<v1::EntryOutcome> LogControl(const std::string& job, v1::LogEntry control);
   // Streams open now.
   int open_streams() const;
 

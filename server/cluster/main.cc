@@ -255,6 +255,8 @@ int RunGateway(const sigset_t& stop) {
     sonde::cluster::QueryFront::Options fo;
     fo.prefix = "/sonde/" + absl::GetFlag(FLAGS_cluster);
     fo.partitions = absl::GetFlag(FLAGS_partitions);
+    fo.gateway = gateway->get();  // EnableRules, PostRuleResult go through the log
+    fo.tokens = tokens.get();
     if (!absl::GetFlag(FLAGS_node_tls_ca).empty()) {
       std::ifstream ca(absl::GetFlag(FLAGS_node_tls_ca));
       std::stringstream pem;

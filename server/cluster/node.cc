@@ -253,6 +253,7 @@ bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
   out.set_sequence(sequence);
   out.set_code(static_cast<int32_t>(outcome.ended.code()));
   out.set_message(std::string(outcome.ended.message()));
+  out.set_response(outcome.response);
   // A hello's answer carries a stop already decided for the job: a worker
   // that reconnects is told again, whoever told it before.
   const bool hello = entry.messages_size() > 0 && entry.messages(0).has_hello();
@@ -283,7 +284,8 @@ bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
     absl::Status s = log_->Notify(absl::StrCat("out.", e.gateway), ended.SerializeAsString());
     if (!s.ok()) LOG(WARNING) << "partition " << partition << ": " << s;
   }
-  if (out.replies_size() == 0 && out.code() == 0) return true;
+  const bool control = entry.control_case() != v1::LogEntry::CONTROL_NOT_SET;
+  if (out.replies_size() == 0 && out.code() == 0 && !control) return true;
   absl::Status s = log_->Notify(absl::StrCat("out.", entry.gateway()), out.SerializeAsString());
   if (!s.ok()) LOG(WARNING) << "partition " << partition << ": " << s;
   return true;

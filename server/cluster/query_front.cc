@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/cluster.pb.h"
+#include "server/access.h"
 #include "server/cluster/membership.h"
 
 namespace sonde::cluster {
@@ -162,14 +164,45 @@ grpc::Status QueryFront::WatchSteps(grpc::ServerContext* c, const v1::WatchSteps
                                     grpc::ServerWriter<v1::CompletedStep>* w) {
   return Streamed(c, r->job(), *r, w, &v1::Query::Stub::WatchSteps);
 }
+template <typename Request, typename Response>
+grpc::Status QueryFront::Logged(grpc::ServerContext* context, const char* method,
+                                const std::string& job, const Request& request,
+                                v1::LogEntry entry, Response* response) {
+  if (options_.tokens != nullptr) {
+    absl::StatusOr<const server::TokenGrant*> grant =
+        server::AuthorizeCall(*options_.tokens, *context, method, request);
+    if (!grant.ok()) return ToGrpcStatus(grant.status());
+  }
+  absl::StatusOr<v1::EntryOutcome> answer = options_.gateway->LogControl(job, std::move(entry));
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  if (answer->code() != 0) {
+    return grpc::Status(static_cast<grpc::StatusCode>(answer->code()), answer->message());
+  }
+  if (!response->ParseFromString(answer->response())) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "the node's answer does not parse");
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status QueryFront::PostRuleResult(grpc::ServerContext* c,
                                         const v1::PostRuleResultRequest* r,
                                         v1::PostRuleResultResponse* out) {
-  return Unary(c, r->result().job(), *r, out, &v1::Query::Stub::PostRuleResult);
+  if (options_.gateway == nullptr) {
+    return Unary(c, r->result().job(), *r, out, &v1::Query::Stub::PostRuleResult);
+  }
+  v1::LogEntry entry;
+  *entry.mutable_post_rule_result() = *r;
+  return Logged(c, "/sonde.v1.Query/PostRuleResult", r->result().job(), *r, std::move(entry),
+                out);
 }
 grpc::Status QueryFront::EnableRules(grpc::ServerContext* c, const v1::EnableRulesRequest* r,
                                      v1::EnableRulesResponse* out) {
-  return Unary(c, r->job(), *r, out, &v1::Query::Stub::EnableRules);
+  if (options_.gateway == nullptr) {
+    return Unary(c, r->job(), *r, out, &v1::Query::Stub::EnableRules);
+  }
+  v1::LogEntry entry;
+  *entry.mutable_enable_rules() = *r;
+  return Logged(c, "/sonde.v1.Query/EnableRules", r->job(), *r, std::move(entry), out);
 }
 grpc::Status QueryFront::DeleteJob(grpc::ServerContext* c, const v1::DeleteJobRequest* r,
                                    v1::DeleteJobResponse* out) {

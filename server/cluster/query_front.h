@@ -19,7 +19,9 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/query.grpc.pb.h"
+#include "server/auth.h"
 #include "server/cluster/etcd.h"
+#include "server/cluster/gateway.h"
 
 namespace sonde::cluster {
 
@@ -30,6 +32,12 @@ class QueryFront final : public v1::Query::Service {
     int partitions = 16;
     // Credentials for the hop to the nodes (insecure when null).
     std::shared_ptr<grpc::ChannelCredentials> node_credentials;
+    // With a gateway, EnableRules and PostRuleResult are logged to the
+    // job's partition (Gateway::LogControl), so every node that applies it
+    // makes them, and they survive failovers; `tokens` (null: none) then
+    // authorizes them here, as a node would. Without, they go to the owner.
+    Gateway* gateway = nullptr;
+    const server::TokenTable* tokens = nullptr;
   };
   QueryFront(Etcd* etcd, Options options);
 
@@ -84,6 +92,12 @@ class QueryFront final : public v1::Query::Service {
   template <typename Request, typename Item, typename Method>
   grpc::Status Streamed(grpc::ServerContext* context, const std::string& job,
                         const Request& request, grpc::ServerWriter<Item>* writer, Method method);
+
+  // Logs a control entry through the gateway and turns the owner's answer
+  // into the call's status and response.
+  template <typename Request, typename Response>
+  grpc::Status Logged(grpc::ServerContext* context, const char* method, const std::string& job,
+                      const Request& request, v1::LogEntry entry, Response* response);
 
   Etcd* const etcd_;
   const Options options_;
