@@ -1,14 +1,14 @@
 // The whole cluster on 127.0.0.1, every server its own process: 3 etcd
 // members, 3 nats-servers, 3 Sonde nodes and 2 gateways (sonde-cluster),
-// with 8 training clients streaming through the gateways. Every hop is
-// TLS with certificates of one test CA: hook and CLI to gateways, gateways
-// to nodes, both to etcd and NATS (client certificates required there),
-// etcd members and NATS servers among themselves. While they
-// stream, Sonde nodes and a log server are killed with SIGKILL and
-// restarted, again and again. At the end every acknowledged step is stored
-// exactly once with its values, by the node that owns its job's partition,
-// every job is finished, and the StopTraining one job's rule asked for
-// fired once and reached its client.
+// with 8 training clients streaming through the gateways. Every hop is TLS
+// with certificates of one test CA: hook and CLI to gateways, gateways to
+// nodes, both to etcd and NATS (client certificates required there), etcd
+// members and NATS servers among themselves. While the clients stream,
+// Sonde nodes, log servers, gateways and etcd members are killed with
+// SIGKILL and restarted, round after round. At the end every acknowledged
+// step is stored once with its values by the node that owns its job's
+// partition, every job is finished with nothing dropped, and the
+// StopTraining one job's rule asked for fired once and reached its client.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -209,30 +209,58 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
       --training;
     });
   }
-  // Chaos while they stream: kill -9 a Sonde node or a log server, let it
-  // lie dead a moment, start it again; round and round.
+  // Chaos while they stream: kill -9 a Sonde node, a log server, a gateway
+  // (its clients reconnect to it and resend what was not acknowledged) or
+  // an etcd member, let it lie dead a moment, start it again; round and
+  // round.
   std::mt19937 rng(19);
   int kills = 0;
-  // At least four kills, and more while the clients still stream.
+  std::map<std::string, int> killed;
+  // At least one of each kind, and more while the clients still stream.
   for (int round = 0; training.load() > 0 || kills < 4; ++round) {
     absl::SleepFor(absl::Milliseconds(400));
-    if (round % 2 == 0) {
-      const int n = static_cast<int>(rng() % nodes_.size());
-      nodes_[n]->Kill();
-      absl::SleepFor(absl::Milliseconds(300));
-      nodes_[n]->Restart();
-    } else {
-      const int s = static_cast<int>(rng() % 3);
-      nats_->Kill(s);
-      absl::SleepFor(absl::Milliseconds(300));
-      SONDE_ASSERT_OK(nats_->Restart(s));
+    switch (round % 4) {
+      case 0: {
+        const int n = static_cast<int>(rng() % nodes_.size());
+        nodes_[n]->Kill();
+        absl::SleepFor(absl::Milliseconds(300));
+        nodes_[n]->Restart();
+        ++killed["node"];
+        break;
+      }
+      case 1: {
+        const int s = static_cast<int>(rng() % 3);
+        nats_->Kill(s);
+        absl::SleepFor(absl::Milliseconds(300));
+        SONDE_ASSERT_OK(nats_->Restart(s));
+        ++killed["nats"];
+        break;
+      }
+      case 2: {
+        const int g = static_cast<int>(rng() % gateways_.size());
+        gateways_[g]->Kill();
+        absl::SleepFor(absl::Milliseconds(300));
+        gateways_[g]->Restart();
+        ++killed["gateway"];
+        break;
+      }
+      case 3: {
+        const int e = static_cast<int>(rng() % 3);
+        etcd_->Kill(e);
+        absl::SleepFor(absl::Milliseconds(300));
+        SONDE_ASSERT_OK(etcd_->Restart(e));
+        ++killed["etcd"];
+        break;
+      }
     }
     ++kills;
   }
   for (std::thread& t : clients) t.join();
   for (auto& h : hooks) SONDE_EXPECT_OK(h->Close());
   RecordProperty("kills", kills);
+  for (const auto& [kind, n] : killed) RecordProperty(kind + "_kills", n);
   EXPECT_GE(kills, 4);
+  EXPECT_EQ(killed.size(), 4u);  // each kind at least once
 
   for (int c = 0; c < kClients; ++c) {
     const std::string job = absl::StrCat("job-", c);
