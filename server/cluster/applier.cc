@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/ingest_session.h"
+#include "server/retention.h"
 
 namespace sonde::cluster {
 
@@ -205,6 +206,26 @@ void PartitionApplier::ApplyControl(const v1::LogEntry& entry, Outcome& outcome)
     }
     v1::EnableRulesResponse response;
     for (v1::RuleSpec& spec : *rules) *response.add_rules() = std::move(spec);
+    outcome.response = response.SerializeAsString();
+    return;
+  }
+  if (entry.has_delete_job()) {
+    const std::string& job = entry.delete_job().job();
+    if (job.empty()) {
+      outcome.ended = absl::InvalidArgumentError("no job given");
+      return;
+    }
+    // Whether the job is still judged depends on its rules' progress:
+    // let them finish first, so every replica refuses or deletes alike.
+    registry_->DrainRules();
+    absl::StatusOr<storage::DeletedJob> deleted = server::EraseJob(job, *store_, *registry_);
+    if (!deleted.ok()) {
+      outcome.ended = deleted.status();
+      return;
+    }
+    v1::DeleteJobResponse response;
+    response.set_job_id(deleted->job_id);
+    response.set_approximate_bytes(deleted->approximate_bytes);
     outcome.response = response.SerializeAsString();
     return;
   }

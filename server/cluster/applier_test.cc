@@ -435,6 +435,16 @@ TEST(PartitionApplier, ControlEntriesMakeTheirChangesInLogOrder) {
   auto late = node.applier().Apply(3, enable);
   SONDE_ASSERT_OK(late);
   EXPECT_EQ(late->ended.code(), absl::StatusCode::kFailedPrecondition) << late->ended;
+  // So is deleting it while its worker streams.
+  v1::LogEntry del;
+  del.set_gateway("gw-a");
+  del.set_connection(103);
+  del.set_closed(true);
+  del.mutable_delete_job()->set_job("ruled");
+  auto refused = node.applier().Apply(5, del);
+  SONDE_ASSERT_OK(refused);
+  EXPECT_EQ(refused->ended.code(), absl::StatusCode::kFailedPrecondition) << refused->ended;
+  SONDE_EXPECT_OK(node.store().GetJob("ruled").status());
 
   v1::LogEntry post;
   post.set_gateway("gw-a");
@@ -447,6 +457,18 @@ TEST(PartitionApplier, ControlEntriesMakeTheirChangesInLogOrder) {
   auto posted = node.applier().Apply(4, post);
   SONDE_ASSERT_OK(posted);
   EXPECT_EQ(posted->ended.code(), absl::StatusCode::kNotFound) << posted->ended;
+  // After its job end, the delete goes through.
+  auto ended = node.applier().Apply(6, w.JobEnd());
+  SONDE_ASSERT_OK(ended);
+  SONDE_ASSERT_OK(ended->ended);
+  del.set_connection(104);
+  auto erased = node.applier().Apply(7, del);
+  SONDE_ASSERT_OK(erased);
+  SONDE_ASSERT_OK(erased->ended);
+  v1::DeleteJobResponse gone;
+  ASSERT_TRUE(gone.ParseFromString(erased->response));
+  EXPECT_GT(gone.job_id(), 0u);
+  EXPECT_EQ(node.store().GetJob("ruled").status().code(), absl::StatusCode::kNotFound);
 }
 
 // The pieces together: a gateway's entries through a real JetStream log,

@@ -278,6 +278,14 @@ TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOw
     EXPECT_EQ(first, 7.0f);
   }
   EXPECT_EQ(q->GetJob("no-such-job").status().code(), absl::StatusCode::kNotFound);
+  // Deleting a finished job goes through the log too.
+  auto deleted = q->DeleteJob("job-1");
+  SONDE_ASSERT_OK(deleted);
+  EXPECT_GT(deleted->job_id(), 0u);
+  EXPECT_EQ(q->GetJob("job-1").status().code(), absl::StatusCode::kNotFound);
+  auto left = q->ListJobs();
+  SONDE_ASSERT_OK(left);
+  EXPECT_EQ(left->size(), jobs.size() - 1);
   // The gateway told every partition it streamed to that it was alive, with
   // its clock, while it had streams open there.
   std::unique_ptr<PartitionLog> log = OpenLog(nats_->urls());

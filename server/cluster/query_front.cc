@@ -206,7 +206,10 @@ grpc::Status QueryFront::EnableRules(grpc::ServerContext* c, const v1::EnableRul
 }
 grpc::Status QueryFront::DeleteJob(grpc::ServerContext* c, const v1::DeleteJobRequest* r,
                                    v1::DeleteJobResponse* out) {
-  return Unary(c, r->job(), *r, out, &v1::Query::Stub::DeleteJob);
+  if (options_.gateway == nullptr) return Unary(c, r->job(), *r, out, &v1::Query::Stub::DeleteJob);
+  v1::LogEntry entry;
+  *entry.mutable_delete_job() = *r;
+  return Logged(c, "/sonde.v1.Query/DeleteJob", r->job(), *r, std::move(entry), out);
 }
 grpc::Status QueryFront::ListMetrics(grpc::ServerContext* c, const v1::ListMetricsRequest* r,
                                      v1::ListMetricsResponse* out) {

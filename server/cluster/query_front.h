@@ -32,9 +32,9 @@ class QueryFront final : public v1::Query::Service {
     int partitions = 16;
     // Credentials for the hop to the nodes (insecure when null).
     std::shared_ptr<grpc::ChannelCredentials> node_credentials;
-    // With a gateway, EnableRules and PostRuleResult are logged to the
-    // job's partition (Gateway::LogControl), so every node that applies it
-    // makes them, and they survive failovers; `tokens` (null: none) then
+    // With a gateway, EnableRules, PostRuleResult and DeleteJob are logged
+    // to the job's partition (Gateway::LogControl), so every node that
+    // applies it makes them, and they survive failovers; `tokens` (null: none) then
     // authorizes them here, as a node would. Without, they go to the owner.
     Gateway* gateway = nullptr;
     const server::TokenTable* tokens = nullptr;
