@@ -238,8 +238,7 @@ void ClusterNode::ApplyLoop(Owned* owned) {
       return;
     }
     owned->applied = applier.applied();
-    if (outcome->replayed) continue;
-    if (!Forward(p, owned->epoch, e.sequence, entry, *outcome)) {
+    if (!Forward(p, owned->epoch, e.sequence, entry, *outcome, outcome->replayed)) {
       owned->finished = true;  // fenced: another node owns it now
       return;
     }
@@ -247,17 +246,23 @@ void ClusterNode::ApplyLoop(Owned* owned) {
 }
 
 bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
-                          const v1::LogEntry& entry, const PartitionApplier::Outcome& outcome) {
+                          const v1::LogEntry& entry, const PartitionApplier::Outcome& outcome,
+                          bool replayed) {
+  // A hello's answer carries a stop already decided for the job: a worker
+  // that reconnects is told again, whoever told it before.
+  const bool hello = entry.messages_size() > 0 && entry.messages(0).has_hello();
+  if (replayed && hello) return true;  // answered when first applied
   v1::EntryOutcome out;
   out.set_connection(entry.connection());
   out.set_sequence(sequence);
   out.set_code(static_cast<int32_t>(outcome.ended.code()));
   out.set_message(std::string(outcome.ended.message()));
   out.set_response(outcome.response);
-  // A hello's answer carries a stop already decided for the job: a worker
-  // that reconnects is told again, whoever told it before.
-  const bool hello = entry.messages_size() > 0 && entry.messages(0).has_hello();
   for (const v1::ServerMessage& reply : outcome.replies) {
+    // Replayed entries were answered when first applied; only actions,
+    // which rules may decide again while the node catches up (and which
+    // the node may have died before firing), go out, and only once.
+    if (replayed && !reply.has_action()) continue;
     if (reply.has_action() && !hello) {
       // Once per job, worker, rule and step, whoever owns the partition.
       const v1::Action& a = reply.action();
@@ -266,6 +271,15 @@ bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
           static_cast<int>(a.type()), "/", a.rule(), "/", a.step());
       absl::StatusOr<bool> fired = membership_->FireOnce(partition, epoch, key,
                                                          a.SerializeAsString());
+      // etcd briefly unreachable (a member restarting): try again a few
+      // times before giving the action up.
+      for (absl::Duration pause = absl::Milliseconds(200);
+           !fired.ok() && !absl::IsFailedPrecondition(fired.status()) &&
+           pause <= absl::Seconds(2);
+           pause *= 2) {
+        absl::SleepFor(pause);
+        fired = membership_->FireOnce(partition, epoch, key, a.SerializeAsString());
+      }
       if (!fired.ok()) {
         LOG(WARNING) << "partition " << partition << ": action not sent: " << fired.status();
         if (absl::IsFailedPrecondition(fired.status())) return false;  // fenced
@@ -274,6 +288,14 @@ bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
       if (!*fired) continue;  // sent before, by this owner or an earlier one
     }
     *out.add_replies() = reply;
+  }
+  if (replayed) {
+    if (out.replies_size() == 0) return true;
+    out.set_code(0);
+    out.clear_message();
+    absl::Status s = log_->Notify(absl::StrCat("out.", entry.gateway()), out.SerializeAsString());
+    if (!s.ok()) LOG(WARNING) << "partition " << partition << ": " << s;
+    return true;
   }
   for (const PartitionApplier::Outcome::Ended& e : outcome.others_ended) {
     v1::EntryOutcome ended;

@@ -64,8 +64,10 @@ class ClusterNode {
   void ApplyLoop(Owned* owned);
   // Tells the entry's gateway what became of it; actions only once fired.
   // False when this node is fenced off the partition.
+  // `replayed`: only the entry's actions go out (rules may decide them
+  // again while a restarted node catches up).
   bool Forward(int partition, int64_t epoch, uint64_t sequence, const v1::LogEntry& entry,
-               const PartitionApplier::Outcome& outcome);
+               const PartitionApplier::Outcome& outcome, bool replayed);
   void Drop(int partition) ABSL_LOCKS_EXCLUDED(mu_);
   // The registry's webhook gate: true once per transition, and only while
   // this node owns the job's partition.
