@@ -119,6 +119,7 @@ class Node {
     registry_ = std::make_unique<server::JobRegistry>(store_.get(), &pool_, factory_.get(),
                                                       std::vector<v1::RuleSpec>{},
                                                       absl::Seconds(60));
+    registry_->set_worker_lease(absl::ZeroDuration());  // as sonde-cluster runs nodes
     applier_ = std::make_unique<PartitionApplier>(0, registry_.get(), store_.get(),
                                                   server::IngestLimits());
   }
@@ -469,6 +470,43 @@ TEST(PartitionApplier, ControlEntriesMakeTheirChangesInLogOrder) {
   ASSERT_TRUE(gone.ParseFromString(erased->response));
   EXPECT_GT(gone.job_id(), 0u);
   EXPECT_EQ(node.store().GetJob("ruled").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A second client takes a worker over after the first one's stream has
+// ended. Two nodes apply the same log, one slowly (as the entries came)
+// and one at once (a node that took the partition over and replays it):
+// both accept the takeover and store the same steps, so neither refuses a
+// client the other acknowledged.
+TEST(PartitionApplier, ATakeoverIsDecidedTheSameWhenTheLogIsReplayedAtOnce) {
+  TempDir dir;
+  LoggedStream first("gw-a", 1), second("gw-b", 2);
+  std::vector<v1::LogEntry> log = {first.Hello("handover", 0, 1, 111)};
+  for (int64_t s = 0; s < 3; ++s) log.push_back(first.Step(s, Weights(s)));
+  log.push_back(first.Close());  // the first client's process went away
+  log.push_back(second.Hello("handover", 0, 1, 222));  // a restarted process
+  for (int64_t s = 3; s < 5; ++s) log.push_back(second.Step(s, Weights(s)));
+  log.push_back(second.JobEnd());
+  for (const absl::Duration pace : {absl::Milliseconds(30), absl::ZeroDuration()}) {
+    Node node(dir.Sub(absl::StrCat("db-", absl::ToInt64Milliseconds(pace))));
+    SONDE_ASSERT_OK(node.applier().ReadFrom());
+    for (size_t i = 0; i < log.size(); ++i) {
+      auto outcome = node.applier().Apply(i + 1, log[i]);
+      SONDE_ASSERT_OK(outcome);
+      SONDE_EXPECT_OK(outcome->ended) << "entry " << i + 1 << " at pace " << pace;
+      if (i + 1 == 6) {  // the second client's hello: not its steps to resend
+        ASSERT_FALSE(outcome->replies.empty());
+        EXPECT_EQ(outcome->replies[0].hello_ack().resume_step(), -1);
+      }
+      absl::SleepFor(pace);
+    }
+    auto job = node.store().GetJob("handover");
+    SONDE_ASSERT_OK(job);
+    EXPECT_EQ(job->status(), v1::JOB_STATUS_FINISHED) << pace;
+    EXPECT_EQ(job->steps_dropped(), 0u) << pace;
+    auto steps = node.store().ListSteps(job->job_id(), v1::MODE_TRAIN);
+    SONDE_ASSERT_OK(steps);
+    EXPECT_EQ(steps->size(), 5u) << pace;
+  }
 }
 
 // The pieces together: a gateway's entries through a real JetStream log,
