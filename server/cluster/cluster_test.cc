@@ -243,6 +243,20 @@ TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOw
   }
   for (auto& h : hooks) Train(*h, 0, 12);
   absl::SleepFor(absl::Milliseconds(500));  // streams open: heartbeats go out
+  // An action fired in etcd (as a node's FireOnce writes it) reaches the
+  // streams of its job and worker through the gateway's watch, and only
+  // them.
+  {
+    v1::Action stop;
+    stop.set_type(v1::ACTION_STOP_TRAINING);
+    stop.set_rule("manual");
+    stop.set_step(5);
+    auto etcd = EtcdClient(etcd_->endpoints());
+    SONDE_ASSERT_OK(etcd->Put("/sonde/test/actions/job-2/0/1/manual/5", stop.SerializeAsString()));
+    EXPECT_TRUE(WaitUntil([&] { return hooks[2]->should_stop(); }, absl::Seconds(10)));
+    EXPECT_EQ(hooks[2]->stop_action()->rule(), "manual");
+    EXPECT_FALSE(hooks[1]->should_stop());
+  }
   for (auto& h : hooks) {
     SONDE_EXPECT_OK(h->Close());
     EXPECT_EQ(h->counters().steps_dropped, 0u);

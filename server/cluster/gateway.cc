@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -62,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Create(PartitionLog* log, Opti
     }
   }
   std::unique_ptr<Gateway> gateway(new Gateway(log, std::move(options)));
+  if (gateway->options_.etcd != nullptr) gateway->WatchActions();
   gateway->heartbeat_ = std::thread([g = gateway.get()] { g->HeartbeatLoop(); });
   SONDE_ASSIGN_OR_RETURN(gateway->listener_,
                          log->Listen(absl::StrCat("out.", gateway->options_.name),
@@ -85,12 +88,63 @@ Gateway::~Gateway() {
     stopping_ = true;
   }
   heartbeat_.join();
+  std::unique_ptr<Etcd::Watch> watch;
+  {
+    absl::MutexLock lock(&mu_);
+    watch = std::move(actions_watch_);
+  }
+  watch.reset();
   listener_.reset();
+}
+
+void Gateway::WatchActions() {
+  const std::string prefix = absl::StrCat(options_.prefix, "/actions/");
+  int64_t revision = 0;
+  absl::StatusOr<std::vector<KeyValue>> now = options_.etcd->List(prefix, &revision);
+  if (!now.ok()) {
+    LOG(WARNING) << "gateway: cannot watch fired actions yet: " << now.status();
+    absl::MutexLock lock(&mu_);
+    actions_watch_lost_ = true;  // the heartbeat loop tries again
+    return;
+  }
+  auto watch = options_.etcd->WatchPrefix(
+      prefix, revision,
+      [this, prefix](const std::vector<Event>& events) {
+        for (const Event& e : events) {
+          if (e.type != Event::Type::kPut) continue;
+          // <job>/<worker>/...: webhooks (<job>/webhook/...) are not streamed.
+          std::vector<std::string> parts =
+              absl::StrSplit(absl::string_view(e.kv.key).substr(prefix.size()), '/');
+          int32_t worker = 0;
+          if (parts.size() < 3 || !absl::SimpleAtoi(parts[1], &worker)) continue;
+          v1::EntryOutcome delivery;
+          if (!delivery.add_replies()->mutable_action()->ParseFromString(e.kv.value)) continue;
+          absl::MutexLock lock(&mu_);
+          auto streams = watched_.find({parts[0], worker});
+          if (streams == watched_.end()) continue;
+          for (uint64_t connection : streams->second) {
+            auto box = mailboxes_.find(connection);
+            if (box == mailboxes_.end()) continue;
+            delivery.set_connection(connection);
+            absl::MutexLock box_lock(&box->second->mu);
+            box->second->outcomes.push_back(delivery);
+          }
+        }
+      },
+      [this](const absl::Status& s) {
+        LOG(WARNING) << "gateway: the watch of fired actions ended: " << s;
+        absl::MutexLock lock(&mu_);
+        actions_watch_lost_ = true;
+      });
+  absl::MutexLock lock(&mu_);
+  actions_watch_ = std::move(watch);
+  actions_watch_lost_ = false;
 }
 
 void Gateway::HeartbeatLoop() {
   while (true) {
     std::vector<int> partitions;
+    bool lost = false;
     {
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
@@ -98,6 +152,16 @@ void Gateway::HeartbeatLoop() {
       for (const auto& [p, open] : open_per_partition_) {
         if (open > 0) partitions.push_back(p);
       }
+      lost = actions_watch_lost_;
+    }
+    if (lost) {
+      std::unique_ptr<Etcd::Watch> old;
+      {
+        absl::MutexLock lock(&mu_);
+        old = std::move(actions_watch_);
+      }
+      old.reset();  // outside mu_: its thread may be waiting for it
+      WatchActions();
     }
     // All at once: one slow partition must not hold the others' beats
     // past the nodes' timeout.
@@ -210,7 +274,7 @@ grpc::Status Gateway::Stream(
   absl::Mutex ended_mu;
   absl::Status ended;  // set by the outcome thread when a node ended the stream
   std::thread outcomes;
-  std::unique_ptr<Etcd::Watch> actions;  // destroyed before the stream ends
+  std::function<void()> unwatch;  // run before the stream ends
   int partition = -1;
   auto log_entry = [&](std::vector<v1::ClientMessage> messages, bool closed) {
     v1::LogEntry entry;
@@ -224,7 +288,7 @@ grpc::Status Gateway::Stream(
   // However the stream ends: the node closes its session, and the
   // outcome thread stops.
   auto finish = [&](grpc::Status status) {
-    actions.reset();
+    if (unwatch) unwatch();
     if (partition >= 0) {
       absl::Status closed = log_entry({}, true).status();
       if (!closed.ok()) LOG(WARNING) << "gateway: close of stream " << connection << ": " << closed;
@@ -281,26 +345,28 @@ grpc::Status Gateway::Stream(
   }
   for (const v1::ServerMessage& reply : answer->replies()) write(reply);
   if (options_.etcd != nullptr) {
-    const std::string fired = absl::StrCat(options_.prefix, "/actions/", m.hello().job(), "/",
-                                           m.hello().worker(), "/");
-    auto deliver = [&write](const std::string& value) {
-      v1::ServerMessage msg;
-      if (msg.mutable_action()->ParseFromString(value)) write(msg);
+    // From now on the gateway's one watch of fired actions hands this
+    // worker's to this stream; those fired before are read once here (one
+    // fired meanwhile may come twice: the hook acts on it once).
+    const std::pair<std::string, int32_t> worker{m.hello().job(), m.hello().worker()};
+    {
+      absl::MutexLock lock(&mu_);
+      watched_[worker].insert(connection);
+    }
+    unwatch = [this, worker, connection] {
+      absl::MutexLock lock(&mu_);
+      auto it = watched_.find(worker);
+      if (it == watched_.end()) return;
+      it->second.erase(connection);
+      if (it->second.empty()) watched_.erase(it);
     };
-    int64_t revision = 0;
-    absl::StatusOr<std::vector<KeyValue>> before = options_.etcd->List(fired, &revision);
+    absl::StatusOr<std::vector<KeyValue>> before = options_.etcd->List(absl::StrCat(
+        options_.prefix, "/actions/", worker.first, "/", worker.second, "/"));
     if (before.ok()) {
-      for (const KeyValue& kv : *before) deliver(kv.value);
-      actions = options_.etcd->WatchPrefix(
-          fired, revision,
-          [deliver](const std::vector<Event>& events) {
-            for (const Event& e : events) {
-              if (e.type == Event::Type::kPut) deliver(e.kv.value);
-            }
-          },
-          [connection](const absl::Status& s) {
-            LOG(WARNING) << "gateway: stream " << connection << " stops watching actions: " << s;
-          });
+      for (const KeyValue& kv : *before) {
+        v1::ServerMessage msg;
+        if (msg.mutable_action()->ParseFromString(kv.value)) write(msg);
+      }
     } else {
       LOG(WARNING) << "gateway: stream " << connection << " cannot list its actions: "
                    << before.status();

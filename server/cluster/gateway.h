@@ -13,7 +13,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -47,9 +49,9 @@ class Gateway final : public v1::Collector::Service {
     // them: a stream's token must grant writing its hello's job. Null:
     // no authentication.
     const server::TokenTable* tokens = nullptr;
-    // The cluster's etcd and prefix: with them, each stream also watches
-    // the actions fired for its job and worker (<prefix>/actions/<job>/
-    // <worker>/...) and passes them on. The nodes' NATS answers may be lost
+    // The cluster's etcd and prefix: with them, the gateway also watches
+    // the actions fired (<prefix>/actions/<job>/<worker>/..., one watch for
+    // all its streams) and passes each to its worker's streams. The nodes' NATS answers may be lost
     // while a log server restarts; the keys in etcd are not, and a worker
     // that reconnects is told again. Null: actions come over NATS only.
     Etcd* etcd = nullptr;
@@ -82,6 +84,9 @@ class Gateway final : public v1::Collector::Service {
   absl::StatusOr<uint64_t> AppendEntry(int partition, const v1::LogEntry& entry);
 
   void HeartbeatLoop();
+  // The one watch of <prefix>/actions/: each fired action goes to the
+  // mailboxes of the streams of its job and worker.
+  void WatchActions();
 
   PartitionLog* const log_;
   const Options options_;
@@ -89,6 +94,10 @@ class Gateway final : public v1::Collector::Service {
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Mailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> open_per_partition_ ABSL_GUARDED_BY(mu_);
+  // Streams by (job, worker), for the actions watch.
+  std::map<std::pair<std::string, int32_t>, std::set<uint64_t>> watched_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Etcd::Watch> actions_watch_ ABSL_GUARDED_BY(mu_);
+  bool actions_watch_lost_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;
   std::unique_ptr<PartitionLog::Listener> listener_;
