@@ -280,7 +280,6 @@ PYBIND11_MODULE(_sonde, m) {
         }
         return sonde::StatusToPython(s);
       }, py::arg("serialized_chunk"), "None if the chunk was accepted, else (code, why)")
-      .def_property_readonly("started", &sonde::TensorAssembler::started)
       .def_property_readonly("complete", &sonde::TensorAssembler::complete)
       .def_property_readonly("chunks_received", &sonde::TensorAssembler::chunks_received)
       .def_property_readonly("bytes_received",

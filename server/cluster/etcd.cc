@@ -53,7 +53,7 @@ absl::Status Annotate(const grpc::Status& s, absl::string_view what) {
 // One channel and stub per member. Calls start at the member that last
 // answered and move on when one is unreachable (UNAVAILABLE: the request
 // was not taken, so even a write is safe to send to the next).
-struct Etcd::Stubs {
+struct Etcd::Members {
   struct Member {
     std::string endpoint;
     std::shared_ptr<grpc::Channel> channel;
@@ -82,8 +82,8 @@ struct Etcd::Stubs {
   }
 };
 
-Etcd::Etcd(const Options& options, std::unique_ptr<Stubs> stubs)
-    : options_(options), stubs_(std::move(stubs)) {}
+Etcd::Etcd(const Options& options, std::unique_ptr<Members> members)
+    : options_(options), members_(std::move(members)) {}
 
 Etcd::~Etcd() = default;
 
@@ -123,10 +123,10 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const Options& options) {
   if (options.endpoints.empty()) return absl::InvalidArgumentError("etcd: no endpoints given");
   SONDE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                          Credentials(options));
-  auto stubs = std::make_unique<Stubs>();
+  auto members = std::make_unique<Members>();
   for (const std::string& endpoint : options.endpoints) {
     if (endpoint.empty()) return absl::InvalidArgumentError("etcd: an empty endpoint");
-    Stubs::Member m;
+    Members::Member m;
     m.endpoint = endpoint;
     grpc::ChannelArguments args;
     // Reconnect quickly after a member restarts (gRPC's default backoff
@@ -139,16 +139,16 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const Options& options) {
     m.kv = pb::KV::NewStub(m.channel);
     m.lease = pb::Lease::NewStub(m.channel);
     m.watch = pb::Watch::NewStub(m.channel);
-    stubs->members.push_back(std::move(m));
+    members->members.push_back(std::move(m));
   }
-  return std::unique_ptr<Etcd>(new Etcd(options, std::move(stubs)));
+  return std::unique_ptr<Etcd>(new Etcd(options, std::move(members)));
 }
 
 absl::StatusOr<std::optional<KeyValue>> Etcd::Get(const std::string& key) {
   pb::RangeRequest request;
   request.set_key(key);
   pb::RangeResponse response;
-  grpc::Status s = stubs_->Try(options_.timeout, [&](Stubs::Member& m, grpc::ClientContext& c) {
+  grpc::Status s = members_->Try(options_.timeout, [&](Members::Member& m, grpc::ClientContext& c) {
     return m.kv->Range(&c, request, &response);
   });
   if (!s.ok()) return Annotate(s, absl::StrCat("get '", key, "'"));
@@ -163,7 +163,7 @@ absl::StatusOr<std::vector<KeyValue>> Etcd::List(const std::string& prefix, int6
   request.set_sort_order(pb::RangeRequest::ASCEND);
   request.set_sort_target(pb::RangeRequest::KEY);
   pb::RangeResponse response;
-  grpc::Status s = stubs_->Try(options_.timeout, [&](Stubs::Member& m, grpc::ClientContext& c) {
+  grpc::Status s = members_->Try(options_.timeout, [&](Members::Member& m, grpc::ClientContext& c) {
     return m.kv->Range(&c, request, &response);
   });
   if (!s.ok()) return Annotate(s, absl::StrCat("list '", prefix, "'"));
@@ -181,7 +181,7 @@ absl::StatusOr<int64_t> Etcd::Put(const std::string& key, const std::string& val
   request.set_value(value);
   request.set_lease(lease);
   pb::PutResponse response;
-  grpc::Status s = stubs_->Try(options_.timeout, [&](Stubs::Member& m, grpc::ClientContext& c) {
+  grpc::Status s = members_->Try(options_.timeout, [&](Members::Member& m, grpc::ClientContext& c) {
     return m.kv->Put(&c, request, &response);
   });
   if (!s.ok()) return Annotate(s, absl::StrCat("put '", key, "'"));
@@ -195,20 +195,8 @@ absl::StatusOr<Etcd::TxnResult> Etcd::Txn(const std::vector<Compare>& conditions
     pb::Compare* cmp = request.add_compare();
     cmp->set_key(c.key);
     cmp->set_result(pb::Compare::EQUAL);
-    switch (c.field) {
-      case Compare::Field::kCreateRevision:
-        cmp->set_target(pb::Compare::CREATE);
-        cmp->set_create_revision(c.revision);
-        break;
-      case Compare::Field::kModRevision:
-        cmp->set_target(pb::Compare::MOD);
-        cmp->set_mod_revision(c.revision);
-        break;
-      case Compare::Field::kValue:
-        cmp->set_target(pb::Compare::VALUE);
-        cmp->set_value(c.value);
-        break;
-    }
+    cmp->set_target(pb::Compare::CREATE);
+    cmp->set_create_revision(c.create_revision);
   }
   for (const Write& w : writes) {
     pb::RequestOp* op = request.add_success();
@@ -222,7 +210,7 @@ absl::StatusOr<Etcd::TxnResult> Etcd::Txn(const std::vector<Compare>& conditions
     }
   }
   pb::TxnResponse response;
-  grpc::Status s = stubs_->Try(options_.timeout, [&](Stubs::Member& m, grpc::ClientContext& c) {
+  grpc::Status s = members_->Try(options_.timeout, [&](Members::Member& m, grpc::ClientContext& c) {
     return m.kv->Txn(&c, request, &response);
   });
   if (!s.ok()) {
@@ -236,7 +224,7 @@ absl::StatusOr<int64_t> Etcd::GrantLease(absl::Duration ttl) {
   pb::LeaseGrantRequest request;
   request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
   pb::LeaseGrantResponse response;
-  grpc::Status s = stubs_->Try(options_.timeout, [&](Stubs::Member& m, grpc::ClientContext& c) {
+  grpc::Status s = members_->Try(options_.timeout, [&](Members::Member& m, grpc::ClientContext& c) {
     return m.lease->LeaseGrant(&c, request, &response);
   });
   if (!s.ok()) return Annotate(s, "lease grant");
@@ -249,7 +237,7 @@ absl::StatusOr<int64_t> Etcd::GrantLease(absl::Duration ttl) {
 absl::Status Etcd::KeepAlive(int64_t lease) {
   pb::LeaseKeepAliveResponse response;
   bool answered = false;
-  grpc::Status s = stubs_->Try(options_.timeout, [&](Stubs::Member& m, grpc::ClientContext& c) {
+  grpc::Status s = members_->Try(options_.timeout, [&](Members::Member& m, grpc::ClientContext& c) {
     auto stream = m.lease->LeaseKeepAlive(&c);
     pb::LeaseKeepAliveRequest request;
     request.set_id(lease);
@@ -271,7 +259,7 @@ absl::Status Etcd::RevokeLease(int64_t lease) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
   pb::LeaseRevokeResponse response;
-  grpc::Status s = stubs_->Try(options_.timeout, [&](Stubs::Member& m, grpc::ClientContext& c) {
+  grpc::Status s = members_->Try(options_.timeout, [&](Members::Member& m, grpc::ClientContext& c) {
     return m.lease->LeaseRevoke(&c, request, &response);
   });
   if (!s.ok()) return Annotate(s, absl::StrCat("revoke of lease ", lease));
@@ -282,10 +270,10 @@ namespace {
 
 class PrefixWatch : public Etcd::Watch {
  public:
-  PrefixWatch(Etcd::Stubs* stubs, std::string prefix, int64_t after_revision,
+  PrefixWatch(Etcd::Members* members, std::string prefix, int64_t after_revision,
               std::function<void(const std::vector<Event>&)> on_events,
               std::function<void(const absl::Status&)> on_lost)
-      : stubs_(stubs),
+      : members_(members),
         prefix_(std::move(prefix)),
         next_revision_(after_revision + 1),
         on_events_(std::move(on_events)),
@@ -304,7 +292,7 @@ class PrefixWatch : public Etcd::Watch {
 
  private:
   void Run() {
-    size_t member = stubs_->preferred.load();
+    size_t member = members_->preferred.load();
     while (true) {
       grpc::ClientContext context;
       {
@@ -312,7 +300,7 @@ class PrefixWatch : public Etcd::Watch {
         if (stopping_) return;
         context_ = &context;
       }
-      const absl::Status lost = WatchOnce(stubs_->members[member], context);
+      const absl::Status lost = WatchOnce(members_->members[member], context);
       {
         absl::MutexLock lock(&mu_);
         context_ = nullptr;
@@ -323,7 +311,7 @@ class PrefixWatch : public Etcd::Watch {
         return;
       }
       // The member went away or the stream broke: the next one, shortly.
-      member = (member + 1) % stubs_->members.size();
+      member = (member + 1) % members_->members.size();
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
       mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(100));
@@ -332,7 +320,7 @@ class PrefixWatch : public Etcd::Watch {
 
   // OK when the stream ended and may be reopened; an error when the watch
   // cannot go on (etcd compacted past next_revision_, or refused it).
-  absl::Status WatchOnce(Etcd::Stubs::Member& member, grpc::ClientContext& context) {
+  absl::Status WatchOnce(Etcd::Members::Member& member, grpc::ClientContext& context) {
     auto stream = member.watch->Watch(&context);
     etcdserverpb::WatchRequest request;
     auto* create = request.mutable_create_request();
@@ -367,7 +355,7 @@ class PrefixWatch : public Etcd::Watch {
     return absl::OkStatus();
   }
 
-  Etcd::Stubs* const stubs_;
+  Etcd::Members* const members_;
   const std::string prefix_;
   int64_t next_revision_;  // only the watch thread touches it
   const std::function<void(const std::vector<Event>&)> on_events_;
@@ -384,7 +372,7 @@ std::unique_ptr<Etcd::Watch> Etcd::WatchPrefix(
     const std::string& prefix, int64_t after_revision,
     std::function<void(const std::vector<Event>&)> on_events,
     std::function<void(const absl::Status&)> on_lost) {
-  return std::make_unique<PrefixWatch>(stubs_.get(), prefix, after_revision, std::move(on_events),
+  return std::make_unique<PrefixWatch>(members_.get(), prefix, after_revision, std::move(on_events),
                                        std::move(on_lost));
 }
 

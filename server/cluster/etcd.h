@@ -31,21 +31,13 @@ struct KeyValue {
   int64_t lease = 0;            // 0: the key outlives every lease
 };
 
-// One condition of a transaction, on the key's current state. An absent
-// key has create_revision 0 and mod_revision 0.
+// One condition of a transaction: the key was created at `revision` (an
+// absent key has create_revision 0).
 struct Compare {
-  enum class Field { kCreateRevision, kModRevision, kValue };
   std::string key;
-  Field field = Field::kCreateRevision;
-  int64_t revision = 0;  // for kCreateRevision and kModRevision
-  std::string value;     // for kValue
-  static Compare Absent(std::string key) { return {std::move(key), Field::kCreateRevision, 0, {}}; }
-  static Compare CreatedAt(std::string key, int64_t revision) {
-    return {std::move(key), Field::kCreateRevision, revision, {}};
-  }
-  static Compare ModifiedAt(std::string key, int64_t revision) {
-    return {std::move(key), Field::kModRevision, revision, {}};
-  }
+  int64_t create_revision = 0;
+  static Compare Absent(std::string key) { return {std::move(key), 0}; }
+  static Compare CreatedAt(std::string key, int64_t revision) { return {std::move(key), revision}; }
 };
 
 // One write of a transaction: a put (with an optional lease) or a delete.
@@ -83,7 +75,7 @@ class Etcd {
   static absl::StatusOr<std::unique_ptr<Etcd>> Connect(const Options& options);
   ~Etcd();
 
-  struct Stubs;  // the members' channels (etcd.cc)
+  struct Members;  // each member's channel and stubs (etcd.cc)
 
   // The key's state; nullopt when absent.
   absl::StatusOr<std::optional<KeyValue>> Get(const std::string& key);
@@ -123,9 +115,9 @@ class Etcd {
                                      std::function<void(const absl::Status&)> on_lost);
 
  private:
-  explicit Etcd(const Options& options, std::unique_ptr<Stubs> stubs);
+  explicit Etcd(const Options& options, std::unique_ptr<Members> members);
   const Options options_;
-  std::unique_ptr<Stubs> stubs_;
+  std::unique_ptr<Members> members_;
 };
 
 // The smallest key after every key starting with `prefix` (etcd's

@@ -146,10 +146,6 @@ void Membership::KeepAliveLoop() {
   }
 }
 
-std::string Membership::NodeKey(const std::string& node) const {
-  return absl::StrCat(options_.prefix, "/nodes/", node);
-}
-
 std::string Membership::OwnerKey(int partition) const {
   return absl::StrCat(options_.prefix, "/owners/", partition);
 }

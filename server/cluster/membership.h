@@ -89,7 +89,6 @@ class Membership {
   absl::StatusOr<bool> FireOnce(int partition, int64_t epoch, const std::string& key,
                                 const std::string& value);
 
-  std::string NodeKey(const std::string& node) const;
   std::string OwnerKey(int partition) const;
 
  private:

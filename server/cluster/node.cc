@@ -16,7 +16,6 @@ struct ClusterNode::Owned {
   int partition = 0;
   int64_t epoch = 0;
   std::atomic<bool> stop{false};
-  std::atomic<uint64_t> applied{0};
   // The apply loop gave up (storage failing, or fenced): the next
   // placement pass releases the partition, so it can be taken again.
   std::atomic<bool> finished{false};
@@ -72,12 +71,6 @@ std::vector<int> ClusterNode::owned() const {
   std::vector<int> out;
   for (const auto& [p, o] : owned_) out.push_back(p);
   return out;
-}
-
-uint64_t ClusterNode::applied(int partition) const {
-  absl::MutexLock lock(&mu_);
-  auto it = owned_.find(partition);
-  return it == owned_.end() ? 0 : it->second->applied.load();
 }
 
 bool ClusterNode::MayPost(const std::string& job, const v1::Action& action) {
@@ -205,7 +198,6 @@ void ClusterNode::ApplyLoop(Owned* owned) {
     absl::SleepFor(absl::Milliseconds(200));
     reader = log_->Read(p, *from);
   }
-  owned->applied = applier.applied();
   uint64_t next_sequence = *from;  // of the entry the reader gives next
   while (!owned->stop.load() && membership_->alive()) {
     absl::StatusOr<std::optional<PartitionLog::Entry>> next =
@@ -237,8 +229,7 @@ void ClusterNode::ApplyLoop(Owned* owned) {
       owned->finished = true;
       return;
     }
-    owned->applied = applier.applied();
-    if (!Forward(p, owned->epoch, e.sequence, entry, *outcome, outcome->replayed)) {
+      if (!Forward(p, owned->epoch, e.sequence, entry, *outcome, outcome->replayed)) {
       owned->finished = true;  // fenced: another node owns it now
       return;
     }

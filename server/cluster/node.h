@@ -49,8 +49,6 @@ class ClusterNode {
 
   // Partitions this node applies now, sorted.
   std::vector<int> owned() const;
-  // Entries of `partition` applied here (0 if not owned).
-  uint64_t applied(int partition) const;
   bool alive() const { return membership_->alive(); }
 
  private:
