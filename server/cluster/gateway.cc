@@ -188,11 +188,6 @@ int Gateway::PartitionOf(const std::string& job) const {
   return JobPartition(job, log_->options().partitions);
 }
 
-int Gateway::open_streams() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int>(mailboxes_.size());
-}
-
 void Gateway::OnOutcome(absl::string_view bytes) {
   v1::EntryOutcome outcome;
   if (!outcome.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -376,7 +371,12 @@ grpc::Status Gateway::Stream(
   outcomes = std::thread([&] {
     while (std::optional<v1::EntryOutcome> o = box->Next()) {
       for (const v1::ServerMessage& reply : o->replies()) {
-        if (reply.has_action() || reply.has_warning()) write(reply);
+        // Actions come from the etcd watch where there is one (its
+        // deliveries have sequence 0); a node's NATS answer may be lost.
+        const bool from_watch = o->sequence() == 0;
+        if (reply.has_warning() || (reply.has_action() && (options_.etcd == nullptr || from_watch))) {
+          write(reply);
+        }
       }
       if (o->code() != 0) {
         absl::MutexLock lock(&ended_mu);

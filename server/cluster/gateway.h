@@ -73,8 +73,6 @@ class Gateway final : public v1::Collector::Service {
   // status in code and message, its answer in response. UNAVAILABLE if no
   // node answered within hello_timeout.
   absl::StatusOr<v1::EntryOutcome> LogControl(const std::string& job, v1::LogEntry control);
-  // Streams open now.
-  int open_streams() const;
 
  private:
   struct Mailbox;

@@ -7,11 +7,12 @@
 // acknowledgement appends once.
 //
 // Durability (docs/cluster.md): nats-server 2.9 writes each message to the
-// quorum's files but fsyncs on a timer (every 2 minutes), so an acknowledged
-// entry survives any process crash (kill -9 of any number of servers) and
-// the loss of a minority of machines, but not the loss of power on a
-// majority at once. Production wants nats-server >= 2.10.23 with
-// `sync_interval: always`.
+// quorum's files but has no option to fsync every write (Debian's 2.9.10
+// refuses `sync_interval` as an unknown field; it fsyncs on a timer), so
+// an acknowledged entry survives any process crash (kill -9 of any number
+// of servers) and the loss of a minority of machines, but not the loss of
+// power on a majority at once. Production wants nats-server >= 2.10.23
+// with `sync_interval: always`.
 #ifndef SONDE_SERVER_CLUSTER_PARTITION_LOG_H_
 #define SONDE_SERVER_CLUSTER_PARTITION_LOG_H_
 
