@@ -142,6 +142,15 @@ void JobRegistry::set_webhook_gate(
   webhook_gate_ = std::move(gate);
 }
 
+void JobRegistry::PostWebhook(const v1::Action& action) {
+  if (webhooks_ == nullptr) {
+    LOG(WARNING) << "no webhook notifier; verdict of " << action.rule() << " for "
+                 << action.target() << " not sent";
+    return;
+  }
+  webhooks_->Post(action);
+}
+
 void JobRegistry::set_worker_lease(absl::Duration lease) {
   absl::MutexLock lock(&mu_);
   worker_lease_ = lease;

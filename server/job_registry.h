@@ -104,6 +104,9 @@ class JobRegistry {
   // so (server/cluster/node.h: by the partition's owner, once per
   // transition across failovers). Set before the first Join.
   void set_webhook_gate(std::function<bool(const std::string& job, const v1::Action&)> gate);
+  // Posts a webhook action the gate held back earlier (a standby node's,
+  // posted once it owns the partition), bypassing the gate.
+  void PostWebhook(const v1::Action& action);
 
   // Stores one worker's step (one WriteBatch, with the job record updated)
   // and, once every connected worker has committed it, hands the step to

@@ -26,6 +26,7 @@
 #include "rules/rule_config.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/http_server.h"
+#include "tests/testing/logged_stream.h"
 #include "tests/testing/nats_cluster.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -199,6 +200,17 @@ bool Finished(storage::Store& store, const std::string& job) {
   return info.ok() && info->status() == v1::JOB_STATUS_FINISHED;
 }
 
+// Entries in all partitions of the log.
+uint64_t LoggedEntries(PartitionLog* log) {
+  uint64_t n = 0;
+  for (int p = 0; p < kPartitions; ++p) {
+    auto last = log->LastSequence(p);
+    EXPECT_TRUE(last.ok()) << last.status();
+    if (last.ok()) n += *last;
+  }
+  return n;
+}
+
 std::vector<int64_t> Range(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t i = 0; i < n; ++i) out.push_back(i);
@@ -267,11 +279,15 @@ TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOw
     std::vector<int> owned_a = a->node().owned();
     TestNode& owner =
         std::find(owned_a.begin(), owned_a.end(), p) != owned_a.end() ? *a : *b;
-    TestNode& other = &owner == a.get() ? *b : *a;
+    TestNode& standby = &owner == a.get() ? *b : *a;
     ASSERT_TRUE(WaitUntil([&] { return Finished(owner.store(), job); })) << job;
     EXPECT_EQ(StoredSteps(owner.store(), job), Range(12)) << job;
-    EXPECT_TRUE(StoredSteps(other.store(), job).empty()) << job << " stored by both nodes";
+    // The other node stands by for the partition, with a copy of its own.
+    ASSERT_TRUE(WaitUntil([&] { return Finished(standby.store(), job); })) << job;
+    EXPECT_EQ(StoredSteps(standby.store(), job), Range(12)) << job;
   }
+  EXPECT_EQ(a->node().standing_by(), b_first);
+  EXPECT_EQ(b->node().standing_by(), a_first);
   // The Query API through the gateway, as against a single collector.
   auto q = QueryClient::Connect(gateway.address());
   auto listed = q->ListJobs();
@@ -361,6 +377,12 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   EXPECT_EQ(hook->counters().steps_dropped, 0u);
   ASSERT_TRUE(WaitUntil([&] { return Finished(b->store(), "moving"); }));
   EXPECT_EQ(StoredSteps(b->store(), "moving"), Range(20));
+  // node-b stood by for node-a's partitions from the moment it joined, so
+  // it took them over without a replay: it applied each entry of the log
+  // once (nothing is logged once the hook has closed).
+  const uint64_t logged = LoggedEntries(OpenLog(nats_->urls()).get());
+  ASSERT_TRUE(WaitUntil([&] { return b->node().entries_applied() >= logged; }));
+  EXPECT_EQ(b->node().entries_applied(), logged);
   absl::SleepFor(absl::Milliseconds(500));  // a second post would be out by now
   EXPECT_EQ(webhook.requests().size(), 1u);
   auto info = b->store().GetJob("moving");
@@ -368,6 +390,85 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   bool has_early = false;
   for (const v1::RuleSpec& r : info->rules()) has_early = has_early || r.name() == "early_loss";
   EXPECT_TRUE(has_early) << "the rule enabled before the job started is lost on its new owner";
+}
+
+// An owner that dies between its rules' verdicts and firing their
+// actions: its standby, which decided the same, fires them when it takes
+// the partition over, once.
+TEST_F(ClusterTest, AStandbyThatTakesOverFiresWhatItsOwnerNeverFired) {
+  const std::string job = "orphaned";
+  const int p = JobPartition(job, kPartitions);
+  // The owner holds the partition in etcd but applies nothing.
+  std::string owner_name;
+  for (int i = 0; owner_name.empty(); ++i) {
+    const std::string name = absl::StrCat("owner-", i);
+    if (PreferredNodes(p, {name, "node-b"})[0] == name) owner_name = name;
+  }
+  auto etcd = EtcdClient(etcd_->endpoints());
+  Membership::Options mo;
+  mo.prefix = "/sonde/test";
+  mo.node = owner_name;
+  mo.address = "127.0.0.1:1";
+  auto owner = Membership::Join(etcd.get(), mo);
+  SONDE_ASSERT_OK(owner);
+  auto epoch = (*owner)->TryAcquire(p);
+  SONDE_ASSERT_OK(epoch);
+  ASSERT_TRUE(epoch->has_value());
+  auto b = StartNode("node-b");
+  auto standing_by = [&] {
+    std::vector<int> s = b->node().standing_by();
+    return std::find(s.begin(), s.end(), p) != s.end();
+  };
+  ASSERT_TRUE(WaitUntil(standing_by));
+
+  testing::TestHttpServer webhook;
+  auto rules = rules::ParseRuleFlag("ExplodingTensor(name=nan_check,actions=StopTraining|Webhook:" +
+                                    webhook.Url("/sonde") + ")");
+  SONDE_ASSERT_OK(rules);
+  std::unique_ptr<PartitionLog> log = OpenLog(nats_->urls());
+  testing::LoggedStream w("gw-gone", 1);
+  int appended = 0;
+  auto append = [&](const v1::LogEntry& e) {
+    SONDE_ASSERT_OK(log->Append(p, absl::StrCat("e", ++appended), e.SerializeAsString()));
+  };
+  append(w.Hello(job, 0, 1, 7, *rules));
+  append(w.Step(0, std::vector<float>(10, 1.0f)));
+  append(w.Step(1, std::vector<float>(10, std::nanf(""))));
+  auto verdict = [&] {
+    auto info = b->store().GetJob(job);
+    if (!info.ok()) return false;
+    auto results = b->store().RuleResults(info->job_id());
+    if (!results.ok()) return false;
+    for (const v1::RuleResult& r : *results) {
+      if (r.rule() == "nan_check" && r.status() == v1::RULE_STATUS_ISSUES_FOUND) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitUntil(verdict)) << "the standby's rules did not judge step 1";
+  append(w.Step(2, std::vector<float>(10, 1.0f)));  // its answer carries the stop
+  ASSERT_TRUE(WaitUntil([&] { return b->node().entries_applied() >= 4; }));
+  absl::SleepFor(absl::Milliseconds(500));
+  // A standby tells no one.
+  auto fired = etcd->List("/sonde/test/actions/" + job + "/");
+  SONDE_ASSERT_OK(fired);
+  EXPECT_TRUE(fired->empty());
+  EXPECT_TRUE(webhook.requests().empty());
+
+  owner->reset();  // the owner dies (its lease is revoked)
+  ASSERT_TRUE(WaitUntil([&] {
+    std::vector<int> o = b->node().owned();
+    return std::find(o.begin(), o.end(), p) != o.end();
+  }));
+  ASSERT_TRUE(WaitUntil([&] {
+    auto stop = etcd->Get(absl::StrCat("/sonde/test/actions/", job, "/0/",
+                                       static_cast<int>(v1::ACTION_STOP_TRAINING), "/nan_check/1"));
+    return stop.ok() && stop->has_value();
+  })) << "the StopTraining the owner never fired was not fired by its standby";
+  ASSERT_EQ(webhook.WaitForRequests(1, absl::Seconds(10)).size(), 1u);
+  absl::SleepFor(absl::Milliseconds(500));  // a second post would be out by now
+  EXPECT_EQ(webhook.requests().size(), 1u);
+  // Taken over warm: every entry applied once, none replayed.
+  EXPECT_EQ(b->node().entries_applied(), static_cast<uint64_t>(appended));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 //
 // Prints the address it listens on as the first line of stdout; SIGTERM or
 // SIGINT stops it cleanly.
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -48,10 +50,14 @@ ABSL_FLAG(std::string, node_tls_ca, "",
           "plaintext");
 ABSL_FLAG(std::vector<std::string>, nats, {}, "NATS servers, nats://host:port,...");
 ABSL_FLAG(std::string, cluster, "default",
-          "the cluster's name: its etcd prefix is /sonde/<cluster>");
+          "the cluster's name ([a-z0-9-]+): its etcd prefix is /sonde/<cluster>, its "
+          "JetStream streams SONDE_<CLUSTER>_P<p>, so clusters can share etcd and NATS");
 ABSL_FLAG(int, partitions, 16, "log partitions; fixed when the cluster is created");
 ABSL_FLAG(int, replicas, 3, "copies of each log partition (JetStream replicas)");
 ABSL_FLAG(std::string, data_dir, "sonde-data", "the node's RocksDB directory");
+ABSL_FLAG(int, standbys, 1,
+          "nodes that apply each partition beside its owner, ready to take it over "
+          "without a replay (each costs the owner's CPU and disk again)");
 ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecreasing",
           "rules run for every job, as sonde-collector --rules");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(5),
@@ -116,6 +122,8 @@ absl::StatusOr<std::unique_ptr<PartitionLog>> OpenLog() {
   o.servers = absl::GetFlag(FLAGS_nats);
   o.partitions = absl::GetFlag(FLAGS_partitions);
   o.replicas = absl::GetFlag(FLAGS_replicas);
+  o.name = "SONDE_";
+  for (char c : absl::GetFlag(FLAGS_cluster)) o.name += c == '-' ? '_' : absl::ascii_toupper(c);
   o.tls_ca_file = absl::GetFlag(FLAGS_nats_tls_ca);
   o.tls_cert_file = absl::GetFlag(FLAGS_nats_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_nats_tls_key);
@@ -168,6 +176,7 @@ int RunNode(const sigset_t& stop) {
                               : absl::GetFlag(FLAGS_advertise);
   no.membership.lease_ttl = absl::GetFlag(FLAGS_lease);
   no.limits = co.limits;
+  no.standbys = absl::GetFlag(FLAGS_standbys);
   // A node whose lease is gone stops, to be restarted by its supervisor
   // with a new one (its partitions have moved meanwhile).
   static std::atomic<bool> lost{false};
@@ -297,6 +306,18 @@ int main(int argc, char** argv) {
   const std::string role = absl::GetFlag(FLAGS_role);
   if (absl::GetFlag(FLAGS_name).empty() || absl::GetFlag(FLAGS_nats).empty()) {
     std::cerr << "sonde-cluster: --name and --nats are required" << std::endl;
+    return 2;
+  }
+  const std::string cluster = absl::GetFlag(FLAGS_cluster);
+  if (cluster.empty() || !std::all_of(cluster.begin(), cluster.end(), [](char c) {
+        return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-';
+      })) {
+    std::cerr << "sonde-cluster: --cluster must be lower-case letters, digits and '-', not '"
+              << cluster << "'" << std::endl;
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_standbys) < 0) {
+    std::cerr << "sonde-cluster: --standbys must be 0 or more" << std::endl;
     return 2;
   }
   if (role == "node") {

@@ -230,4 +230,29 @@ absl::StatusOr<bool> Membership::FireOnce(int partition, int64_t epoch, const st
   return FencedTxn(partition, epoch, {Compare::Absent(key)}, {Write::Put(key, value)});
 }
 
+absl::StatusOr<bool> Membership::Fired(const std::string& key) {
+  SONDE_ASSIGN_OR_RETURN(std::optional<KeyValue> kv, etcd_->Get(key));
+  return kv.has_value();
+}
+
+namespace {
+std::string CaughtUpKey(const std::string& prefix, int partition, const std::string& node) {
+  return absl::StrCat(prefix, "/caught_up/", partition, "/", node);
+}
+}  // namespace
+
+absl::Status Membership::SetCaughtUp(int partition, bool caught_up) {
+  const std::string key = CaughtUpKey(options_.prefix, partition, options_.node);
+  if (caught_up) return etcd_->Put(key, "", lease_).status();
+  SONDE_ASSIGN_OR_RETURN(Etcd::TxnResult done, etcd_->Txn({}, {Write::Delete(key)}));
+  (void)done;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Membership::CaughtUp(int partition, const std::string& node) {
+  SONDE_ASSIGN_OR_RETURN(std::optional<KeyValue> kv,
+                         etcd_->Get(CaughtUpKey(options_.prefix, partition, node)));
+  return kv.has_value();
+}
+
 }  // namespace sonde::cluster

@@ -88,6 +88,15 @@ class Membership {
   // earlier one). For actions that must happen once per transition.
   absl::StatusOr<bool> FireOnce(int partition, int64_t epoch, const std::string& key,
                                 const std::string& value);
+  // Whether `key` was fired (by any owner).
+  absl::StatusOr<bool> Fired(const std::string& key);
+
+  // Says, for as long as this node lives, that its copy of `partition` has
+  // caught up with the log (true), or withdraws that (false). The owner
+  // hands a partition to the node that ranks first only once that node
+  // says so, so a hand-over never waits on a cold replay.
+  absl::Status SetCaughtUp(int partition, bool caught_up);
+  absl::StatusOr<bool> CaughtUp(int partition, const std::string& node);
 
   std::string OwnerKey(int partition) const;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,15 +11,76 @@
 #include "proto/cluster.pb.h"
 
 namespace sonde::cluster {
+namespace {
 
-// A partition this node owns: its epoch and the thread applying it.
-struct ClusterNode::Owned {
+// How long, in log time, a standby keeps the answers it held back: a
+// gateway waits 30 s for a hello's answer, so one the owner died before
+// sending is still awaited when the standby takes over.
+constexpr int64_t kRetellMicros = 120'000'000;
+// At most this many answers, and as many webhooks, are held back per
+// partition; past it the oldest go (each action given up is logged).
+constexpr size_t kMaxHeldBack = 100'000;
+
+std::string ActionKey(const std::string& prefix, const std::string& job, int32_t worker,
+                      const v1::Action& a) {
+  return absl::StrCat(prefix, "/actions/", job, "/", worker, "/", static_cast<int>(a.type()),
+                      "/", a.rule(), "/", a.step());
+}
+
+std::string WebhookKey(const std::string& prefix, const std::string& job, const v1::Action& a) {
+  return absl::StrCat(prefix, "/actions/", job, "/webhook/", a.rule(), "/", a.step(), "/",
+                      a.target());
+}
+
+}  // namespace
+
+// What applying one entry told its stream, kept until told (by a standby,
+// until it takes the partition over).
+struct ClusterNode::Answer {
+  uint64_t sequence = 0;
+  int64_t log_micros = 0;  // when the log stored the entry
+  std::string gateway;
+  uint64_t connection = 0;
+  bool hello = false;
+  bool control = false;
+  // Applied before this run (a restarted node's replay) or held back so
+  // long that only its actions are still worth sending.
+  bool replayed = false;
+  PartitionApplier::Outcome outcome;
+};
+
+// A partition this node applies: as its owner (epoch > 0) or standing by
+// (epoch 0), and the thread applying it.
+struct ClusterNode::Applied {
   int partition = 0;
-  int64_t epoch = 0;
   std::atomic<bool> stop{false};
   // The apply loop gave up (storage failing, or fenced): the next
-  // placement pass releases the partition, so it can be taken again.
+  // placement pass drops the partition, so it can be taken again.
   std::atomic<bool> finished{false};
+  // The loop has met the end of the log since it started.
+  std::atomic<bool> caught_up{false};
+  bool announced = false;  // placement thread only: CaughtUp said in etcd
+
+  absl::Mutex mu;
+  int64_t epoch ABSL_GUARDED_BY(mu) = 0;
+  // Webhooks the gate held back while standing by (rule threads add).
+  std::deque<std::pair<std::string, v1::Action>> webhooks ABSL_GUARDED_BY(mu);
+
+  // Apply thread only: answers held back, those of the last kRetellMicros
+  // whole, older ones reduced to their actions.
+  std::deque<Answer> recent;
+  std::deque<Answer> aged;
+  absl::Time pruned = absl::InfinitePast();
+
+  int64_t Epoch() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    return epoch;
+  }
+  bool HoldsBack() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    return !recent.empty() || !aged.empty() || !webhooks.empty();
+  }
+
   std::thread thread;
 };
 
@@ -61,7 +123,11 @@ ClusterNode::~ClusterNode() {
     stopping_ = true;
   }
   placement_.join();
-  std::vector<int> partitions = owned();
+  std::vector<int> partitions;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [p, a] : applied_) partitions.push_back(p);
+  }
   for (int p : partitions) Drop(p);
   membership_.reset();  // leaves: the lease is revoked
 }
@@ -69,7 +135,18 @@ ClusterNode::~ClusterNode() {
 std::vector<int> ClusterNode::owned() const {
   absl::MutexLock lock(&mu_);
   std::vector<int> out;
-  for (const auto& [p, o] : owned_) out.push_back(p);
+  for (const auto& [p, a] : applied_) {
+    if (a->Epoch() > 0) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<int> ClusterNode::standing_by() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> out;
+  for (const auto& [p, a] : applied_) {
+    if (a->Epoch() == 0) out.push_back(p);
+  }
   return out;
 }
 
@@ -78,13 +155,25 @@ bool ClusterNode::MayPost(const std::string& job, const v1::Action& action) {
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
-    auto it = owned_.find(p);
-    if (it == owned_.end()) return false;  // a standby's or a former owner's replay
-    epoch = it->second->epoch;
+    auto it = applied_.find(p);
+    if (it == applied_.end()) return false;  // a former owner's copy
+    Applied& a = *it->second;
+    absl::MutexLock hold(&a.mu);
+    epoch = a.epoch;
+    if (epoch == 0) {
+      // Standing by: posted when this node takes the partition, unless its
+      // owner did meanwhile.
+      if (a.webhooks.size() >= kMaxHeldBack) {
+        LOG(ERROR) << "partition " << p << ": webhook of " << a.webhooks.front().second.rule()
+                   << " held back too long; given up";
+        a.webhooks.pop_front();
+      }
+      a.webhooks.emplace_back(job, action);
+      return false;
+    }
   }
-  const std::string key = absl::StrCat(options_.membership.prefix, "/actions/", job, "/webhook/",
-                                       action.rule(), "/", action.step(), "/", action.target());
-  absl::StatusOr<bool> fired = membership_->FireOnce(p, epoch, key, action.SerializeAsString());
+  absl::StatusOr<bool> fired = membership_->FireOnce(
+      p, epoch, WebhookKey(options_.membership.prefix, job, action), action.SerializeAsString());
   if (!fired.ok()) {
     LOG(WARNING) << "job '" << job << "': webhook not posted: " << fired.status();
     return false;
@@ -106,7 +195,12 @@ void ClusterNode::PlacementLoop() {
 void ClusterNode::Place() {
   if (!membership_->alive()) {
     // The lease is gone: nothing is ours any more; stop applying.
-    for (int p : owned()) Drop(p);
+    std::vector<int> partitions;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [p, a] : applied_) partitions.push_back(p);
+    }
+    for (int p : partitions) Drop(p);
     return;
   }
   const int partitions = log_->options().partitions;
@@ -120,86 +214,126 @@ void ClusterNode::Place() {
   }
   std::vector<std::string> names;
   for (const auto& [name, address] : *live) names.push_back(name);
-  for (int p = 0; p < partitions; ++p) {
-    const std::vector<std::string> preferred = PreferredNodes(p, names);
-    const bool mine = !preferred.empty() && preferred[0] == membership_->node();
-    bool owned_here;
-    bool gave_up = false;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = owned_.find(p);
-      owned_here = it != owned_.end();
-      gave_up = owned_here && it->second->finished.load();
-    }
-    if (gave_up) {
-      LOG(WARNING) << "node '" << membership_->node() << "': releasing partition " << p
-                   << ", whose apply loop stopped";
-      Drop(p);
-      continue;
-    }
-    const std::optional<PartitionOwner>& owner = (*owners)[p];
-    if (!owned_here && owner.has_value() && owner->node == membership_->node()) {
-      // Ours in etcd but not applied here (a release that failed): free it.
-      membership_->Release(p, owner->epoch).IgnoreError();
-      continue;
-    }
-    if (!mine && owned_here) {
-      LOG(INFO) << "node '" << membership_->node() << "': partition " << p << " goes to '"
-                << preferred[0] << "'";
-      Drop(p);
-      continue;
-    }
-    if (!mine || owned_here || (*owners)[p].has_value()) continue;
-    absl::StatusOr<std::optional<int64_t>> epoch = membership_->TryAcquire(p);
-    if (!epoch.ok() || !epoch->has_value()) continue;  // taken meanwhile, or etcd unreachable
-    auto owned = std::make_unique<Owned>();
-    owned->partition = p;
-    owned->epoch = **epoch;
-    Owned* raw = owned.get();
-    LOG(INFO) << "node '" << membership_->node() << "' owns partition " << p << " at epoch "
-              << raw->epoch;
+  for (int p = 0; p < partitions; ++p) PlacePartition(p, PreferredNodes(p, names), (*owners)[p]);
+}
+
+void ClusterNode::PlacePartition(int p, const std::vector<std::string>& preferred,
+                                 const std::optional<PartitionOwner>& owner) {
+  const std::string& me = membership_->node();
+  const auto at = std::find(preferred.begin(), preferred.end(), me);
+  const int rank = at == preferred.end() ? -1 : static_cast<int>(at - preferred.begin());
+  const bool first = rank == 0;
+  const bool keep = rank >= 0 && rank <= options_.standbys;
+  Applied* a = nullptr;  // stays valid: only this thread drops partitions
+  {
     absl::MutexLock lock(&mu_);
-    owned_[p] = std::move(owned);
-    raw->thread = std::thread([this, raw] { ApplyLoop(raw); });
+    auto it = applied_.find(p);
+    if (it != applied_.end()) a = it->second.get();
   }
+  const int64_t epoch = a == nullptr ? 0 : a->Epoch();
+  if (a != nullptr && a->finished.load()) {
+    LOG(WARNING) << "node '" << me << "': dropping partition " << p << ", whose apply loop stopped";
+    Drop(p);
+    return;
+  }
+  if (epoch == 0 && owner.has_value() && owner->node == me) {
+    // Ours in etcd but not applied as ours (a release that failed): free it.
+    membership_->Release(p, owner->epoch).IgnoreError();
+    return;
+  }
+  if (epoch > 0) {
+    if (first) return;
+    // Another node ranks first. It gets the partition once its copy has
+    // caught up, so hellos never wait on its replay; until then this node
+    // keeps answering.
+    absl::StatusOr<bool> ready = membership_->CaughtUp(p, preferred[0]);
+    if (!ready.ok() || !*ready) return;
+    LOG(INFO) << "node '" << me << "': partition " << p << " goes to '" << preferred[0] << "'";
+    if (!keep) {
+      Drop(p);
+      return;
+    }
+    {
+      absl::MutexLock lock(&a->mu);
+      a->epoch = 0;  // standing by from now on
+    }
+    absl::Status s = membership_->Release(p, epoch);
+    if (!s.ok()) LOG(WARNING) << "releasing partition " << p << ": " << s;
+    return;
+  }
+  if (!keep) {
+    if (a != nullptr) Drop(p);
+    return;
+  }
+  if (a == nullptr) {
+    auto applied = std::make_unique<Applied>();
+    applied->partition = p;
+    a = applied.get();
+    absl::MutexLock lock(&mu_);
+    applied_[p] = std::move(applied);
+    a->thread = std::thread([this, a] { ApplyLoop(a); });
+  }
+  if (a->caught_up.load() && !a->announced) {
+    absl::Status s = membership_->SetCaughtUp(p, true);
+    if (s.ok()) {
+      a->announced = true;
+    } else {
+      LOG(WARNING) << "partition " << p << ": " << s;
+    }
+  }
+  if (!first || owner.has_value()) return;
+  absl::StatusOr<std::optional<int64_t>> took = membership_->TryAcquire(p);
+  if (!took.ok() || !took->has_value()) return;  // taken meanwhile, or etcd unreachable
+  LOG(INFO) << "node '" << me << "' owns partition " << p << " at epoch " << **took
+            << (a->caught_up.load() ? " (its copy had caught up)" : " (its copy is catching up)");
+  absl::MutexLock lock(&a->mu);
+  a->epoch = **took;
 }
 
 void ClusterNode::Drop(int partition) {
-  std::unique_ptr<Owned> owned;
+  std::unique_ptr<Applied> a;
   {
     absl::MutexLock lock(&mu_);
-    auto it = owned_.find(partition);
-    if (it == owned_.end()) return;
-    owned = std::move(it->second);
-    owned_.erase(it);
+    auto it = applied_.find(partition);
+    if (it == applied_.end()) return;
+    a = std::move(it->second);
+    applied_.erase(it);
   }
-  owned->stop = true;
-  owned->thread.join();
-  if (membership_->alive()) {
-    absl::Status s = membership_->Release(partition, owned->epoch);
+  a->stop = true;
+  a->thread.join();
+  if (!membership_->alive()) return;
+  if (const int64_t epoch = a->Epoch(); epoch > 0) {
+    absl::Status s = membership_->Release(partition, epoch);
     if (!s.ok()) LOG(WARNING) << "releasing partition " << partition << ": " << s;
   }
+  if (a->announced) membership_->SetCaughtUp(partition, false).IgnoreError();
 }
 
-void ClusterNode::ApplyLoop(Owned* owned) {
-  const int p = owned->partition;
+void ClusterNode::ApplyLoop(Applied* a) {
+  const int p = a->partition;
   PartitionApplier applier(static_cast<uint32_t>(p), registry_, store_, options_.limits);
   absl::StatusOr<uint64_t> from = applier.ReadFrom();
-  absl::StatusOr<std::unique_ptr<PartitionLog::Reader>> reader =
-      from.ok() ? log_->Read(p, *from) : absl::StatusOr<std::unique_ptr<PartitionLog::Reader>>(
-                                             from.status());
   if (!from.ok()) {
     LOG(ERROR) << "partition " << p << ": cannot read the applied position: " << from.status();
-    owned->finished = true;
+    a->finished = true;
     return;
   }
-  while (!owned->stop.load() && !reader.ok()) {
+  absl::StatusOr<std::unique_ptr<PartitionLog::Reader>> reader = log_->Read(p, *from);
+  while (!a->stop.load() && !reader.ok()) {
     LOG(WARNING) << "partition " << p << ": cannot read the log yet: " << reader.status();
     absl::SleepFor(absl::Milliseconds(200));
     reader = log_->Read(p, *from);
   }
+  // Fenced at `epoch` while still holding the partition at it: stop.
+  auto fenced = [a](int64_t epoch) { return a->Epoch() == epoch; };
   uint64_t next_sequence = *from;  // of the entry the reader gives next
-  while (!owned->stop.load() && membership_->alive()) {
+  while (!a->stop.load() && membership_->alive()) {
+    if (const int64_t epoch = a->Epoch(); epoch > 0 && a->HoldsBack()) {
+      if (!TellHeldBack(a) && fenced(epoch)) {
+        a->finished = true;
+        return;
+      }
+    }
     absl::StatusOr<std::optional<PartitionLog::Entry>> next =
         (*reader)->Next(absl::Milliseconds(100));
     if (!next.ok()) {
@@ -211,7 +345,10 @@ void ClusterNode::ApplyLoop(Owned* owned) {
       if (again.ok()) reader = std::move(again);
       continue;
     }
-    if (!next->has_value()) continue;
+    if (!next->has_value()) {
+      a->caught_up = true;
+      continue;
+    }
     const PartitionLog::Entry& e = **next;
     next_sequence = e.sequence + 1;
     v1::LogEntry entry;
@@ -226,26 +363,148 @@ void ClusterNode::ApplyLoop(Owned* owned) {
       // The store is failing: stop applying; another node may do better.
       LOG(ERROR) << "partition " << p << ": cannot apply entry " << e.sequence << ": "
                  << outcome.status();
-      owned->finished = true;
+      a->finished = true;
       return;
     }
-      if (!Forward(p, owned->epoch, e.sequence, entry, *outcome, outcome->replayed)) {
-      owned->finished = true;  // fenced: another node owns it now
-      return;
+    entries_applied_.fetch_add(1);
+    Answer answer;
+    answer.sequence = e.sequence;
+    answer.log_micros = e.unix_micros;
+    answer.gateway = entry.gateway();
+    answer.connection = entry.connection();
+    answer.hello = entry.messages_size() > 0 && entry.messages(0).has_hello();
+    answer.control = entry.control_case() != v1::LogEntry::CONTROL_NOT_SET;
+    answer.replayed = outcome->replayed;
+    answer.outcome = *std::move(outcome);
+    const int64_t epoch = a->Epoch();
+    if (epoch == 0 || !Forward(p, epoch, answer)) {
+      if (epoch > 0 && fenced(epoch)) {
+        a->finished = true;  // another node owns it now
+        return;
+      }
+      HoldBack(a, std::move(answer));  // standing by (or just handed over)
     }
   }
 }
 
-bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
-                          const v1::LogEntry& entry, const PartitionApplier::Outcome& outcome,
-                          bool replayed) {
+void ClusterNode::HoldBack(Applied* a, Answer answer) {
+  // Only what a gateway still uses: the hello's whole answer; of other
+  // entries their warnings and actions (the gateway acknowledged their
+  // steps when the log stored them), an ended stream, a control's answer.
+  if (!answer.hello) {
+    auto& replies = answer.outcome.replies;
+    replies.erase(std::remove_if(replies.begin(), replies.end(),
+                                 [](const v1::ServerMessage& r) { return r.has_ack(); }),
+                  replies.end());
+  }
+  const int64_t now = answer.log_micros;
+  if (!answer.outcome.replies.empty() || !answer.outcome.ended.ok() ||
+      !answer.outcome.others_ended.empty() || answer.control) {
+    a->recent.push_back(std::move(answer));
+  }
+  // Past the window, or over the bound: only actions are still worth
+  // sending (a hello's were in its answer, already given or awaited no more).
+  while (!a->recent.empty() && (a->recent.front().log_micros < now - kRetellMicros ||
+                                a->recent.size() > kMaxHeldBack)) {
+    Answer old = std::move(a->recent.front());
+    a->recent.pop_front();
+    if (old.hello) continue;
+    auto& replies = old.outcome.replies;
+    replies.erase(std::remove_if(replies.begin(), replies.end(),
+                                 [](const v1::ServerMessage& r) { return !r.has_action(); }),
+                  replies.end());
+    if (replies.empty()) continue;
+    old.replayed = true;
+    if (a->aged.size() >= kMaxHeldBack) {
+      LOG(ERROR) << "partition " << a->partition << ": actions of entry "
+                 << a->aged.front().sequence << " held back too long; given up";
+      a->aged.pop_front();
+    }
+    a->aged.push_back(std::move(old));
+  }
+  // Now and then, forget what the owner has fired since (etcd says).
+  if (absl::Now() - a->pruned < absl::Seconds(1)) return;
+  a->pruned = absl::Now();
+  const std::string& prefix = options_.membership.prefix;
+  for (int checked = 0; checked < 16 && !a->aged.empty(); ++checked) {
+    const Answer& old = a->aged.front();
+    bool all = true;
+    for (const v1::ServerMessage& r : old.outcome.replies) {
+      absl::StatusOr<bool> fired =
+          membership_->Fired(ActionKey(prefix, old.outcome.job, old.outcome.worker, r.action()));
+      all = all && fired.ok() && *fired;
+    }
+    if (!all) break;
+    a->aged.pop_front();
+  }
+  std::vector<std::pair<std::string, v1::Action>> front;
+  {
+    absl::MutexLock lock(&a->mu);
+    for (size_t i = 0; i < a->webhooks.size() && i < 16; ++i) front.push_back(a->webhooks[i]);
+  }
+  size_t fired_before = 0;
+  for (const auto& [job, action] : front) {
+    absl::StatusOr<bool> fired = membership_->Fired(WebhookKey(prefix, job, action));
+    if (!fired.ok() || !*fired) break;
+    ++fired_before;
+  }
+  absl::MutexLock lock(&a->mu);
+  // Only this thread removes webhooks, so the first ones are those checked.
+  for (size_t i = 0; i < fired_before && !a->webhooks.empty(); ++i) a->webhooks.pop_front();
+}
+
+bool ClusterNode::TellHeldBack(Applied* a) {
+  int64_t epoch;
+  std::deque<std::pair<std::string, v1::Action>> webhooks;
+  {
+    absl::MutexLock lock(&a->mu);
+    epoch = a->epoch;
+    if (epoch == 0) return true;
+    webhooks.swap(a->webhooks);
+  }
+  const int p = a->partition;
+  LOG(INFO) << "partition " << p << ": telling what was held back while standing by: "
+            << a->aged.size() + a->recent.size() << " answers, " << webhooks.size()
+            << " webhooks";
+  bool ok = true;
+  for (std::deque<Answer>* held : {&a->aged, &a->recent}) {
+    while (ok && !held->empty()) {
+      ok = Forward(p, epoch, held->front());
+      if (ok) held->pop_front();
+    }
+  }
+  while (ok && !webhooks.empty()) {
+    const auto& [job, action] = webhooks.front();
+    absl::StatusOr<bool> fired = membership_->FireOnce(
+        p, epoch, WebhookKey(options_.membership.prefix, job, action), action.SerializeAsString());
+    if (!fired.ok() && absl::IsFailedPrecondition(fired.status())) {
+      ok = false;
+      break;
+    }
+    if (!fired.ok()) {
+      LOG(WARNING) << "job '" << job << "': webhook not posted: " << fired.status();
+    } else if (*fired) {
+      registry_->PostWebhook(action);
+    }
+    webhooks.pop_front();
+  }
+  if (!webhooks.empty()) {
+    // Fenced: keep them for whoever this node is next.
+    absl::MutexLock lock(&a->mu);
+    a->webhooks.insert(a->webhooks.begin(), webhooks.begin(), webhooks.end());
+  }
+  return ok;
+}
+
+bool ClusterNode::Forward(int partition, int64_t epoch, const Answer& answer) {
+  const PartitionApplier::Outcome& outcome = answer.outcome;
+  const bool replayed = answer.replayed;
   // A hello's answer carries a stop already decided for the job: a worker
   // that reconnects is told again, whoever told it before.
-  const bool hello = entry.messages_size() > 0 && entry.messages(0).has_hello();
-  if (replayed && hello) return true;  // answered when first applied
+  if (replayed && answer.hello) return true;  // answered when first applied
   v1::EntryOutcome out;
-  out.set_connection(entry.connection());
-  out.set_sequence(sequence);
+  out.set_connection(answer.connection);
+  out.set_sequence(answer.sequence);
   out.set_code(static_cast<int32_t>(outcome.ended.code()));
   out.set_message(std::string(outcome.ended.message()));
   out.set_response(outcome.response);
@@ -254,12 +513,13 @@ bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
     // which rules may decide again while the node catches up (and which
     // the node may have died before firing), go out, and only once.
     if (replayed && !reply.has_action()) continue;
-    if (reply.has_action() && !hello) {
+    // The gateway acknowledged the steps when the log stored them.
+    if (!answer.hello && reply.has_ack()) continue;
+    if (reply.has_action() && !answer.hello) {
       // Once per job, worker, rule and step, whoever owns the partition.
       const v1::Action& a = reply.action();
-      const std::string key = absl::StrCat(
-          options_.membership.prefix, "/actions/", outcome.job, "/", outcome.worker, "/",
-          static_cast<int>(a.type()), "/", a.rule(), "/", a.step());
+      const std::string key =
+          ActionKey(options_.membership.prefix, outcome.job, outcome.worker, a);
       absl::StatusOr<bool> fired = membership_->FireOnce(partition, epoch, key,
                                                          a.SerializeAsString());
       // etcd briefly unreachable (a member restarting): try again a few
@@ -284,22 +544,21 @@ bool ClusterNode::Forward(int partition, int64_t epoch, uint64_t sequence,
     if (out.replies_size() == 0) return true;
     out.set_code(0);
     out.clear_message();
-    absl::Status s = log_->Notify(absl::StrCat("out.", entry.gateway()), out.SerializeAsString());
+    absl::Status s = log_->Notify(absl::StrCat("out.", answer.gateway), out.SerializeAsString());
     if (!s.ok()) LOG(WARNING) << "partition " << partition << ": " << s;
     return true;
   }
   for (const PartitionApplier::Outcome::Ended& e : outcome.others_ended) {
     v1::EntryOutcome ended;
     ended.set_connection(e.connection);
-    ended.set_sequence(sequence);
+    ended.set_sequence(answer.sequence);
     ended.set_code(static_cast<int32_t>(e.status.code()));
     ended.set_message(std::string(e.status.message()));
     absl::Status s = log_->Notify(absl::StrCat("out.", e.gateway), ended.SerializeAsString());
     if (!s.ok()) LOG(WARNING) << "partition " << partition << ": " << s;
   }
-  const bool control = entry.control_case() != v1::LogEntry::CONTROL_NOT_SET;
-  if (out.replies_size() == 0 && out.code() == 0 && !control) return true;
-  absl::Status s = log_->Notify(absl::StrCat("out.", entry.gateway()), out.SerializeAsString());
+  if (out.replies_size() == 0 && out.code() == 0 && !answer.control) return true;
+  absl::Status s = log_->Notify(absl::StrCat("out.", answer.gateway), out.SerializeAsString());
   if (!s.ok()) LOG(WARNING) << "partition " << partition << ": " << s;
   return true;
 }

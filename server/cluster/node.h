@@ -3,15 +3,24 @@
 // applies each one's log to its own JobRegistry and Store, and tells the
 // gateways what became of their entries.
 //
-// Actions (StopTraining) reach gateways only through Membership::FireOnce,
-// fenced by the partition's epoch, so each fires once per transition even
-// when a new owner replays the log after a failover.
+// It also stands by for the partitions that rank it next (`standbys` of
+// them): it applies their log as their owner does, rules included, but
+// tells no one. When the owner dies or hands the partition over, the
+// standby takes it at a new epoch and goes on from where it is, without a
+// replay, then tells what it held back: answers of the last minutes, and
+// every action its owner had not fired.
+//
+// Actions (StopTraining, webhooks) go out only through
+// Membership::FireOnce, fenced by the partition's epoch, so each fires once
+// per transition even across failovers and replays.
 #ifndef SONDE_SERVER_CLUSTER_NODE_H_
 #define SONDE_SERVER_CLUSTER_NODE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +45,8 @@ class ClusterNode {
     Membership::Options membership;  // prefix, node name, address, lease
     absl::Duration placement_interval = absl::Seconds(1);
     server::IngestLimits limits;
+    // How many nodes after the owner apply each partition as standbys.
+    int standbys = 1;
   };
 
   // Joins and starts taking partitions. `etcd`, `log`, `registry` and
@@ -47,25 +58,37 @@ class ClusterNode {
   // Stops applying and leaves: its partitions are free at once.
   ~ClusterNode();
 
-  // Partitions this node applies now, sorted.
+  // Partitions this node owns now, sorted.
   std::vector<int> owned() const;
+  // Partitions it applies as a standby, sorted.
+  std::vector<int> standing_by() const;
+  // Log entries applied since the node started, all partitions together
+  // (a replay applies entries again).
+  uint64_t entries_applied() const { return entries_applied_.load(); }
   bool alive() const { return membership_->alive(); }
 
  private:
-  struct Owned;
+  struct Applied;
+  struct Answer;
   ClusterNode(PartitionLog* log, server::JobRegistry* registry, storage::Store* store,
               Options options, std::unique_ptr<Membership> membership);
   void PlacementLoop();
-  // One placement pass: take the partitions that rank this node first and
-  // are free, give up those that rank another live node first.
+  // One placement pass: apply the partitions that rank this node first or
+  // among the next `standbys`; take those that rank it first and are free;
+  // hand over those that rank another node first once it has caught up.
   void Place();
-  void ApplyLoop(Owned* owned);
+  void PlacePartition(int partition, const std::vector<std::string>& preferred,
+                      const std::optional<PartitionOwner>& owner);
+  void ApplyLoop(Applied* applied);
   // Tells the entry's gateway what became of it; actions only once fired.
   // False when this node is fenced off the partition.
-  // `replayed`: only the entry's actions go out (rules may decide them
-  // again while a restarted node catches up).
-  bool Forward(int partition, int64_t epoch, uint64_t sequence, const v1::LogEntry& entry,
-               const PartitionApplier::Outcome& outcome, bool replayed);
+  bool Forward(int partition, int64_t epoch, const Answer& answer);
+  // Keeps what a standby did not tell, within bounds (node.cc).
+  void HoldBack(Applied* applied, Answer answer);
+  // Once the partition is this node's: tells what was held back.
+  // False when fenced meanwhile.
+  bool TellHeldBack(Applied* applied);
+  // Stops applying; releases the partition if this node owned it.
   void Drop(int partition) ABSL_LOCKS_EXCLUDED(mu_);
   // The registry's webhook gate: true once per transition, and only while
   // this node owns the job's partition.
@@ -87,7 +110,8 @@ class ClusterNode {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<int, std::unique_ptr<Owned>> owned_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::unique_ptr<Applied>> applied_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> entries_applied_{0};
   std::thread placement_;
 };
 

@@ -11,6 +11,12 @@
 // for the model of throughput against node count, and ack latency (EndStep
 // plus Flush of a single step, one at a time: median and p99).
 //
+// Then failover: two nodes, one job streamed into the one partition and
+// left open, the owner killed -9; how long until a new client's hello is
+// answered and until the survivor holds every step, with a standby
+// (--standbys=1: it applied the partition all along) and without one
+// (--standbys=0: the survivor replays the log from its start).
+//
 //   bazel run -c opt //tests/bench:cluster_bench -- --steps=400 --tensor_kib=256
 #include <unistd.h>
 
@@ -30,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "client/hook.h"
 #include "client/query_client.h"
+#include "server/cluster/etcd.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/http_get.h"
@@ -41,6 +48,7 @@
 ABSL_FLAG(int, steps, 400, "steps streamed in the throughput phase");
 ABSL_FLAG(int, tensor_kib, 256, "size of the one tensor saved per step");
 ABSL_FLAG(int, latency_steps, 200, "steps of the latency phase (one at a time)");
+ABSL_FLAG(int, failover_steps, 400, "steps streamed before the owner is killed");
 
 namespace sonde {
 namespace {
@@ -176,6 +184,100 @@ std::string StartServer(testing::ChildProcess& p, std::vector<std::string> argv,
   std::exit(1);
 }
 
+std::unique_ptr<Hook> Connected(const std::string& address, const std::string& job) {
+  HookOptions o;
+  o.collector = address;
+  o.job = job;
+  o.config.save_config = SaveConfig::Every(1);
+  o.config.include_collections = {"weights"};
+  o.close_timeout = absl::Seconds(120);
+  auto hook = Hook::Create(o);
+  if (!hook.ok() || !(*hook)->WaitUntilConnected(absl::Seconds(60)).ok()) {
+    std::fprintf(stderr, "%s: never connected\n", job.c_str());
+    std::exit(1);
+  }
+  return std::move(*hook);
+}
+
+struct Failover {
+  double logged_mib = 0;     // in the partition when the owner died
+  double hello_s = 0;        // kill -> a new client's hello answered
+  double caught_up_s = 0;    // kill -> the survivor holds every step
+};
+
+// Two nodes applying one partition (`standbys` each), a gateway, a job of
+// --failover_steps steps left open; the owner is killed -9.
+Failover MeasureFailover(const std::string& cluster_bin, const testing::TempDir& dir,
+                         const testing::EtcdCluster& etcd, const testing::NatsCluster& nats,
+                         int standbys) {
+  const std::string cluster = absl::StrCat("failover", standbys);
+  const std::vector<std::string> common = {
+      "--nats=" + absl::StrJoin(nats.urls(), ","), "--cluster=" + cluster, "--partitions=1",
+      "--replicas=3", "--etcd=" + absl::StrJoin(etcd.endpoints(), ","), "--lease=2s"};
+  testing::ChildProcess nodes[2], gateway;
+  std::string addresses[2];
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> args = {cluster_bin, "--role=node", absl::StrCat("--name=n", i),
+                                     "--data_dir=" + dir.Sub(absl::StrCat(cluster, "-n", i)),
+                                     "--rules=", absl::StrCat("--standbys=", standbys)};
+    args.insert(args.end(), common.begin(), common.end());
+    addresses[i] = StartServer(nodes[i], args, dir.Sub(absl::StrCat(cluster, "-n", i, ".log")));
+  }
+  std::vector<std::string> gateway_args = {cluster_bin, "--role=gateway", "--name=gw"};
+  gateway_args.insert(gateway_args.end(), common.begin(), common.end());
+  const std::string gateway_address =
+      StartServer(gateway, gateway_args, dir.Sub(cluster + "-gw.log"));
+
+  cluster::Etcd::Options eo;
+  eo.endpoints = etcd.endpoints();
+  auto client = cluster::Etcd::Connect(eo);
+  if (!client.ok()) std::exit(1);
+  const std::string prefix = "/sonde/" + cluster;
+  std::unique_ptr<Hook> hook = Connected(gateway_address, "streaming");
+  const int steps = absl::GetFlag(FLAGS_failover_steps);
+  const int64_t n = absl::GetFlag(FLAGS_tensor_kib) * 1024 / 4;
+  std::vector<float> w(static_cast<size_t>(n), 0.5f);
+  for (int step = 0; step < steps; ++step) {
+    hook->StartStep();
+    w[0] = static_cast<float>(step);
+    hook->SaveTensor("fc.weight", HostTensor(w.data(), {n}), {"weights"}).IgnoreError();
+    hook->EndStep();
+  }
+  if (!hook->Flush(absl::Seconds(300)).ok()) std::exit(1);
+  // The owner, and (with a standby) the survivor caught up, before the kill.
+  std::string owner;
+  testing::WaitUntil(
+      [&] {
+        auto kv = (*client)->Get(prefix + "/owners/0");
+        if (kv.ok() && kv->has_value()) owner = (*kv)->value;
+        return !owner.empty();
+      },
+      absl::Seconds(60));
+  const int dead = owner == "n0" ? 0 : 1;
+  const int survivor = 1 - dead;
+  auto holds_all = [&](const std::string& address) {
+    auto info = QueryClient::Connect(address)->GetJob("streaming");
+    return info.ok() && info->last_step() >= steps - 1;
+  };
+  testing::WaitUntil([&] { return holds_all(addresses[dead]); }, absl::Seconds(300));
+  if (standbys > 0) {
+    testing::WaitUntil([&] { return holds_all(addresses[survivor]); }, absl::Seconds(300));
+  }
+  Failover f;
+  f.logged_mib = static_cast<double>(steps) * static_cast<double>(n) * 4 / (1 << 20);
+  const absl::Time killed = absl::Now();
+  nodes[dead].Kill();
+  std::unique_ptr<Hook> late = Connected(gateway_address, "late");
+  f.hello_s = absl::ToDoubleSeconds(absl::Now() - killed);
+  testing::WaitUntil([&] { return holds_all(addresses[survivor]); }, absl::Seconds(300));
+  f.caught_up_s = absl::ToDoubleSeconds(absl::Now() - killed);
+  late->Close().IgnoreError();
+  hook->Close().IgnoreError();
+  gateway.Terminate();
+  nodes[survivor].Terminate();
+  return f;
+}
+
 void Print(const char* name, const Result& r) {
   std::printf("%-8s acked %6.1f MiB/s, stored %6.1f MiB/s  %7.4f CPU s/MiB (", name, r.mib_per_s,
               r.stored_mib_per_s, r.cpu_per_mib_total);
@@ -222,6 +324,8 @@ int Main(const std::string& argv0) {
   const Result many = Measure(gateway_address, servers, "bench-cluster", node_address);
   gateway.Terminate();
   node.Terminate();
+  const Failover warm = MeasureFailover(cluster_bin, dir, etcd, nats, 1);
+  const Failover cold = MeasureFailover(cluster_bin, dir, etcd, nats, 0);
 
   std::printf("cluster_bench: %d steps of %d KiB, %d one-step acks\n", absl::GetFlag(FLAGS_steps),
               absl::GetFlag(FLAGS_tensor_kib), absl::GetFlag(FLAGS_latency_steps));
@@ -233,6 +337,13 @@ int Main(const std::string& argv0) {
               many.cpu_per_mib_total / one.cpu_per_mib_total,
               many.latency_median_ms / one.latency_median_ms,
               many.latency_p99_ms / one.latency_p99_ms);
+  std::printf("failover (lease 2 s, %.0f MiB logged on the partition, owner killed -9):\n",
+              warm.logged_mib);
+  std::printf("  with a standby:    new hello answered after %.2f s, survivor holds every step "
+              "after %.2f s\n", warm.hello_s, warm.caught_up_s);
+  std::printf("  without (replay):  new hello answered after %.2f s, survivor holds every step "
+              "after %.2f s (replayed at %.0f MiB/s once the lease expired)\n",
+              cold.hello_s, cold.caught_up_s, cold.logged_mib / std::max(cold.caught_up_s - 2, 0.01));
   return 0;
 }
 
