@@ -60,10 +60,29 @@ void AddStep(v1::JobInfo& info, int32_t worker, const v1::StepInfo& step,
 void TakeStepFields(const v1::JobInfo& from, v1::JobInfo& into) {
   *into.mutable_modes() = from.modes();
   into.set_last_step(from.last_step());
-  *into.mutable_worker_last_step() = from.worker_last_step();
+  for (const auto& [worker, step] : from.worker_last_step()) {
+    (*into.mutable_worker_last_step())[worker] = step;
+  }
   into.set_tensors_dropped(from.tensors_dropped());
   into.set_values_dropped(from.values_dropped());
   into.set_steps_dropped(from.steps_dropped());
+}
+
+v1::JobInfo CopyForWorker(v1::JobInfo& info, int32_t worker) {
+  google::protobuf::Map<int32_t, int64_t> last_steps;
+  google::protobuf::Map<int32_t, uint64_t> clients;
+  last_steps.swap(*info.mutable_worker_last_step());
+  clients.swap(*info.mutable_worker_client_id());
+  v1::JobInfo copy = info;
+  last_steps.swap(*info.mutable_worker_last_step());
+  clients.swap(*info.mutable_worker_client_id());
+  if (auto it = info.worker_last_step().find(worker); it != info.worker_last_step().end()) {
+    (*copy.mutable_worker_last_step())[worker] = it->second;
+  }
+  if (auto it = info.worker_client_id().find(worker); it != info.worker_client_id().end()) {
+    (*copy.mutable_worker_client_id())[worker] = it->second;
+  }
+  return copy;
 }
 
 void AddWorkerEnd(v1::JobInfo& info, int32_t worker, const std::string& reason,

@@ -43,7 +43,16 @@ void AddStep(v1::JobInfo& info, int32_t worker, const v1::StepInfo& step,
 
 // Takes from `from` the fields AddStep changes, leaving the others (the
 // workers, the status, which other threads change) as they are in `into`.
+// Per-worker entries are merged: `from` may hold one worker's only.
 void TakeStepFields(const v1::JobInfo& from, v1::JobInfo& into);
+
+// A copy of `info` whose per-worker maps hold `worker`'s entries only (none
+// for a worker the job does not have, e.g. -1): what a change of that
+// worker, or of no worker, stores (storage::Store writes the workers a
+// record names). Copying every worker's would make each step of a job of
+// thousands of workers cost as much as their number. `info` is restored
+// before this returns.
+v1::JobInfo CopyForWorker(v1::JobInfo& info, int32_t worker);
 
 // Records `worker`'s job end: it joins ended_workers (kept sorted), `reason`
 // (if any) becomes the end reason, `steps_dropped` adds to the gaps. A

@@ -129,10 +129,10 @@ absl::Status JobRegistry::RecordDroppedSteps(const std::string& job_name, uint64
   absl::MutexLock commit(&job->commit_mu);
   absl::MutexLock lock(&mu_);
   job->AssertHeld();
-  v1::JobInfo info = job->info;
+  v1::JobInfo info = CopyForWorker(job->info, -1);
   info.set_steps_dropped(info.steps_dropped() + steps);
   SONDE_RETURN_IF_ERROR(store_->PutJob(info));
-  job->info = std::move(info);
+  job->info.set_steps_dropped(info.steps_dropped());
   return absl::OkStatus();
 }
 
@@ -274,7 +274,7 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
   job->AssertHeld();
   SONDE_RETURN_IF_ERROR(CheckJoinable(job->info, hello));
   SONDE_ASSIGN_OR_RETURN(result.same_client, TakeWorkerLocked(*job, hello, stream));
-  SONDE_RETURN_IF_ERROR(store_->PutJob(job->info));
+  SONDE_RETURN_IF_ERROR(store_->PutJob(CopyForWorker(job->info, hello.worker())));
   result.ack.set_job_id(job->info.job_id());
   *result.ack.mutable_rules() = job->info.rules();
   for (const v1::RuleSpec& spec : job->info.rules()) {
@@ -480,7 +480,7 @@ void JobRegistry::RemoveStream(const std::string& job_name, int32_t worker,
     } else {
       job->disconnected_since = absl::Now();
       job->info.set_status(v1::JOB_STATUS_DISCONNECTED);
-      absl::Status s = store_->PutJob(job->info);
+      absl::Status s = store_->PutJob(CopyForWorker(job->info, -1));
       if (!s.ok()) LOG(ERROR) << "job '" << job_name << "': " << s;
     }
   }
@@ -539,7 +539,7 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
     absl::MutexLock lock(&mu_);
     job->AssertHeld();
     SONDE_RETURN_IF_ERROR(CheckStreamOwnerLocked(*job, job_name, worker, stream));
-    info = job->info;
+    info = CopyForWorker(job->info, worker);
   }
   const v1::StepInfo& step = write.step;
   // A resend of a step whose ack was lost: it is stored already.
@@ -589,10 +589,10 @@ absl::Status JobRegistry::MarkWorkerEnded(const std::string& job_name, int32_t w
   // job end) must not count the end's dropped steps twice. Stored before
   // the job end is acknowledged: which workers ended must survive a
   // collector restart, or the job would wait for them again.
-  v1::JobInfo info = job->info;
+  v1::JobInfo info = CopyForWorker(job->info, worker);
   AddWorkerEnd(info, worker, reason, steps_dropped);
   SONDE_RETURN_IF_ERROR(store_->PutJob(info));
-  job->info = std::move(info);
+  AddWorkerEnd(job->info, worker, reason, steps_dropped);
   if (AllWorkersEnded(job->info)) MaybeEndJobLocked(*job);
   return absl::OkStatus();
 }
@@ -605,7 +605,7 @@ void JobRegistry::MaybeEndJobLocked(LiveJob& job) {
   job.info.set_status(job.stop.has_value() ? v1::JOB_STATUS_STOPPED
                                            : v1::JOB_STATUS_FINISHED);
   job.info.set_end_unix_micros(NowMicros());
-  absl::Status s = store_->PutJob(job.info);
+  absl::Status s = store_->PutJob(CopyForWorker(job.info, -1));
   if (!s.ok()) LOG(ERROR) << "job '" << job.info.job() << "': " << s;
   job.runner->SubmitJobEnd(job.stop);
 }

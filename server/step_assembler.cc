@@ -14,10 +14,21 @@ void StepAssembler::Restore(std::map<int64_t, rules::StepData> pending,
   pending_ = std::move(pending);
 }
 
-void StepAssembler::Attach(int32_t worker, int64_t last_step) { last_step_[worker] = last_step; }
+void StepAssembler::Attach(int32_t worker, int64_t last_step) {
+  auto [it, added] = last_step_.try_emplace(worker, last_step);
+  if (!added) {
+    last_steps_.erase(last_steps_.find(it->second));
+    it->second = last_step;
+  }
+  last_steps_.insert(last_step);
+}
 
 void StepAssembler::Detach(int32_t worker, const Deliver& deliver) {
-  last_step_.erase(worker);
+  auto it = last_step_.find(worker);
+  if (it != last_step_.end()) {
+    last_steps_.erase(last_steps_.find(it->second));
+    last_step_.erase(it);
+  }
   DeliverComplete(deliver);
 }
 
@@ -35,7 +46,11 @@ rules::StepData* StepAssembler::PartOf(const v1::StepInfo& step, absl::Time now)
 
 void StepAssembler::Committed(int32_t worker, int64_t step, const Deliver& deliver) {
   auto it = last_step_.find(worker);
-  if (it != last_step_.end()) it->second = std::max(it->second, step);
+  if (it != last_step_.end() && step > it->second) {
+    last_steps_.erase(last_steps_.find(it->second));
+    it->second = step;
+    last_steps_.insert(step);
+  }
   DeliverComplete(deliver);
 }
 
@@ -52,6 +67,7 @@ void StepAssembler::DeliverOverdue(absl::Time now, absl::Duration wait, const De
 
 void StepAssembler::DeliverAll(const Deliver& deliver) {
   last_step_.clear();
+  last_steps_.clear();
   DeliverComplete(deliver);
 }
 
@@ -59,14 +75,13 @@ void StepAssembler::Clear() {
   pending_.clear();
   pending_since_.clear();
   last_step_.clear();
+  last_steps_.clear();
   delivered_through_ = -1;
 }
 
 void StepAssembler::DeliverComplete(const Deliver& deliver) {
-  int64_t complete_through = std::numeric_limits<int64_t>::max();
-  for (const auto& [worker, step] : last_step_) {
-    complete_through = std::min(complete_through, step);
-  }
+  const int64_t complete_through =
+      last_steps_.empty() ? std::numeric_limits<int64_t>::max() : *last_steps_.begin();
   while (!pending_.empty() && pending_.begin()->first <= complete_through) {
     DeliverFirst({}, deliver);
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "absl/time/time.h"
 #include "proto/records.pb.h"
@@ -56,6 +57,7 @@ class StepAssembler {
   std::map<int64_t, rules::StepData> pending_;  // committed by some, not all
   std::map<int64_t, absl::Time> pending_since_;  // when each first arrived
   std::map<int32_t, int64_t> last_step_;        // per connected worker
+  std::multiset<int64_t> last_steps_;           // the same, ordered: the least first
   int64_t delivered_through_ = -1;
 };
 

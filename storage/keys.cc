@@ -75,6 +75,18 @@ std::string JobInfoKey(uint64_t job_id) {
 
 std::string JobInfoPrefix() { return "J"; }
 
+std::string WorkerProgressKey(uint64_t job_id, int32_t worker) {
+  std::string k = WorkerProgressPrefix(job_id);
+  AppendI32(k, worker);
+  return k;
+}
+
+std::string WorkerProgressPrefix(uint64_t job_id) {
+  std::string k = "W";
+  AppendU64(k, job_id);
+  return k;
+}
+
 std::string LogPositionKey(uint32_t partition) {
   std::string k = "L";
   AppendU32(k, partition);
@@ -289,7 +301,7 @@ JobKeyPrefixes JobKeyPrefixesOf(uint64_t job_id) {
     return k;
   };
   JobKeyPrefixes p;
-  p.jobs = {tagged('J'), tagged('S'), tagged('G'), tagged('T'), tagged('D')};
+  p.jobs = {tagged('J'), tagged('S'), tagged('G'), tagged('T'), tagged('D'), tagged('W')};
   AppendU64(p.stats, job_id);
   p.series = p.stats;
   p.payloads = p.stats;

@@ -83,6 +83,10 @@ std::string JobNameKey(absl::string_view name);
 std::string JobInfoKey(uint64_t job_id);
 std::string LogPositionKey(uint32_t partition);
 std::string JobInfoPrefix();
+// One worker's progress in a job (v1::WorkerProgress): kept apart from the
+// job record so that committing a step writes O(1) bytes, not O(workers).
+std::string WorkerProgressKey(uint64_t job_id, int32_t worker);
+std::string WorkerProgressPrefix(uint64_t job_id);
 std::string StepKey(uint64_t job_id, uint8_t mode, int64_t mode_step, int32_t worker);
 std::string StepPrefix(uint64_t job_id, uint8_t mode);       // one mode's steps
 std::string GlobalStepKey(uint64_t job_id, int64_t step, int32_t worker);

@@ -140,7 +140,7 @@ TEST(Keys, JobKeyPrefixesCoverEveryKeyOfTheJobAndNoOther) {
     const TensorKey t{id, 1, -3, "fc1.weight", 7};
     const std::vector<std::string> jobs_keys = {
         JobInfoKey(id), StepKey(id, 2, 5, 0), GlobalStepKey(id, 9, 1),
-        TensorNameKey(id, "fc1"), DeletingJobKey(id)};
+        TensorNameKey(id, "fc1"), DeletingJobKey(id), WorkerProgressKey(id, 3)};
     const std::vector<std::string> data_keys = {StatsKey(t), SeriesKey(t), PayloadKey(t, 3)};
     const std::vector<std::string> rules_keys = {RuleResultKey(id, "Loss"),
                                                  RuleStateKey(id, "Loss")};

@@ -139,6 +139,69 @@ absl::Status Store::ScanPrefix(
   return FromRocks(it->status(), "scanning");
 }
 
+namespace {
+
+// The job record without its per-worker maps, and one key per worker the
+// maps name (see Store's class comment).
+void PutJobRecord(rocksdb::WriteBatch& batch, rocksdb::ColumnFamilyHandle* jobs,
+                  const v1::JobInfo& info) {
+  std::map<int32_t, v1::WorkerProgress> workers;
+  for (const auto& [w, step] : info.worker_last_step()) {
+    workers[w].set_committed(true);
+    workers[w].set_last_step(step);
+  }
+  for (const auto& [w, client] : info.worker_client_id()) {
+    workers[w].set_attached(true);
+    workers[w].set_client_id(client);
+  }
+  for (const auto& [w, progress] : workers) {
+    batch.Put(jobs, WorkerProgressKey(info.job_id(), w), progress.SerializeAsString());
+  }
+  if (workers.empty()) {
+    batch.Put(jobs, JobInfoKey(info.job_id()), info.SerializeAsString());
+    return;
+  }
+  v1::JobInfo record = info;  // small: the per-worker maps go
+  record.clear_worker_last_step();
+  record.clear_worker_client_id();
+  batch.Put(jobs, JobInfoKey(info.job_id()), record.SerializeAsString());
+}
+
+}  // namespace
+
+absl::Status Store::AddWorkerProgress(v1::JobInfo& info) {
+  return ScanPrefix(kJobs, WorkerProgressPrefix(info.job_id()),
+                    [&](absl::string_view key, absl::string_view value) {
+                      key.remove_prefix(WorkerProgressPrefix(info.job_id()).size());
+                      SONDE_ASSIGN_OR_RETURN(int32_t worker, ConsumeI32(key));
+                      SONDE_ASSIGN_OR_RETURN(auto progress,
+                                             Parse<v1::WorkerProgress>(value, "worker progress"));
+                      if (progress.committed()) {
+                        (*info.mutable_worker_last_step())[worker] = progress.last_step();
+                      }
+                      if (progress.attached()) {
+                        (*info.mutable_worker_client_id())[worker] = progress.client_id();
+                      }
+                      return absl::OkStatus();
+                    });
+}
+
+absl::StatusOr<v1::JobInfo> Store::ReadJobRecord(absl::string_view bytes) {
+  SONDE_ASSIGN_OR_RETURN(v1::JobInfo job, Parse<v1::JobInfo>(bytes, "job record"));
+  // A record stored before per-worker keys existed holds every worker's
+  // entries itself: store it again, split, so that later writes of single
+  // workers lose none of the others'.
+  const bool whole = !job.worker_last_step().empty() || !job.worker_client_id().empty();
+  SONDE_RETURN_IF_ERROR(AddWorkerProgress(job));
+  if (!whole) return job;
+  rocksdb::WriteBatch batch;
+  PutJobRecord(batch, handles_[kJobs], job);
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  SONDE_RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "splitting a job record"));
+  return job;
+}
+
 absl::StatusOr<v1::JobInfo> Store::CreateJob(const v1::JobInfo& info) {
   SONDE_RETURN_IF_ERROR(ValidateDataName("job name", info.job()));
   absl::MutexLock lock(&create_mu_);
@@ -160,7 +223,7 @@ absl::StatusOr<v1::JobInfo> Store::CreateJob(const v1::JobInfo& info) {
   rocksdb::WriteBatch batch;
   batch.Put(handles_[kJobs], kNextJobIdKey, EncodeU64(id + 1));
   batch.Put(handles_[kJobs], JobNameKey(info.job()), EncodeU64(id));
-  batch.Put(handles_[kJobs], JobInfoKey(id), stored.SerializeAsString());
+  PutJobRecord(batch, handles_[kJobs], stored);
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
   SONDE_RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "creating job"));
@@ -179,27 +242,31 @@ absl::StatusOr<v1::JobInfo> Store::GetJob(absl::string_view name) {
   SONDE_RETURN_IF_ERROR(FromRocks(
       db_->Get(rocksdb::ReadOptions(), handles_[kJobs], JobInfoKey(id), &info),
       absl::StrCat("reading job '", name, "'")));
-  return Parse<v1::JobInfo>(info, "job record");
+  return ReadJobRecord(info);
 }
 
 absl::StatusOr<std::vector<v1::JobInfo>> Store::ListJobs() {
   std::vector<v1::JobInfo> jobs;
+  std::vector<std::string> records;  // read first: reading one may write
   SONDE_RETURN_IF_ERROR(ScanPrefix(
       kJobs, JobInfoPrefix(), [&](absl::string_view, absl::string_view value) {
-        SONDE_ASSIGN_OR_RETURN(auto job, Parse<v1::JobInfo>(value, "job record"));
-        jobs.push_back(std::move(job));
+        records.emplace_back(value);
         return absl::OkStatus();
       }));
+  for (const std::string& record : records) {
+    SONDE_ASSIGN_OR_RETURN(v1::JobInfo job, ReadJobRecord(record));
+    jobs.push_back(std::move(job));
+  }
   return jobs;
 }
 
 absl::Status Store::PutJob(const v1::JobInfo& info) {
   if (info.job_id() == 0) return absl::InvalidArgumentError("job record has no id");
+  rocksdb::WriteBatch batch;
+  PutJobRecord(batch, handles_[kJobs], info);
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  return FromRocks(db_->Put(wo, handles_[kJobs], JobInfoKey(info.job_id()),
-                            info.SerializeAsString()),
-                   "writing job record");
+  return FromRocks(db_->Write(wo, &batch), "writing job record");
 }
 
 absl::Status Store::CommitStep(const StepWrite& w) {
@@ -248,9 +315,7 @@ absl::Status Store::CommitStep(const StepWrite& w) {
   const std::string step_bytes = step.SerializeAsString();
   batch.Put(handles_[kJobs], StepKey(w.job_id, mode, mode_step, w.worker), step_bytes);
   batch.Put(handles_[kJobs], GlobalStepKey(w.job_id, step.step(), w.worker), step_bytes);
-  if (w.job.has_value()) {
-    batch.Put(handles_[kJobs], JobInfoKey(w.job_id), w.job->SerializeAsString());
-  }
+  if (w.job.has_value()) PutJobRecord(batch, handles_[kJobs], *w.job);
   if (w.log_position.has_value()) {
     batch.Put(handles_[kJobs], LogPositionKey(w.log_position->partition),
               w.log_position->position.SerializeAsString());

@@ -103,6 +103,12 @@ class Store {
 
   // Jobs. CreateJob assigns a new id to a new name and stores `info` with it;
   // for a known name it returns the existing record untouched.
+  //
+  // Per-worker entries (worker_last_step, worker_client_id) are stored one
+  // key per worker, so a job of thousands of workers does not rewrite them
+  // all at each worker's step. A record written (PutJob, StepWrite::job)
+  // updates the workers its maps name, each whole, and leaves the others
+  // as stored; a record read has every worker's.
   absl::StatusOr<v1::JobInfo> CreateJob(const v1::JobInfo& info);
   absl::StatusOr<v1::JobInfo> GetJob(absl::string_view name);  // NotFound
   absl::StatusOr<std::vector<v1::JobInfo>> ListJobs();
@@ -232,6 +238,10 @@ class Store {
   };
   // Every key of the job but its name key (see JobKeyPrefixesOf).
   static std::vector<Range> JobRanges(uint64_t job_id);
+  // Adds the stored per-worker entries to a job record just read.
+  absl::Status AddWorkerProgress(v1::JobInfo& info);
+  // Parses a stored job record and adds its workers' entries.
+  absl::StatusOr<v1::JobInfo> ReadJobRecord(absl::string_view bytes);
   // Approximate bytes of one job's keys (files and memtables).
   absl::StatusOr<uint64_t> ApproximateJobBytes(uint64_t job_id);
 

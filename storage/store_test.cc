@@ -3,6 +3,8 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "rocksdb/db.h"
+#include "storage/keys.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -167,6 +169,106 @@ TEST(Store, WorkersOfOneStepAreKeptApartAndMergedInStepLists) {
   SONDE_ASSERT_OK(global);
   EXPECT_EQ(global->mode(), v1::MODE_TRAIN);
   EXPECT_THAT(store->FindGlobalStep(1, 4), StatusIs(absl::StatusCode::kNotFound, "4"));
+}
+
+// Each worker's progress is its own key: writing one worker's leaves the
+// others' as they were, and every read has them all.
+TEST(Store, AJobRecordWrittenForOneWorkerKeepsTheOthers) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  v1::JobInfo job;
+  job.set_job("many");
+  job.set_world_size(3);
+  auto created = store->CreateJob(job);
+  SONDE_ASSERT_OK(created);
+  v1::JobInfo all = *created;
+  for (int32_t w = 0; w < 3; ++w) {
+    (*all.mutable_worker_client_id())[w] = 100 + w;
+    (*all.mutable_worker_last_step())[w] = 10 * w;
+  }
+  SONDE_ASSERT_OK(store->PutJob(all));
+  // A step of worker 1, its record naming worker 1 only.
+  StepWrite w = Step(created->job_id(), 11, 1);
+  v1::JobInfo one = all;
+  one.clear_worker_client_id();
+  one.clear_worker_last_step();
+  (*one.mutable_worker_client_id())[1] = 101;
+  (*one.mutable_worker_last_step())[1] = 11;
+  one.set_last_step(20);
+  w.job = one;
+  SONDE_ASSERT_OK(store->CommitStep(w));
+  // A status change naming no worker.
+  v1::JobInfo none = one;
+  none.clear_worker_client_id();
+  none.clear_worker_last_step();
+  none.set_status(v1::JOB_STATUS_DISCONNECTED);
+  SONDE_ASSERT_OK(store->PutJob(none));
+  for (const v1::JobInfo& read : {*store->GetJob("many"), store->ListJobs()->at(0)}) {
+    EXPECT_EQ(read.status(), v1::JOB_STATUS_DISCONNECTED);
+    EXPECT_EQ(read.last_step(), 20);
+    ASSERT_EQ(read.worker_last_step().size(), 3u);
+    EXPECT_EQ(read.worker_last_step().at(0), 0);
+    EXPECT_EQ(read.worker_last_step().at(1), 11);
+    EXPECT_EQ(read.worker_last_step().at(2), 20);
+    ASSERT_EQ(read.worker_client_id().size(), 3u);
+    EXPECT_EQ(read.worker_client_id().at(2), 102u);
+  }
+}
+
+// A record stored before per-worker keys (every worker's entries in the
+// record itself) is read whole, and a later write of one worker loses none
+// of the others.
+TEST(Store, ARecordOfTheFormerFormatKeepsEveryWorker) {
+  TempDir dir;
+  uint64_t id;
+  {
+    auto store = OpenStore(dir.path());
+    v1::JobInfo job;
+    job.set_job("former");
+    id = store->CreateJob(job)->job_id();
+  }
+  {
+    std::vector<std::string> names;
+    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir.path(), &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> families;
+    for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), dir.path(), families, &handles, &raw).ok());
+    v1::JobInfo old;
+    old.set_job("former");
+    old.set_job_id(id);
+    for (int32_t w = 0; w < 2; ++w) {
+      (*old.mutable_worker_last_step())[w] = 5 + w;
+      (*old.mutable_worker_client_id())[w] = 70 + w;
+    }
+    rocksdb::ColumnFamilyHandle* jobs = nullptr;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == "jobs") jobs = handles[i];
+    }
+    ASSERT_NE(jobs, nullptr);
+    ASSERT_TRUE(raw->Put(rocksdb::WriteOptions(), jobs, JobInfoKey(id), old.SerializeAsString()).ok());
+    for (auto* h : handles) raw->DestroyColumnFamilyHandle(h);
+    delete raw;
+  }
+  auto store = OpenStore(dir.path());
+  auto read = store->GetJob("former");
+  SONDE_ASSERT_OK(read);
+  ASSERT_EQ(read->worker_last_step().size(), 2u);
+  StepWrite w = Step(id, 9, 0);
+  v1::JobInfo one = *read;
+  one.clear_worker_client_id();
+  one.clear_worker_last_step();
+  (*one.mutable_worker_last_step())[0] = 9;
+  (*one.mutable_worker_client_id())[0] = 70;  // a worker's entries are written whole
+  w.job = one;
+  SONDE_ASSERT_OK(store->CommitStep(w));
+  read = store->GetJob("former");
+  SONDE_ASSERT_OK(read);
+  EXPECT_EQ(read->worker_last_step().at(0), 9);
+  EXPECT_EQ(read->worker_last_step().at(1), 6);
+  EXPECT_EQ(read->worker_client_id().at(0), 70u);
+  EXPECT_EQ(read->worker_client_id().at(1), 71u);
 }
 
 TEST(Store, DataSurvivesReopen) {

@@ -15,8 +15,11 @@ namespace sonde::cluster {
 // One logged client stream: its session, and the handle the registry sends
 // to (actions, and the abort when a newer stream takes the worker).
 struct PartitionApplier::Stream : public server::StreamHandle {
-  Stream(server::JobRegistry* registry, server::IngestLimits limits, uint64_t first)
-      : session(registry, limits), first_sequence(first) {}
+  Stream(PartitionApplier* applier, StreamKey key, uint64_t first)
+      : applier(applier),
+        key(std::move(key)),
+        session(applier->registry_, applier->limits_),
+        first_sequence(first) {}
   ~Stream() override { session.Close(this); }
 
   void Send(const v1::ServerMessage& message) override {
@@ -25,7 +28,12 @@ struct PartitionApplier::Stream : public server::StreamHandle {
   }
   void Abort(const absl::Status& status) override {
     absl::MutexLock lock(&mu);
-    if (aborted.ok()) aborted = status;
+    if (!aborted.ok()) return;
+    aborted = status;
+    // Told to the applier, which ends it after the entry it is applying,
+    // without looking at every open stream after each entry.
+    absl::MutexLock queue(&applier->aborted_mu_);
+    applier->aborted_keys_.push_back(key);
   }
   // What the registry sent since the last call (from any thread: rules
   // broadcast actions from theirs).
@@ -38,6 +46,8 @@ struct PartitionApplier::Stream : public server::StreamHandle {
     return aborted;
   }
 
+  PartitionApplier* const applier;
+  const StreamKey key;
   server::IngestSession session;
   const uint64_t first_sequence;  // its first entry: where a replay starts
   absl::Mutex mu;
@@ -66,13 +76,65 @@ absl::StatusOr<uint64_t> PartitionApplier::ReadFrom() {
 v1::LogPosition PartitionApplier::PositionAt(uint64_t sequence) const {
   v1::LogPosition p;
   p.set_applied(sequence);
-  uint64_t from = sequence + 1;
-  for (const auto& [key, stream] : streams_) from = std::min(from, stream->first_sequence);
-  p.set_replay_from(from);
+  p.set_replay_from(first_sequences_.empty()
+                        ? sequence + 1
+                        : std::min(sequence + 1, *first_sequences_.begin()));
   return p;
 }
 
-void PartitionApplier::EndStream(const StreamKey& key) { streams_.erase(key); }
+void PartitionApplier::EndStream(const StreamKey& key) {
+  auto it = streams_.find(key);
+  if (it == streams_.end()) return;
+  first_sequences_.erase(first_sequences_.find(it->second->first_sequence));
+  streams_.erase(it);
+}
+
+void PartitionApplier::EndOthers(const StreamKey& key, Outcome& outcome) {
+  // Streams the registry aborted meanwhile end now, so they hold neither a
+  // session nor the replay position back (their gateway may be gone and
+  // never log their close). The entry's own stream was told by its entry.
+  std::vector<StreamKey> aborted_keys;
+  {
+    absl::MutexLock lock(&aborted_mu_);
+    aborted_keys.swap(aborted_keys_);
+  }
+  std::sort(aborted_keys.begin(), aborted_keys.end());  // the same order on every replica
+  for (const StreamKey& k : aborted_keys) {
+    auto it = streams_.find(k);
+    if (it == streams_.end()) continue;  // ended already
+    if (k == key) {
+      // Its next entry is refused; should none come, the next entry of
+      // another stream ends it.
+      absl::MutexLock lock(&aborted_mu_);
+      aborted_keys_.push_back(k);
+      continue;
+    }
+    outcome.others_ended.push_back({k.first, k.second, it->second->TakeAborted()});
+    // A taken-over stream's later entries are refused (and counted).
+    ended_[k] = it->second->session.joined() ? it->second->session.job() : std::string();
+    EndStream(k);
+  }
+  // A gateway silent past the timeout (in log time) is gone: its streams
+  // end as disconnected ones do. Nothing is kept for them: if it was only
+  // cut off, its later entries start no session without a hello, and it
+  // may never log again.
+  for (const auto& [gateway, seen] : gateway_seen_) {
+    if (log_now_micros_ - seen <= gateway_timeout_micros_) continue;
+    const absl::Status silent = absl::UnavailableError(absl::StrCat(
+        "gateway '", gateway, "' has logged nothing for ",
+        absl::FormatDuration(absl::Microseconds(log_now_micros_ - seen)),
+        ": its streams are taken for disconnected"));
+    std::vector<StreamKey> of_gateway;
+    for (auto it = streams_.lower_bound({gateway, 0});
+         it != streams_.end() && it->first.first == gateway; ++it) {
+      if (it->first != key) of_gateway.push_back(it->first);
+    }
+    for (const StreamKey& k : of_gateway) {
+      outcome.others_ended.push_back({k.first, k.second, silent});
+      EndStream(k);
+    }
+  }
+}
 
 absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t sequence,
                                                                  const v1::LogEntry& entry,
@@ -97,7 +159,8 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
   } else if (!ended_.count(key)) {
     auto it = streams_.find(key);
     if (it == streams_.end()) {
-      it = streams_.emplace(key, std::make_unique<Stream>(registry_, limits_, sequence)).first;
+      it = streams_.emplace(key, std::make_unique<Stream>(this, key, sequence)).first;
+      first_sequences_.insert(sequence);
     }
     Stream& stream = *it->second;
     for (int i = 0; i < entry.messages_size(); ++i) {
@@ -133,39 +196,7 @@ absl::StatusOr<PartitionApplier::Outcome> PartitionApplier::Apply(uint64_t seque
     EndStream(key);
     ended_.erase(key);
   }
-  // Streams the registry aborted meanwhile end now, so they hold neither a
-  // session nor the replay position back (their gateway may be gone and
-  // never log their close).
-  for (auto it = streams_.begin(); it != streams_.end();) {
-    absl::Status aborted = it->second->TakeAborted();
-    bool silent = false;
-    if (aborted.ok() && it->first != key) {
-      // A gateway silent past the timeout (in log time) is gone: its
-      // streams end as disconnected ones do.
-      auto seen = gateway_seen_.find(it->first.first);
-      if (seen != gateway_seen_.end() &&
-          log_now_micros_ - seen->second > gateway_timeout_micros_) {
-        aborted = absl::UnavailableError(absl::StrCat(
-            "gateway '", it->first.first, "' has logged nothing for ",
-            absl::FormatDuration(absl::Microseconds(log_now_micros_ - seen->second)),
-            ": its streams are taken for disconnected"));
-        silent = true;
-      }
-    }
-    if (aborted.ok() || it->first == key) {
-      ++it;
-      continue;
-    }
-    outcome.others_ended.push_back({it->first.first, it->first.second, aborted});
-    // A taken-over stream's later entries are refused (and counted); a
-    // silent gateway's (if it was only cut off) start no session without a
-    // hello anyway, and it may never log again, so nothing is kept for it.
-    if (!silent) {
-      ended_[it->first] =
-          it->second->session.joined() ? it->second->session.job() : std::string();
-    }
-    it = streams_.erase(it);
-  }
+  EndOthers(key, outcome);
   if (!replaying) {
     applied_ = sequence;
     // A committed step wrote the position already; writing it again is

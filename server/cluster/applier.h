@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "server/ingest_limits.h"
@@ -101,6 +102,9 @@ class PartitionApplier {
   void ApplyControl(const v1::LogEntry& entry, Outcome& outcome);
   v1::LogPosition PositionAt(uint64_t sequence) const;
   void EndStream(const StreamKey& key);
+  // Ends the streams other than `key`'s that were aborted (a hello took
+  // their worker over) or whose gateway fell silent.
+  void EndOthers(const StreamKey& key, Outcome& outcome);
 
   const uint32_t partition_;
   server::JobRegistry* const registry_;
@@ -111,6 +115,10 @@ class PartitionApplier {
   int64_t log_now_micros_ = 0;                      // the newest entry's unix_micros
   std::map<std::string, int64_t> gateway_seen_;     // each gateway's newest entry
   std::map<StreamKey, std::unique_ptr<Stream>> streams_;
+  std::multiset<uint64_t> first_sequences_;  // of the open streams
+  // Streams aborted since the last entry (from any thread).
+  absl::Mutex aborted_mu_;
+  std::vector<StreamKey> aborted_keys_ ABSL_GUARDED_BY(aborted_mu_);
   // Streams ended by an error whose gateway has not logged their close
   // yet, with their job ("" before the hello was taken).
   std::map<StreamKey, std::string> ended_;

@@ -36,9 +36,11 @@ class LoggedStream {
   }
 
   // A step with one F32 tensor of values `w` (chunked) and its step end.
-  v1::LogEntry Step(int64_t step, const std::vector<float>& w, bool corrupt = false) {
+  // `chunk_bytes`: small by default, so tests see many chunks per tensor.
+  v1::LogEntry Step(int64_t step, const std::vector<float>& w, bool corrupt = false,
+                    const std::string& name = "fc.weight", size_t chunk_bytes = 16) {
     v1::TensorChunk header;
-    header.set_tensor_name("fc.weight");
+    header.set_tensor_name(name);
     header.set_step(step);
     header.set_mode(v1::MODE_TRAIN);
     header.set_mode_step(step);
@@ -48,7 +50,7 @@ class LoggedStream {
     std::string bytes(w.size() * sizeof(float), '\0');
     std::memcpy(bytes.data(), w.data(), bytes.size());
     std::vector<v1::ClientMessage> messages;
-    for (v1::TensorChunk& c : SplitIntoChunks(header, bytes, 16)) {
+    for (v1::TensorChunk& c : SplitIntoChunks(header, bytes, chunk_bytes)) {
       if (corrupt) c.set_crc32c(c.crc32c() ^ 1);
       v1::ClientMessage m;
       *m.mutable_chunk() = std::move(c);
