@@ -63,7 +63,7 @@ inline absl::StatusOr<uint64_t> KeyOwner(const std::string& family, absl::string
   if (family == "jobs") {
     if (tag == 'I' && key.empty()) return 0;
     if (tag == 'N') return storage::ConsumeU64(value);
-    if (tag == 'J' || tag == 'S' || tag == 'G' || tag == 'T' || tag == 'D') {
+    if (tag == 'J' || tag == 'S' || tag == 'G' || tag == 'T' || tag == 'D' || tag == 'W') {
       return storage::ConsumeU64(key);
     }
   }
