@@ -39,10 +39,11 @@ using ::sonde::testing::WaitUntil;
 
 constexpr int kPartitions = 4;
 
-std::unique_ptr<PartitionLog> OpenLog(const std::vector<std::string>& servers) {
+std::unique_ptr<PartitionLog> OpenLog(const std::vector<std::string>& servers,
+                                      int partitions = kPartitions) {
   PartitionLog::Options o;
   o.servers = servers;
-  o.partitions = kPartitions;
+  o.partitions = partitions;
   o.replicas = 3;
   std::unique_ptr<PartitionLog> log;
   EXPECT_TRUE(WaitUntil([&] {
@@ -67,7 +68,7 @@ std::unique_ptr<Etcd> EtcdClient(const std::vector<std::string>& endpoints) {
 class TestNode {
  public:
   TestNode(const std::string& name, const std::string& db, const std::vector<std::string>& etcd,
-           const std::vector<std::string>& nats) {
+           const std::vector<std::string>& nats, int partitions = kPartitions) {
     server::CollectorOptions co;
     co.listen = "127.0.0.1:0";
     co.data_dir = db;
@@ -79,7 +80,7 @@ class TestNode {
     EXPECT_TRUE(collector.ok()) << collector.status();
     collector_ = std::move(*collector);
     etcd_ = EtcdClient(etcd);
-    log_ = OpenLog(nats);
+    log_ = OpenLog(nats, partitions);
     ClusterNode::Options o;
     o.membership.prefix = "/sonde/test";
     o.membership.node = name;
@@ -112,8 +113,9 @@ class TestNode {
 // A gateway serving ingest and, through a QueryFront, the Query API.
 class TestGateway {
  public:
-  TestGateway(const std::vector<std::string>& nats, const std::vector<std::string>& etcd) {
-    log_ = OpenLog(nats);
+  TestGateway(const std::vector<std::string>& nats, const std::vector<std::string>& etcd,
+              int partitions = kPartitions) {
+    log_ = OpenLog(nats, partitions);
     etcd_ = EtcdClient(etcd);
     Gateway::Options o;
     o.name = "gw-test";
@@ -126,7 +128,7 @@ class TestGateway {
     gateway_ = std::move(*gateway);
     QueryFront::Options fo;
     fo.prefix = "/sonde/test";
-    fo.partitions = kPartitions;
+    fo.partitions = partitions;
     fo.gateway = gateway_.get();
     front_ = std::make_unique<QueryFront>(etcd_.get(), fo);
     grpc::ServerBuilder builder;
@@ -153,8 +155,11 @@ class TestGateway {
 };
 
 std::unique_ptr<Hook> Client(const std::string& gateway, const std::string& job,
-                             const std::string& rules = "") {
+                             const std::string& rules = "", int32_t worker = 0,
+                             int32_t world_size = 1) {
   HookOptions o;
+  o.worker = worker;
+  o.world_size = world_size;
   if (!rules.empty()) {
     auto parsed = rules::ParseRuleFlag(rules);
     EXPECT_TRUE(parsed.ok()) << parsed.status();
@@ -227,8 +232,9 @@ class ClusterTest : public ::testing::Test {
     SONDE_ASSERT_OK(nats_->Start());
   }
 
-  std::unique_ptr<TestNode> StartNode(const std::string& name) {
-    return std::make_unique<TestNode>(name, dir_.Sub(name), etcd_->endpoints(), nats_->urls());
+  std::unique_ptr<TestNode> StartNode(const std::string& name, int partitions = kPartitions) {
+    return std::make_unique<TestNode>(name, dir_.Sub(name), etcd_->endpoints(), nats_->urls(),
+                                      partitions);
   }
 
   testing::TempDir dir_;
@@ -469,6 +475,49 @@ TEST_F(ClusterTest, AStandbyThatTakesOverFiresWhatItsOwnerNeverFired) {
   EXPECT_EQ(webhook.requests().size(), 1u);
   // Taken over warm: every entry applied once, none replayed.
   EXPECT_EQ(b->node().entries_applied(), static_cast<uint64_t>(appended));
+}
+
+// The cluster restarted with more partitions: a job it had keeps its
+// partition (recorded in etcd at its first hello), so its later workers
+// and its queries find it where its steps are.
+TEST_F(ClusterTest, AJobKeepsItsPartitionWhenTheClusterIsGivenMore) {
+  std::string job;  // one whose hash moves from 4 to 8 partitions
+  for (int i = 0; job.empty(); ++i) {
+    const std::string name = absl::StrCat("resumed-", i);
+    if (JobPartition(name, kPartitions) != JobPartition(name, 8)) job = name;
+  }
+  {
+    auto node = StartNode("node-a");
+    ASSERT_TRUE(WaitUntil([&] { return node->node().owned().size() == kPartitions; }));
+    TestGateway gateway(nats_->urls(), etcd_->endpoints());
+    auto hook = Client(gateway.address(), job, "", /*worker=*/0, /*world_size=*/2);
+    ASSERT_NE(hook, nullptr);
+    Train(*hook, 0, 10);
+    SONDE_ASSERT_OK(hook->Close());  // worker 1 comes after the restart
+  }
+  auto node = StartNode("node-a", 8);
+  ASSERT_TRUE(WaitUntil([&] { return node->node().owned().size() == 8u; }));
+  TestGateway gateway(nats_->urls(), etcd_->endpoints(), 8);
+  auto hook = Client(gateway.address(), job, "", /*worker=*/1, /*world_size=*/2);
+  ASSERT_NE(hook, nullptr);
+  Train(*hook, 0, 10);
+  SONDE_ASSERT_OK(hook->Close());
+  EXPECT_EQ(hook->counters().steps_dropped, 0u);
+  ASSERT_TRUE(WaitUntil([&] { return Finished(node->store(), job); }));
+  EXPECT_EQ(StoredSteps(node->store(), job), Range(10));
+  auto q = QueryClient::Connect(gateway.address());
+  auto steps = q->ListSteps(job);
+  SONDE_ASSERT_OK(steps);
+  EXPECT_EQ(steps->size(), 10u);
+  auto listed = q->ListJobs();
+  SONDE_ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ(listed->at(0).job(), job);
+  // Its entries went to its first partition, never to the one 8 would give.
+  std::unique_ptr<PartitionLog> log = OpenLog(nats_->urls(), 8);
+  auto moved = log->LastSequence(JobPartition(job, 8));
+  SONDE_ASSERT_OK(moved);
+  EXPECT_EQ(*moved, 0u);
 }
 
 }  // namespace

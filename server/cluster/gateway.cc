@@ -64,7 +64,11 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Create(PartitionLog* log, Opti
     }
   }
   std::unique_ptr<Gateway> gateway(new Gateway(log, std::move(options)));
-  if (gateway->options_.etcd != nullptr) gateway->WatchActions();
+  if (gateway->options_.etcd != nullptr) {
+    gateway->directory_ = std::make_unique<JobDirectory>(
+        gateway->options_.etcd, gateway->options_.prefix, log->options().partitions);
+    gateway->WatchActions();
+  }
   gateway->heartbeat_ = std::thread([g = gateway.get()] { g->HeartbeatLoop(); });
   SONDE_ASSIGN_OR_RETURN(gateway->listener_,
                          log->Listen(absl::StrCat("out.", gateway->options_.name),
@@ -184,8 +188,9 @@ void Gateway::HeartbeatLoop() {
   }
 }
 
-int Gateway::PartitionOf(const std::string& job) const {
-  return JobPartition(job, log_->options().partitions);
+absl::StatusOr<int> Gateway::PartitionOf(const std::string& job, bool record) {
+  if (directory_ == nullptr) return JobPartition(job, log_->options().partitions);
+  return directory_->PartitionOf(job, record);
 }
 
 void Gateway::OnOutcome(absl::string_view bytes) {
@@ -235,8 +240,11 @@ absl::StatusOr<v1::EntryOutcome> Gateway::LogControl(const std::string& job,
   control.set_connection(connection);
   control.set_closed(true);  // nothing follows it: no session stays open
   control.set_unix_micros(absl::ToUnixMicros(absl::Now()));
-  const int partition = PartitionOf(job);
-  absl::StatusOr<uint64_t> at = AppendEntry(partition, control);
+  // Rules enabled before a job starts register it; other changes to a
+  // job never logged find no session anyway.
+  absl::StatusOr<int> partition = PartitionOf(job, control.has_enable_rules());
+  absl::StatusOr<uint64_t> at =
+      partition.ok() ? AppendEntry(*partition, control) : absl::StatusOr<uint64_t>(partition.status());
   std::optional<v1::EntryOutcome> answer;
   if (at.ok()) answer = box->WaitFor(*at, options_.hello_timeout);
   {
@@ -247,7 +255,7 @@ absl::StatusOr<v1::EntryOutcome> Gateway::LogControl(const std::string& job,
   if (!answer.has_value()) {
     return absl::UnavailableError(absl::StrCat(
         "no collector node answered within ", absl::FormatDuration(options_.hello_timeout),
-        " (partition ", partition, "); the change is logged and will be applied"));
+        " (partition ", *partition, "); the change is logged and will be applied"));
   }
   return *std::move(answer);
 }
@@ -316,7 +324,11 @@ grpc::Status Gateway::Stream(
                                       : grant.status();
     if (!allowed.ok()) return finish(ToGrpcStatus(allowed));
   }
-  partition = PartitionOf(m.hello().job());
+  {
+    absl::StatusOr<int> of = PartitionOf(m.hello().job(), /*record=*/true);
+    if (!of.ok()) return finish(ToGrpcStatus(of.status()));
+    partition = *of;
+  }
   {
     absl::MutexLock lock(&mu_);
     ++open_per_partition_[partition];  // heartbeats to it from now on

@@ -28,6 +28,7 @@
 #include "proto/collector.grpc.pb.h"
 #include "server/auth.h"
 #include "server/cluster/etcd.h"
+#include "server/cluster/job_directory.h"
 #include "server/cluster/partition_log.h"
 
 namespace sonde::cluster {
@@ -65,8 +66,10 @@ class Gateway final : public v1::Collector::Service {
                       grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream)
       override;
 
-  // The partition of `job`: a stable hash of its name.
-  int PartitionOf(const std::string& job) const;
+  // The partition of `job`: with etcd, as the cluster's JobDirectory
+  // records it (recorded now if `record` and the job has none); without,
+  // a stable hash of its name.
+  absl::StatusOr<int> PartitionOf(const std::string& job, bool record);
 
   // Logs `control` (EnableRules, PostRuleResult) to `job`'s partition as an
   // entry of its own and waits for the owner node's answer: the call's
@@ -88,6 +91,7 @@ class Gateway final : public v1::Collector::Service {
 
   PartitionLog* const log_;
   const Options options_;
+  std::unique_ptr<JobDirectory> directory_;  // with etcd
   std::atomic<uint64_t> next_connection_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Mailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);

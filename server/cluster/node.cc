@@ -151,7 +151,13 @@ std::vector<int> ClusterNode::standing_by() const {
 }
 
 bool ClusterNode::MayPost(const std::string& job, const v1::Action& action) {
-  const int p = JobPartition(job, log_->options().partitions);
+  int p;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    auto it = job_partitions_.find(job);
+    if (it == job_partitions_.end()) return false;  // no session of it here
+    p = it->second;
+  }
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
@@ -327,6 +333,7 @@ void ClusterNode::ApplyLoop(Applied* a) {
   // Fenced at `epoch` while still holding the partition at it: stop.
   auto fenced = [a](int64_t epoch) { return a->Epoch() == epoch; };
   uint64_t next_sequence = *from;  // of the entry the reader gives next
+  std::string last_job;            // the job last recorded in job_partitions_
   while (!a->stop.load() && membership_->alive()) {
     if (const int64_t epoch = a->Epoch(); epoch > 0 && a->HoldsBack()) {
       if (!TellHeldBack(a) && fenced(epoch)) {
@@ -367,6 +374,11 @@ void ClusterNode::ApplyLoop(Applied* a) {
       return;
     }
     entries_applied_.fetch_add(1);
+    if (!outcome->job.empty() && outcome->job != last_job) {
+      last_job = outcome->job;
+      absl::MutexLock lock(&jobs_mu_);
+      job_partitions_[last_job] = p;
+    }
     Answer answer;
     answer.sequence = e.sequence;
     answer.log_micros = e.unix_micros;

@@ -112,6 +112,10 @@ class ClusterNode {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int, std::unique_ptr<Applied>> applied_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> entries_applied_{0};
+  // The partition each job's entries came from (the webhook gate's
+  // question), as the apply loops met them.
+  absl::Mutex jobs_mu_;
+  std::map<std::string, int> job_partitions_ ABSL_GUARDED_BY(jobs_mu_);
   std::thread placement_;
 };
 

@@ -27,7 +27,10 @@ std::unique_ptr<grpc::ClientContext> Onward(grpc::ServerContext* context) {
 
 }  // namespace
 
-QueryFront::QueryFront(Etcd* etcd, Options options) : etcd_(etcd), options_(std::move(options)) {}
+QueryFront::QueryFront(Etcd* etcd, Options options)
+    : etcd_(etcd),
+      directory_(etcd, options.prefix, options.partitions),
+      options_(std::move(options)) {}
 
 v1::Query::Stub* QueryFront::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -41,7 +44,9 @@ v1::Query::Stub* QueryFront::StubFor(const std::string& address) {
 }
 
 absl::StatusOr<v1::Query::Stub*> QueryFront::OwnerOf(const std::string& job) {
-  const int p = JobPartition(job, options_.partitions);
+  absl::StatusOr<int> partition = directory_.PartitionOf(job, /*record=*/false);
+  if (!partition.ok()) return partition.status();
+  const int p = *partition;
   absl::StatusOr<std::optional<KeyValue>> owner =
       etcd_->Get(absl::StrCat(options_.prefix, "/owners/", p));
   if (!owner.ok()) return owner.status();
@@ -91,8 +96,10 @@ grpc::Status QueryFront::ListJobs(grpc::ServerContext* context, const v1::ListJo
   // Each job from its partition's owner: other nodes may hold old copies.
   absl::StatusOr<std::vector<KeyValue>> owners = etcd_->List(options_.prefix + "/owners/");
   absl::StatusOr<std::vector<KeyValue>> nodes = etcd_->List(options_.prefix + "/nodes/");
+  absl::StatusOr<std::map<std::string, int>> recorded = directory_.All();
   if (!owners.ok()) return ToGrpcStatus(owners.status());
   if (!nodes.ok()) return ToGrpcStatus(nodes.status());
+  if (!recorded.ok()) return ToGrpcStatus(recorded.status());
   std::map<int, std::string> owner_of;  // partition -> node name
   const size_t owners_skip = options_.prefix.size() + std::string("/owners/").size();
   for (const KeyValue& kv : *owners) {
@@ -112,7 +119,9 @@ grpc::Status QueryFront::ListJobs(grpc::ServerContext* context, const v1::ListJo
                           absl::StrCat("node '", name, "' (", kv.value, "): ", s.error_message()));
     }
     for (v1::JobInfo& job : *part.mutable_jobs()) {
-      auto owner = owner_of.find(JobPartition(job.job(), options_.partitions));
+      auto at = recorded->find(job.job());
+      auto owner = owner_of.find(at != recorded->end() ? at->second
+                                                      : JobPartition(job.job(), options_.partitions));
       if (owner != owner_of.end() && owner->second == name) *response->add_jobs() = std::move(job);
     }
   }

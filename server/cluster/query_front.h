@@ -21,6 +21,7 @@
 #include "proto/query.grpc.pb.h"
 #include "server/auth.h"
 #include "server/cluster/etcd.h"
+#include "server/cluster/job_directory.h"
 #include "server/cluster/gateway.h"
 
 namespace sonde::cluster {
@@ -100,6 +101,7 @@ class QueryFront final : public v1::Query::Service {
                       const Request& request, v1::LogEntry entry, Response* response);
 
   Etcd* const etcd_;
+  JobDirectory directory_;
   const Options options_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::Query::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
