@@ -71,11 +71,24 @@ void TakeStepFields(const v1::JobInfo& from, v1::JobInfo& into) {
 v1::JobInfo CopyForWorker(v1::JobInfo& info, int32_t worker) {
   google::protobuf::Map<int32_t, int64_t> last_steps;
   google::protobuf::Map<int32_t, uint64_t> clients;
-  last_steps.swap(*info.mutable_worker_last_step());
-  clients.swap(*info.mutable_worker_client_id());
+  google::protobuf::RepeatedField<int32_t> joined;
+  google::protobuf::RepeatedField<int32_t> ended;
+  auto swap_out = [&] {
+    last_steps.swap(*info.mutable_worker_last_step());
+    clients.swap(*info.mutable_worker_client_id());
+    joined.Swap(info.mutable_workers());
+    ended.Swap(info.mutable_ended_workers());
+  };
+  swap_out();
   v1::JobInfo copy = info;
-  last_steps.swap(*info.mutable_worker_last_step());
-  clients.swap(*info.mutable_worker_client_id());
+  swap_out();  // back
+  // Sorted lists: a binary search each.
+  if (std::binary_search(info.workers().begin(), info.workers().end(), worker)) {
+    copy.add_workers(worker);
+  }
+  if (std::binary_search(info.ended_workers().begin(), info.ended_workers().end(), worker)) {
+    copy.add_ended_workers(worker);
+  }
   if (auto it = info.worker_last_step().find(worker); it != info.worker_last_step().end()) {
     (*copy.mutable_worker_last_step())[worker] = it->second;
   }

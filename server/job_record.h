@@ -46,7 +46,8 @@ void AddStep(v1::JobInfo& info, int32_t worker, const v1::StepInfo& step,
 // Per-worker entries are merged: `from` may hold one worker's only.
 void TakeStepFields(const v1::JobInfo& from, v1::JobInfo& into);
 
-// A copy of `info` whose per-worker maps hold `worker`'s entries only (none
+// A copy of `info` whose per-worker fields (the maps, the lists of workers
+// and of ended workers) hold `worker`'s entries only (none
 // for a worker the job does not have, e.g. -1): what a change of that
 // worker, or of no worker, stores (storage::Store writes the workers a
 // record names). Copying every worker's would make each step of a job of

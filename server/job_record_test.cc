@@ -218,4 +218,45 @@ TEST(JobRecord, HellosAreCheckedBeforeAnyJobSeesThem) {
 }
 
 }  // namespace
+TEST(JobRecord, CopyForWorkerHoldsThatWorkersEntriesOnlyAndLeavesTheRecord) {
+  v1::JobInfo info;
+  info.set_job("many");
+  info.set_last_step(7);
+  for (int32_t w = 0; w < 3; ++w) {
+    (*info.mutable_worker_last_step())[w] = w;
+    (*info.mutable_worker_client_id())[w] = 10 + w;
+    info.add_workers(w);
+  }
+  info.add_ended_workers(1);
+  const std::string before = info.SerializeAsString();
+  v1::JobInfo one = CopyForWorker(info, 1);
+  EXPECT_EQ(info.SerializeAsString(), before);
+  EXPECT_EQ(one.job(), "many");
+  EXPECT_EQ(one.last_step(), 7);
+  ASSERT_EQ(one.worker_last_step().size(), 1u);
+  EXPECT_EQ(one.worker_last_step().at(1), 1);
+  ASSERT_EQ(one.worker_client_id().size(), 1u);
+  EXPECT_EQ(one.worker_client_id().at(1), 11u);
+  ASSERT_EQ(one.workers_size(), 1);
+  EXPECT_EQ(one.workers(0), 1);
+  ASSERT_EQ(one.ended_workers_size(), 1);
+  v1::JobInfo none = CopyForWorker(info, -1);
+  EXPECT_TRUE(none.worker_last_step().empty());
+  EXPECT_TRUE(none.worker_client_id().empty());
+  EXPECT_EQ(none.workers_size(), 0);
+  EXPECT_EQ(none.ended_workers_size(), 0);
+  // A step's fields taken back merge that worker's entry alone.
+  AddStep(one, 1, [] {
+    v1::StepInfo s;
+    s.set_step(8);
+    s.set_mode(v1::MODE_TRAIN);
+    s.set_mode_step(8);
+    return s;
+  }(), 0);
+  TakeStepFields(one, info);
+  EXPECT_EQ(info.worker_last_step().at(1), 8);
+  EXPECT_EQ(info.worker_last_step().at(2), 2);
+  EXPECT_EQ(info.last_step(), 8);
+}
+
 }  // namespace sonde::server

@@ -154,23 +154,26 @@ void PutJobRecord(rocksdb::WriteBatch& batch, rocksdb::ColumnFamilyHandle* jobs,
     workers[w].set_attached(true);
     workers[w].set_client_id(client);
   }
+  for (int32_t w : info.workers()) workers[w].set_joined(true);
+  for (int32_t w : info.ended_workers()) workers[w].set_ended(true);
   for (const auto& [w, progress] : workers) {
     batch.Put(jobs, WorkerProgressKey(info.job_id(), w), progress.SerializeAsString());
   }
-  if (workers.empty()) {
-    batch.Put(jobs, JobInfoKey(info.job_id()), info.SerializeAsString());
-    return;
-  }
-  v1::JobInfo record = info;  // small: the per-worker maps go
+  v1::JobInfo record = info;  // small: the per-worker fields go
   record.clear_worker_last_step();
   record.clear_worker_client_id();
+  record.clear_workers();
+  record.clear_ended_workers();
   batch.Put(jobs, JobInfoKey(info.job_id()), record.SerializeAsString());
 }
 
 }  // namespace
 
 absl::Status Store::AddWorkerProgress(v1::JobInfo& info) {
-  return ScanPrefix(kJobs, WorkerProgressPrefix(info.job_id()),
+  // A record of the former format lists workers itself.
+  std::set<int32_t> joined(info.workers().begin(), info.workers().end());
+  std::set<int32_t> ended(info.ended_workers().begin(), info.ended_workers().end());
+  SONDE_RETURN_IF_ERROR(ScanPrefix(kJobs, WorkerProgressPrefix(info.job_id()),
                     [&](absl::string_view key, absl::string_view value) {
                       key.remove_prefix(WorkerProgressPrefix(info.job_id()).size());
                       SONDE_ASSIGN_OR_RETURN(int32_t worker, ConsumeI32(key));
@@ -182,8 +185,14 @@ absl::Status Store::AddWorkerProgress(v1::JobInfo& info) {
                       if (progress.attached()) {
                         (*info.mutable_worker_client_id())[worker] = progress.client_id();
                       }
+                      if (progress.joined()) joined.insert(worker);
+                      if (progress.ended()) ended.insert(worker);
                       return absl::OkStatus();
-                    });
+                    }));
+  // Sorted, as the registry keeps them.
+  info.mutable_workers()->Assign(joined.begin(), joined.end());
+  info.mutable_ended_workers()->Assign(ended.begin(), ended.end());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::JobInfo> Store::ReadJobRecord(absl::string_view bytes) {
@@ -191,7 +200,8 @@ absl::StatusOr<v1::JobInfo> Store::ReadJobRecord(absl::string_view bytes) {
   // A record stored before per-worker keys existed holds every worker's
   // entries itself: store it again, split, so that later writes of single
   // workers lose none of the others'.
-  const bool whole = !job.worker_last_step().empty() || !job.worker_client_id().empty();
+  const bool whole = !job.worker_last_step().empty() || !job.worker_client_id().empty() ||
+                     !job.workers().empty() || !job.ended_workers().empty();
   SONDE_RETURN_IF_ERROR(AddWorkerProgress(job));
   if (!whole) return job;
   rocksdb::WriteBatch batch;

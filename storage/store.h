@@ -104,11 +104,12 @@ class Store {
   // Jobs. CreateJob assigns a new id to a new name and stores `info` with it;
   // for a known name it returns the existing record untouched.
   //
-  // Per-worker entries (worker_last_step, worker_client_id) are stored one
-  // key per worker, so a job of thousands of workers does not rewrite them
-  // all at each worker's step. A record written (PutJob, StepWrite::job)
-  // updates the workers its maps name, each whole, and leaves the others
-  // as stored; a record read has every worker's.
+  // Per-worker entries (worker_last_step, worker_client_id, workers,
+  // ended_workers) are stored one key per worker, so a job of thousands of
+  // workers does not rewrite them all at each worker's step. A record
+  // written (PutJob, StepWrite::job) updates the workers it names in any of
+  // them, each whole, and leaves the others as stored; a record read has
+  // every worker's.
   absl::StatusOr<v1::JobInfo> CreateJob(const v1::JobInfo& info);
   absl::StatusOr<v1::JobInfo> GetJob(absl::string_view name);  // NotFound
   absl::StatusOr<std::vector<v1::JobInfo>> ListJobs();

@@ -1,6 +1,7 @@
 #include "storage/store.h"
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
@@ -185,13 +186,18 @@ TEST(Store, AJobRecordWrittenForOneWorkerKeepsTheOthers) {
   for (int32_t w = 0; w < 3; ++w) {
     (*all.mutable_worker_client_id())[w] = 100 + w;
     (*all.mutable_worker_last_step())[w] = 10 * w;
+    all.add_workers(w);
   }
+  all.add_ended_workers(2);
   SONDE_ASSERT_OK(store->PutJob(all));
   // A step of worker 1, its record naming worker 1 only.
   StepWrite w = Step(created->job_id(), 11, 1);
   v1::JobInfo one = all;
   one.clear_worker_client_id();
   one.clear_worker_last_step();
+  one.clear_workers();
+  one.clear_ended_workers();
+  one.add_workers(1);  // each worker it names, whole
   (*one.mutable_worker_client_id())[1] = 101;
   (*one.mutable_worker_last_step())[1] = 11;
   one.set_last_step(20);
@@ -201,6 +207,7 @@ TEST(Store, AJobRecordWrittenForOneWorkerKeepsTheOthers) {
   v1::JobInfo none = one;
   none.clear_worker_client_id();
   none.clear_worker_last_step();
+  none.clear_workers();
   none.set_status(v1::JOB_STATUS_DISCONNECTED);
   SONDE_ASSERT_OK(store->PutJob(none));
   for (const v1::JobInfo& read : {*store->GetJob("many"), store->ListJobs()->at(0)}) {
@@ -212,6 +219,10 @@ TEST(Store, AJobRecordWrittenForOneWorkerKeepsTheOthers) {
     EXPECT_EQ(read.worker_last_step().at(2), 20);
     ASSERT_EQ(read.worker_client_id().size(), 3u);
     EXPECT_EQ(read.worker_client_id().at(2), 102u);
+    EXPECT_EQ(std::vector<int32_t>(read.workers().begin(), read.workers().end()),
+              (std::vector<int32_t>{0, 1, 2}));
+    EXPECT_EQ(std::vector<int32_t>(read.ended_workers().begin(), read.ended_workers().end()),
+              (std::vector<int32_t>{2}));
   }
 }
 
@@ -241,7 +252,9 @@ TEST(Store, ARecordOfTheFormerFormatKeepsEveryWorker) {
     for (int32_t w = 0; w < 2; ++w) {
       (*old.mutable_worker_last_step())[w] = 5 + w;
       (*old.mutable_worker_client_id())[w] = 70 + w;
+      old.add_workers(w);
     }
+    old.add_ended_workers(1);
     rocksdb::ColumnFamilyHandle* jobs = nullptr;
     for (size_t i = 0; i < names.size(); ++i) {
       if (names[i] == "jobs") jobs = handles[i];
@@ -259,8 +272,11 @@ TEST(Store, ARecordOfTheFormerFormatKeepsEveryWorker) {
   v1::JobInfo one = *read;
   one.clear_worker_client_id();
   one.clear_worker_last_step();
+  one.clear_workers();
+  one.clear_ended_workers();
   (*one.mutable_worker_last_step())[0] = 9;
   (*one.mutable_worker_client_id())[0] = 70;  // a worker's entries are written whole
+  one.add_workers(0);
   w.job = one;
   SONDE_ASSERT_OK(store->CommitStep(w));
   read = store->GetJob("former");
@@ -269,6 +285,9 @@ TEST(Store, ARecordOfTheFormerFormatKeepsEveryWorker) {
   EXPECT_EQ(read->worker_last_step().at(1), 6);
   EXPECT_EQ(read->worker_client_id().at(0), 70u);
   EXPECT_EQ(read->worker_client_id().at(1), 71u);
+  EXPECT_EQ(read->workers_size(), 2);
+  ASSERT_EQ(read->ended_workers_size(), 1);
+  EXPECT_EQ(read->ended_workers(0), 1);
 }
 
 TEST(Store, DataSurvivesReopen) {
