@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -65,10 +66,14 @@ class SondeProcess {
   SondeProcess(std::vector<std::string> args, std::string log)
       : args_(std::move(args)), log_(std::move(log)) {}
 
-  void Start() {
+  void Start(bool metrics = false) {
     port_ = testing::UnusedLoopbackPort();
+    if (metrics) metrics_port_ = testing::UnusedLoopbackPort();
     Launch();
   }
+  // Its /metrics endpoint (Start(true) only).
+  std::string metrics_address() const { return absl::StrCat("127.0.0.1:", metrics_port_); }
+  const std::string& log() const { return log_; }
   void Kill() { process_.Kill(); }
   void Restart() { Launch(); }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
@@ -86,12 +91,14 @@ class SondeProcess {
     std::vector<std::string> argv = {ClusterBinary()};
     argv.insert(argv.end(), args_.begin(), args_.end());
     argv.push_back("--listen=" + address());
+    if (metrics_port_ > 0) argv.push_back("--metrics_listen=" + metrics_address());
     ASSERT_TRUE(process_.Start(argv, log_));
   }
 
   const std::vector<std::string> args_;
   const std::string log_;
   int port_ = 0;
+  int metrics_port_ = 0;
   testing::ChildProcess process_;
 };
 
@@ -131,7 +138,7 @@ class ClusterLoopbackTest : public ::testing::Test {
       gateways_.push_back(
           std::make_unique<SondeProcess>(args, dir_.Sub(absl::StrCat("gw-", i, ".log"))));
     }
-    for (auto& p : nodes_) p->Start();
+    for (auto& p : nodes_) p->Start(/*metrics=*/true);
     for (auto& p : gateways_) p->Start();
     cluster::Etcd::Options eo;
     eo.endpoints = etcd_->endpoints();
@@ -315,6 +322,26 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
   EXPECT_GT(steps_run[0], 40);
   RecordProperty("job0_steps_until_stopped", steps_run[0]);
   for (int c = 1; c < kClients; ++c) EXPECT_FALSE(hooks[c]->should_stop()) << c;
+  // The killed nodes' partitions went to standbys that had applied them
+  // all along (node logs, kept across restarts), and the nodes tell so in
+  // their metrics.
+  int warm = 0, cold = 0;
+  for (auto& n : nodes_) {
+    std::ifstream in(n->log());
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("(its copy had caught up)") != std::string::npos) ++warm;
+      if (line.find("(its copy is catching up)") != std::string::npos) ++cold;
+    }
+  }
+  RecordProperty("warm_takeovers", warm);
+  RecordProperty("cold_takeovers", cold);
+  EXPECT_GE(warm, 1) << "no standby took a partition over; logs in " << dir_.path();
+  for (auto& n : nodes_) {
+    testing::HttpReply metrics = testing::HttpGetWithin(n->metrics_address(), "/metrics", 5);
+    EXPECT_EQ(metrics.status, 200) << n->metrics_address();
+    EXPECT_NE(metrics.body.find("sonde_cluster_takeovers_total{"), std::string::npos);
+    EXPECT_NE(metrics.body.find("sonde_cluster_partitions{"), std::string::npos);
+  }
 }
 
 }  // namespace

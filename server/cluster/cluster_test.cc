@@ -389,6 +389,10 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   const uint64_t logged = LoggedEntries(OpenLog(nats_->urls()).get());
   ASSERT_TRUE(WaitUntil([&] { return b->node().entries_applied() >= logged; }));
   EXPECT_EQ(b->node().entries_applied(), logged);
+  // Each partition it took, when node-a handed it over and when node-a
+  // left, it took with its copy caught up.
+  EXPECT_EQ(b->node().takeovers(/*caught_up=*/true), static_cast<uint64_t>(kPartitions));
+  EXPECT_EQ(b->node().takeovers(/*caught_up=*/false), 0u);
   absl::SleepFor(absl::Milliseconds(500));  // a second post would be out by now
   EXPECT_EQ(webhook.requests().size(), 1u);
   auto info = b->store().GetJob("moving");

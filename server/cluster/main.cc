@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, cluster, "default",
 ABSL_FLAG(int, partitions, 16, "log partitions; fixed when the cluster is created");
 ABSL_FLAG(int, replicas, 3, "copies of each log partition (JetStream replicas)");
 ABSL_FLAG(std::string, data_dir, "sonde-data", "the node's RocksDB directory");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "a node's HTTP endpoint for operators (/metrics, /healthz, /readyz), e.g. "
+          "0.0.0.0:9464; empty: none");
 ABSL_FLAG(int, standbys, 1,
           "nodes that apply each partition beside its owner, ready to take it over "
           "without a replay (each costs the owner's CPU and disk again)");
@@ -151,6 +154,7 @@ int RunNode(const sigset_t& stop) {
   co.default_rules = *rules;
   co.step_wait = absl::GetFlag(FLAGS_step_wait);
   co.serve_ingest = false;
+  co.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   co.security = Security();
   // Another client may take a worker over as soon as its owner's stream
   // has ended: a node replaying the log must decide as the first one did,

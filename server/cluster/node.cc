@@ -60,6 +60,7 @@ struct ClusterNode::Applied {
   // The loop has met the end of the log since it started.
   std::atomic<bool> caught_up{false};
   bool announced = false;  // placement thread only: CaughtUp said in etcd
+  std::atomic<size_t> held{0};  // recent + aged, for the metrics
 
   absl::Mutex mu;
   int64_t epoch ABSL_GUARDED_BY(mu) = 0;
@@ -100,6 +101,7 @@ absl::StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(Etcd* etcd, Part
     absl::MutexLock lock(&state->mu);
     return state->node != nullptr && state->node->MayPost(job, a);
   });
+  node->RegisterMetrics();
   node->placement_ = std::thread([n = node.get()] { n->PlacementLoop(); });
   return node;
 }
@@ -113,7 +115,44 @@ ClusterNode::ClusterNode(PartitionLog* log, server::JobRegistry* registry,
       options_(std::move(options)),
       membership_(std::move(membership)) {}
 
+void ClusterNode::RegisterMetrics() {
+  metrics::Registry& r = metrics::Registry::Default();
+  const std::string name = membership_->node();
+  metrics_.push_back(r.AddCallback(
+      metrics::MetricType::kGauge, "sonde_cluster_partitions",
+      "Partitions this node applies, as their owner or as a standby.", {"node", "role"},
+      [this, name] {
+        const double owner = static_cast<double>(owned().size());
+        const double standby = static_cast<double>(standing_by().size());
+        return std::vector<metrics::Sample>{{{name, "owner"}, owner}, {{name, "standby"}, standby}};
+      }));
+  metrics_.push_back(r.AddCallback(
+      metrics::MetricType::kCounter, "sonde_cluster_entries_applied_total",
+      "Log entries this node applied (replays included).", {"node"}, [this, name] {
+        return std::vector<metrics::Sample>{{{name}, static_cast<double>(entries_applied())}};
+      }));
+  metrics_.push_back(r.AddCallback(
+      metrics::MetricType::kCounter, "sonde_cluster_takeovers_total",
+      "Partitions this node took over: with its copy caught up (a warm standby) or still "
+      "catching up (it replays while hellos wait).",
+      {"node", "copy"}, [this, name] {
+        return std::vector<metrics::Sample>{
+            {{name, "caught_up"}, static_cast<double>(takeovers(true))},
+            {{name, "catching_up"}, static_cast<double>(takeovers(false))}};
+      }));
+  metrics_.push_back(r.AddCallback(
+      metrics::MetricType::kGauge, "sonde_cluster_held_back_answers",
+      "Answers and actions a standby holds back until it owns their partition.", {"node"},
+      [this, name] {
+        double held = 0;
+        absl::MutexLock lock(&mu_);
+        for (const auto& [p, a] : applied_) held += static_cast<double>(a->held.load());
+        return std::vector<metrics::Sample>{{{name}, held}};
+      }));
+}
+
 ClusterNode::~ClusterNode() {
+  metrics_.clear();  // no scrape reads the node from here on
   {
     absl::MutexLock lock(&gate_->mu);  // waits for a gate call in progress
     gate_->node = nullptr;
@@ -290,8 +329,10 @@ void ClusterNode::PlacePartition(int p, const std::vector<std::string>& preferre
   if (!first || owner.has_value()) return;
   absl::StatusOr<std::optional<int64_t>> took = membership_->TryAcquire(p);
   if (!took.ok() || !took->has_value()) return;  // taken meanwhile, or etcd unreachable
+  const bool warm = a->caught_up.load();
+  (warm ? warm_takeovers_ : cold_takeovers_).fetch_add(1);
   LOG(INFO) << "node '" << me << "' owns partition " << p << " at epoch " << **took
-            << (a->caught_up.load() ? " (its copy had caught up)" : " (its copy is catching up)");
+            << (warm ? " (its copy had caught up)" : " (its copy is catching up)");
   absl::MutexLock lock(&a->mu);
   a->epoch = **took;
 }
@@ -434,6 +475,7 @@ void ClusterNode::HoldBack(Applied* a, Answer answer) {
     }
     a->aged.push_back(std::move(old));
   }
+  a->held = a->recent.size() + a->aged.size();
   // Now and then, forget what the owner has fired since (etcd says).
   if (absl::Now() - a->pruned < absl::Seconds(1)) return;
   a->pruned = absl::Now();
@@ -460,6 +502,7 @@ void ClusterNode::HoldBack(Applied* a, Answer answer) {
     if (!fired.ok() || !*fired) break;
     ++fired_before;
   }
+  a->held = a->recent.size() + a->aged.size();
   absl::MutexLock lock(&a->mu);
   // Only this thread removes webhooks, so the first ones are those checked.
   for (size_t i = 0; i < fired_before && !a->webhooks.empty(); ++i) a->webhooks.pop_front();
@@ -500,6 +543,7 @@ bool ClusterNode::TellHeldBack(Applied* a) {
     }
     webhooks.pop_front();
   }
+  a->held = a->recent.size() + a->aged.size();
   if (!webhooks.empty()) {
     // Fenced: keep them for whoever this node is next.
     absl::MutexLock lock(&a->mu);

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics/metrics.h"
 #include "server/cluster/applier.h"
 #include "server/cluster/etcd.h"
 #include "server/cluster/membership.h"
@@ -65,6 +66,11 @@ class ClusterNode {
   // Log entries applied since the node started, all partitions together
   // (a replay applies entries again).
   uint64_t entries_applied() const { return entries_applied_.load(); }
+  // Partitions this node took since it started: with its copy caught up
+  // (a warm takeover) or still catching up (it replays while it owns).
+  uint64_t takeovers(bool caught_up) const {
+    return caught_up ? warm_takeovers_.load() : cold_takeovers_.load();
+  }
   bool alive() const { return membership_->alive(); }
 
  private:
@@ -72,6 +78,7 @@ class ClusterNode {
   struct Answer;
   ClusterNode(PartitionLog* log, server::JobRegistry* registry, storage::Store* store,
               Options options, std::unique_ptr<Membership> membership);
+  void RegisterMetrics();
   void PlacementLoop();
   // One placement pass: apply the partitions that rank this node first or
   // among the next `standbys`; take those that rank it first and are free;
@@ -112,6 +119,11 @@ class ClusterNode {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int, std::unique_ptr<Applied>> applied_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> entries_applied_{0};
+  std::atomic<uint64_t> warm_takeovers_{0};
+  std::atomic<uint64_t> cold_takeovers_{0};
+  // sonde_cluster_* in metrics::Registry::Default(), labelled with the
+  // node's name (reset first when the node goes).
+  std::vector<metrics::Registration> metrics_;
   // The partition each job's entries came from (the webhook gate's
   // question), as the apply loops met them.
   absl::Mutex jobs_mu_;
