@@ -274,7 +274,18 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
   job->AssertHeld();
   SONDE_RETURN_IF_ERROR(CheckJoinable(job->info, hello));
   SONDE_ASSIGN_OR_RETURN(result.same_client, TakeWorkerLocked(*job, hello, stream));
-  SONDE_RETURN_IF_ERROR(store_->PutJob(CopyForWorker(job->info, hello.worker())));
+  if (absl::Status stored = store_->PutJob(CopyForWorker(job->info, hello.worker()));
+      !stored.ok()) {
+    // The hello fails, so its session never leaves: the registry must not
+    // keep the stream, which its owner may destroy at once.
+    const int32_t worker = hello.worker();
+    if (auto it = job->streams.find(worker); it != job->streams.end() && it->second == stream) {
+      job->streams.erase(it);
+      job->stream_client.erase(worker);
+      job->steps.Detach(worker, DeliverTo(*job));
+    }
+    return stored;
+  }
   result.ack.set_job_id(job->info.job_id());
   *result.ack.mutable_rules() = job->info.rules();
   for (const v1::RuleSpec& spec : job->info.rules()) {

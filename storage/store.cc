@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const Options& options) {
   // Finish deletions a crash interrupted (see MarkJobDeleted).
   auto purged = store->PurgeDeletedJobs();
   if (!purged.ok()) return purged.status();
+  SONDE_RETURN_IF_ERROR(store->SplitFormerRecords());
   return store;
 }
 
@@ -197,19 +198,34 @@ absl::Status Store::AddWorkerProgress(v1::JobInfo& info) {
 
 absl::StatusOr<v1::JobInfo> Store::ReadJobRecord(absl::string_view bytes) {
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo job, Parse<v1::JobInfo>(bytes, "job record"));
-  // A record stored before per-worker keys existed holds every worker's
-  // entries itself: store it again, split, so that later writes of single
-  // workers lose none of the others'.
-  const bool whole = !job.worker_last_step().empty() || !job.worker_client_id().empty() ||
-                     !job.workers().empty() || !job.ended_workers().empty();
   SONDE_RETURN_IF_ERROR(AddWorkerProgress(job));
-  if (!whole) return job;
-  rocksdb::WriteBatch batch;
-  PutJobRecord(batch, handles_[kJobs], job);
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync_writes;
-  SONDE_RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "splitting a job record"));
   return job;
+}
+
+absl::Status Store::SplitFormerRecords() {
+  // A record stored before per-worker keys existed holds every worker's
+  // entries itself: stored again, split, before anyone writes single
+  // workers (which would lose the others'). At open, so nothing else
+  // writes meanwhile.
+  std::vector<std::string> former;
+  SONDE_RETURN_IF_ERROR(ScanPrefix(
+      kJobs, JobInfoPrefix(), [&](absl::string_view, absl::string_view value) {
+        SONDE_ASSIGN_OR_RETURN(auto job, Parse<v1::JobInfo>(value, "job record"));
+        if (!job.worker_last_step().empty() || !job.worker_client_id().empty() ||
+            !job.workers().empty() || !job.ended_workers().empty()) {
+          former.emplace_back(value);
+        }
+        return absl::OkStatus();
+      }));
+  for (const std::string& bytes : former) {
+    SONDE_ASSIGN_OR_RETURN(v1::JobInfo job, ReadJobRecord(bytes));
+    rocksdb::WriteBatch batch;
+    PutJobRecord(batch, handles_[kJobs], job);
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync_writes;
+    SONDE_RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "splitting a job record"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::JobInfo> Store::CreateJob(const v1::JobInfo& info) {
@@ -257,7 +273,7 @@ absl::StatusOr<v1::JobInfo> Store::GetJob(absl::string_view name) {
 
 absl::StatusOr<std::vector<v1::JobInfo>> Store::ListJobs() {
   std::vector<v1::JobInfo> jobs;
-  std::vector<std::string> records;  // read first: reading one may write
+  std::vector<std::string> records;
   SONDE_RETURN_IF_ERROR(ScanPrefix(
       kJobs, JobInfoPrefix(), [&](absl::string_view, absl::string_view value) {
         records.emplace_back(value);

@@ -243,6 +243,8 @@ class Store {
   absl::Status AddWorkerProgress(v1::JobInfo& info);
   // Parses a stored job record and adds its workers' entries.
   absl::StatusOr<v1::JobInfo> ReadJobRecord(absl::string_view bytes);
+  // Stores records of the format before per-worker keys again, split.
+  absl::Status SplitFormerRecords();
   // Approximate bytes of one job's keys (files and memtables).
   absl::StatusOr<uint64_t> ApproximateJobBytes(uint64_t job_id);
 

@@ -326,16 +326,18 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
   // all along (node logs, kept across restarts), and the nodes tell so in
   // their metrics.
   int warm = 0, cold = 0;
+  std::string placements;  // what the nodes said of partitions, for a failure
   for (auto& n : nodes_) {
     std::ifstream in(n->log());
     for (std::string line; std::getline(in, line);) {
       if (line.find("(its copy had caught up)") != std::string::npos) ++warm;
       if (line.find("(its copy is catching up)") != std::string::npos) ++cold;
+      if (line.find("partition") != std::string::npos) placements += line + "\n";
     }
   }
   RecordProperty("warm_takeovers", warm);
   RecordProperty("cold_takeovers", cold);
-  EXPECT_GE(warm, 1) << "no standby took a partition over; logs in " << dir_.path();
+  EXPECT_GE(warm, 1) << "no standby took a partition over; the nodes said:\n" << placements;
   for (auto& n : nodes_) {
     testing::HttpReply metrics = testing::HttpGetWithin(n->metrics_address(), "/metrics", 5);
     EXPECT_EQ(metrics.status, 200) << n->metrics_address();

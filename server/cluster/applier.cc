@@ -118,21 +118,34 @@ void PartitionApplier::EndOthers(const StreamKey& key, Outcome& outcome) {
   // end as disconnected ones do. Nothing is kept for them: if it was only
   // cut off, its later entries start no session without a hello, and it
   // may never log again.
-  for (const auto& [gateway, seen] : gateway_seen_) {
-    if (log_now_micros_ - seen <= gateway_timeout_micros_) continue;
-    const absl::Status silent = absl::UnavailableError(absl::StrCat(
-        "gateway '", gateway, "' has logged nothing for ",
-        absl::FormatDuration(absl::Microseconds(log_now_micros_ - seen)),
-        ": its streams are taken for disconnected"));
+  for (auto g = gateway_seen_.begin(); g != gateway_seen_.end();) {
+    const auto& [gateway, seen] = *g;
+    if (log_now_micros_ - seen <= gateway_timeout_micros_) {
+      ++g;
+      continue;
+    }
     std::vector<StreamKey> of_gateway;
     for (auto it = streams_.lower_bound({gateway, 0});
          it != streams_.end() && it->first.first == gateway; ++it) {
       if (it->first != key) of_gateway.push_back(it->first);
     }
-    for (const StreamKey& k : of_gateway) {
-      outcome.others_ended.push_back({k.first, k.second, silent});
-      EndStream(k);
+    if (!of_gateway.empty()) {
+      const absl::Status silent = absl::UnavailableError(absl::StrCat(
+          "gateway '", gateway, "' has logged nothing for ",
+          absl::FormatDuration(absl::Microseconds(log_now_micros_ - seen)),
+          ": its streams are taken for disconnected"));
+      for (const StreamKey& k : of_gateway) {
+        outcome.others_ended.push_back({k.first, k.second, silent});
+        EndStream(k);
+      }
     }
+    // Forgotten once silent with nothing open (gateways of past rollouts),
+    // so entries do not get slower with every gateway ever seen; every
+    // replica forgets it at the same entry, and its later entries, if any,
+    // bring it back.
+    auto left = streams_.lower_bound({gateway, 0});
+    const bool open = left != streams_.end() && left->first.first == gateway;
+    g = open ? std::next(g) : gateway_seen_.erase(g);
   }
 }
 

@@ -524,5 +524,37 @@ TEST_F(ClusterTest, AJobKeepsItsPartitionWhenTheClusterIsGivenMore) {
   EXPECT_EQ(*moved, 0u);
 }
 
+// Jobs stored before the cluster recorded partitions in etcd get a record
+// from the node that holds them, where the hash over its partitions put
+// them, before the cluster can be given more partitions.
+TEST_F(ClusterTest, ANodeRecordsThePartitionsOfJobsFromBeforeTheDirectory) {
+  {
+    storage::Store::Options so;
+    so.path = dir_.Sub("node-a");
+    auto store = storage::Store::Open(so);
+    SONDE_ASSERT_OK(store);
+    for (const char* name : {"legacy", "kept"}) {
+      v1::JobInfo job;
+      job.set_job(name);
+      SONDE_ASSERT_OK((*store)->CreateJob(job));
+    }
+  }
+  auto etcd = EtcdClient(etcd_->endpoints());
+  // Recorded already (by a gateway, at a later hello): left as it is.
+  const std::string kept_at = absl::StrCat((JobPartition("kept", kPartitions) + 1) % kPartitions);
+  SONDE_ASSERT_OK(etcd->Put("/sonde/test/jobs/kept", kept_at));
+  auto node = StartNode("node-a");
+  std::optional<KeyValue> record;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto got = etcd->Get("/sonde/test/jobs/legacy");
+    if (got.ok()) record = *got;
+    return record.has_value();
+  }));
+  EXPECT_EQ(record->value, absl::StrCat(JobPartition("legacy", kPartitions)));
+  auto kept = etcd->Get("/sonde/test/jobs/kept");
+  SONDE_ASSERT_OK(kept);
+  EXPECT_EQ((*kept)->value, kept_at);
+}
+
 }  // namespace
 }  // namespace sonde::cluster

@@ -52,7 +52,9 @@ ABSL_FLAG(std::vector<std::string>, nats, {}, "NATS servers, nats://host:port,..
 ABSL_FLAG(std::string, cluster, "default",
           "the cluster's name ([a-z0-9-]+): its etcd prefix is /sonde/<cluster>, its "
           "JetStream streams SONDE_<CLUSTER>_P<p>, so clusters can share etcd and NATS");
-ABSL_FLAG(int, partitions, 16, "log partitions; fixed when the cluster is created");
+ABSL_FLAG(int, partitions, 16,
+          "log partitions, the same for every process; may grow (jobs keep theirs, "
+          "recorded in etcd), never shrink");
 ABSL_FLAG(int, replicas, 3, "copies of each log partition (JetStream replicas)");
 ABSL_FLAG(std::string, data_dir, "sonde-data", "the node's RocksDB directory");
 ABSL_FLAG(std::string, metrics_listen, "",

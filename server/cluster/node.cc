@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,8 +19,12 @@ namespace {
 // sending is still awaited when the standby takes over.
 constexpr int64_t kRetellMicros = 120'000'000;
 // At most this many answers, and as many webhooks, are held back per
-// partition; past it the oldest go (each action given up is logged).
+// partition; past it the oldest answers go, and new webhooks (each action
+// given up is logged).
 constexpr size_t kMaxHeldBack = 100'000;
+// A copy is caught up while it is at most this many entries behind the
+// log's last one (checked about once a second).
+constexpr uint64_t kCaughtUpLag = 100;
 
 std::string ActionKey(const std::string& prefix, const std::string& job, int32_t worker,
                       const v1::Action& a) {
@@ -57,8 +62,10 @@ struct ClusterNode::Applied {
   // The apply loop gave up (storage failing, or fenced): the next
   // placement pass drops the partition, so it can be taken again.
   std::atomic<bool> finished{false};
-  // The loop has met the end of the log since it started.
+  // The copy was at most kCaughtUpLag entries behind the log's end when
+  // last checked.
   std::atomic<bool> caught_up{false};
+  absl::Time lag_checked = absl::InfinitePast();  // apply thread only
   bool announced = false;  // placement thread only: CaughtUp said in etcd
   std::atomic<size_t> held{0};  // recent + aged, for the metrics
 
@@ -92,7 +99,7 @@ absl::StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(Etcd* etcd, Part
   SONDE_ASSIGN_OR_RETURN(std::unique_ptr<Membership> membership,
                          Membership::Join(etcd, options.membership));
   std::unique_ptr<ClusterNode> node(
-      new ClusterNode(log, registry, store, std::move(options), std::move(membership)));
+      new ClusterNode(etcd, log, registry, store, std::move(options), std::move(membership)));
   {
     absl::MutexLock lock(&node->gate_->mu);
     node->gate_->node = node.get();
@@ -106,14 +113,15 @@ absl::StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(Etcd* etcd, Part
   return node;
 }
 
-ClusterNode::ClusterNode(PartitionLog* log, server::JobRegistry* registry,
+ClusterNode::ClusterNode(Etcd* etcd, PartitionLog* log, server::JobRegistry* registry,
                          storage::Store* store, Options options,
                          std::unique_ptr<Membership> membership)
     : log_(log),
       registry_(registry),
       store_(store),
       options_(std::move(options)),
-      membership_(std::move(membership)) {}
+      membership_(std::move(membership)),
+      directory_(etcd, options_.membership.prefix, log->options().partitions) {}
 
 void ClusterNode::RegisterMetrics() {
   metrics::Registry& r = metrics::Registry::Default();
@@ -209,9 +217,11 @@ bool ClusterNode::MayPost(const std::string& job, const v1::Action& action) {
       // Standing by: posted when this node takes the partition, unless its
       // owner did meanwhile.
       if (a.webhooks.size() >= kMaxHeldBack) {
-        LOG(ERROR) << "partition " << p << ": webhook of " << a.webhooks.front().second.rule()
-                   << " held back too long; given up";
-        a.webhooks.pop_front();
+        // Only the apply thread removes held webhooks (HoldBack counts on it).
+        LOG(ERROR) << "partition " << p << ": " << kMaxHeldBack
+                   << " webhooks held back already; that of " << action.rule() << " at step "
+                   << action.step() << " is given up";
+        return false;
       }
       a.webhooks.emplace_back(job, action);
       return false;
@@ -227,14 +237,41 @@ bool ClusterNode::MayPost(const std::string& job, const v1::Action& action) {
 }
 
 void ClusterNode::PlacementLoop() {
+  bool recorded = false;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), options_.placement_interval)) return;
     }
+    if (!recorded) recorded = RecordFormerJobs();
     Place();
   }
+}
+
+bool ClusterNode::RecordFormerJobs() {
+  absl::StatusOr<std::map<std::string, int>> recorded = directory_.All();
+  absl::StatusOr<std::vector<v1::JobInfo>> jobs = store_->ListJobs();
+  if (!recorded.ok() || !jobs.ok()) {
+    LOG(WARNING) << "node '" << membership_->node() << "': former jobs not recorded yet: "
+                 << (recorded.ok() ? jobs.status() : recorded.status());
+    return false;
+  }
+  int added = 0;
+  for (const v1::JobInfo& job : *jobs) {
+    if (recorded->count(job.job()) > 0) continue;
+    absl::StatusOr<int> p = directory_.PartitionOf(job.job(), /*record=*/true);
+    if (!p.ok()) {
+      LOG(WARNING) << "job '" << job.job() << "': " << p.status();
+      return false;
+    }
+    ++added;
+  }
+  if (added > 0) {
+    LOG(INFO) << "node '" << membership_->node() << "': recorded the partitions of " << added
+              << " jobs from before the job directory";
+  }
+  return true;
 }
 
 void ClusterNode::Place() {
@@ -318,15 +355,31 @@ void ClusterNode::PlacePartition(int p, const std::vector<std::string>& preferre
     applied_[p] = std::move(applied);
     a->thread = std::thread([this, a] { ApplyLoop(a); });
   }
-  if (a->caught_up.load() && !a->announced) {
-    absl::Status s = membership_->SetCaughtUp(p, true);
+  if (a->caught_up.load() != a->announced) {
+    // Said while the copy is near the log's end; withdrawn if it falls
+    // behind, so a hand-over never lands on a lagging copy.
+    absl::Status s = membership_->SetCaughtUp(p, !a->announced);
     if (s.ok()) {
-      a->announced = true;
+      a->announced = !a->announced;
     } else {
       LOG(WARNING) << "partition " << p << ": " << s;
     }
   }
-  if (!first || owner.has_value()) return;
+  if (owner.has_value()) return;
+  // Free (its owner died). The best-ranked node whose copy has caught up
+  // takes it, so hellos do not wait on a replay: a restarted first choice
+  // lets a caught-up standby own it until it has caught up itself (then
+  // the standby hands it back). With no copy caught up, the first choice.
+  const bool caught_up = a->caught_up.load();
+  if (!first && !caught_up) return;
+  const int last = first && !caught_up ? std::min<int>(options_.standbys,
+                                                       static_cast<int>(preferred.size()) - 1)
+                                       : rank - 1;
+  for (int r = first ? 1 : 0; r <= last; ++r) {
+    if (r == rank) continue;
+    absl::StatusOr<bool> ready = membership_->CaughtUp(p, preferred[r]);
+    if (!ready.ok() || *ready) return;  // theirs (or etcd is unreachable)
+  }
   absl::StatusOr<std::optional<int64_t>> took = membership_->TryAcquire(p);
   if (!took.ok() || !took->has_value()) return;  // taken meanwhile, or etcd unreachable
   const bool warm = a->caught_up.load();
@@ -393,10 +446,14 @@ void ClusterNode::ApplyLoop(Applied* a) {
       if (again.ok()) reader = std::move(again);
       continue;
     }
-    if (!next->has_value()) {
-      a->caught_up = true;
-      continue;
+    if (absl::Now() - a->lag_checked >= absl::Seconds(1)) {
+      // Caught up by the log's own count, not by a quiet moment (a leader
+      // election pauses the reader too).
+      a->lag_checked = absl::Now();
+      absl::StatusOr<uint64_t> last = log_->LastSequence(p);
+      if (last.ok()) a->caught_up = *last < next_sequence + kCaughtUpLag;
     }
+    if (!next->has_value()) continue;
     const PartitionLog::Entry& e = **next;
     next_sequence = e.sequence + 1;
     v1::LogEntry entry;
@@ -480,32 +537,40 @@ void ClusterNode::HoldBack(Applied* a, Answer answer) {
   if (absl::Now() - a->pruned < absl::Seconds(1)) return;
   a->pruned = absl::Now();
   const std::string& prefix = options_.membership.prefix;
-  for (int checked = 0; checked < 16 && !a->aged.empty(); ++checked) {
-    const Answer& old = a->aged.front();
+  // The oldest few, each on its own: one the owner never fired must not
+  // keep the others.
+  for (size_t i = 0, checked = 0; i < a->aged.size() && checked < 16; ++checked) {
+    const Answer& old = a->aged[i];
     bool all = true;
     for (const v1::ServerMessage& r : old.outcome.replies) {
       absl::StatusOr<bool> fired =
           membership_->Fired(ActionKey(prefix, old.outcome.job, old.outcome.worker, r.action()));
       all = all && fired.ok() && *fired;
     }
-    if (!all) break;
-    a->aged.pop_front();
+    if (all) {
+      a->aged.erase(a->aged.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
   }
   std::vector<std::pair<std::string, v1::Action>> front;
   {
     absl::MutexLock lock(&a->mu);
     for (size_t i = 0; i < a->webhooks.size() && i < 16; ++i) front.push_back(a->webhooks[i]);
   }
-  size_t fired_before = 0;
-  for (const auto& [job, action] : front) {
-    absl::StatusOr<bool> fired = membership_->Fired(WebhookKey(prefix, job, action));
-    if (!fired.ok() || !*fired) break;
-    ++fired_before;
+  std::vector<size_t> fired_before;
+  for (size_t i = 0; i < front.size(); ++i) {
+    absl::StatusOr<bool> fired =
+        membership_->Fired(WebhookKey(prefix, front[i].first, front[i].second));
+    if (fired.ok() && *fired) fired_before.push_back(i);
   }
   a->held = a->recent.size() + a->aged.size();
   absl::MutexLock lock(&a->mu);
-  // Only this thread removes webhooks, so the first ones are those checked.
-  for (size_t i = 0; i < fired_before && !a->webhooks.empty(); ++i) a->webhooks.pop_front();
+  // Only this thread removes webhooks (others append), so the first ones
+  // are still those checked.
+  for (auto it = fired_before.rbegin(); it != fired_before.rend(); ++it) {
+    a->webhooks.erase(a->webhooks.begin() + static_cast<std::ptrdiff_t>(*it));
+  }
 }
 
 bool ClusterNode::TellHeldBack(Applied* a) {

@@ -32,6 +32,7 @@
 #include "common/metrics/metrics.h"
 #include "server/cluster/applier.h"
 #include "server/cluster/etcd.h"
+#include "server/cluster/job_directory.h"
 #include "server/cluster/membership.h"
 #include "server/cluster/partition_log.h"
 #include "server/ingest_limits.h"
@@ -76,10 +77,14 @@ class ClusterNode {
  private:
   struct Applied;
   struct Answer;
-  ClusterNode(PartitionLog* log, server::JobRegistry* registry, storage::Store* store,
-              Options options, std::unique_ptr<Membership> membership);
+  ClusterNode(Etcd* etcd, PartitionLog* log, server::JobRegistry* registry,
+              storage::Store* store, Options options, std::unique_ptr<Membership> membership);
   void RegisterMetrics();
   void PlacementLoop();
+  // Records in the JobDirectory the jobs of this node's store that have no
+  // record (those from before there was one) where the hash over this
+  // node's partitions puts them. True once done.
+  bool RecordFormerJobs();
   // One placement pass: apply the partitions that rank this node first or
   // among the next `standbys`; take those that rank it first and are free;
   // hand over those that rank another node first once it has caught up.
@@ -114,6 +119,7 @@ class ClusterNode {
   storage::Store* const store_;
   const Options options_;
   std::unique_ptr<Membership> membership_;
+  JobDirectory directory_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
