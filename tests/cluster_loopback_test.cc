@@ -139,7 +139,7 @@ class ClusterLoopbackTest : public ::testing::Test {
           std::make_unique<SondeProcess>(args, dir_.Sub(absl::StrCat("gw-", i, ".log"))));
     }
     for (auto& p : nodes_) p->Start(/*metrics=*/true);
-    for (auto& p : gateways_) p->Start();
+    for (auto& p : gateways_) p->Start(/*metrics=*/true);
     cluster::Etcd::Options eo;
     eo.endpoints = etcd_->endpoints();
     eo.tls_ca_file = certs_("ca.pem");
@@ -343,6 +343,12 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
     EXPECT_EQ(metrics.status, 200) << n->metrics_address();
     EXPECT_NE(metrics.body.find("sonde_cluster_takeovers_total{"), std::string::npos);
     EXPECT_NE(metrics.body.find("sonde_cluster_partitions{"), std::string::npos);
+  }
+  for (auto& g : gateways_) {
+    testing::HttpReply metrics = testing::HttpGetWithin(g->metrics_address(), "/metrics", 5);
+    EXPECT_EQ(metrics.status, 200) << g->metrics_address();
+    EXPECT_NE(metrics.body.find("sonde_gateway_entries_appended_total"), std::string::npos);
+    EXPECT_NE(metrics.body.find("sonde_gateway_hello_latency_seconds_bucket"), std::string::npos);
   }
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
+#include "common/metrics/metrics.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/access.h"
@@ -210,19 +211,75 @@ void Gateway::OnOutcome(absl::string_view bytes) {
   box->outcomes.push_back(std::move(outcome));
 }
 
+namespace {
+
+// What a gateway does, for operators (metrics::Registry::Default(), served
+// by sonde-cluster --role=gateway --metrics_listen).
+struct GatewayMetrics {
+  metrics::Gauge* streams;
+  metrics::Counter* appended;
+  metrics::Counter* append_bytes;
+  metrics::Counter* append_retries;
+  metrics::Counter* append_failures;
+  metrics::Histogram* append_latency;
+  metrics::Histogram* hello_latency;
+  metrics::Counter* hellos_unanswered;
+
+  GatewayMetrics() {
+    metrics::Registry& r = metrics::Registry::Default();
+    streams = r.AddGauge("sonde_gateway_streams", "Client streams open on this gateway.");
+    appended = r.AddCounter("sonde_gateway_entries_appended_total",
+                            "Log entries the log acknowledged (replicated).");
+    append_bytes = r.AddCounter("sonde_gateway_appended_bytes_total",
+                                "Bytes of the log entries acknowledged.");
+    append_retries = r.AddCounter(
+        "sonde_gateway_append_retries_total",
+        "Appends tried again with the same id (a log server down, a leader election).");
+    append_failures = r.AddCounter(
+        "sonde_gateway_append_failures_total",
+        "Appends given up after append_timeout: their streams ended with UNAVAILABLE and the "
+        "clients resend.");
+    append_latency = r.AddHistogram("sonde_gateway_append_latency_seconds",
+                                    "From the first try of an append to the log's ack.",
+                                    metrics::LatencyBuckets());
+    hello_latency = r.AddHistogram(
+        "sonde_gateway_hello_latency_seconds",
+        "From logging a hello to the owner node's answer: long while a partition fails over.",
+        metrics::LatencyBuckets());
+    hellos_unanswered = r.AddCounter(
+        "sonde_gateway_hellos_unanswered_total",
+        "Hellos no owner answered within hello_timeout (the client reconnects).");
+  }
+};
+
+const GatewayMetrics& Metrics() {
+  static const GatewayMetrics* const m = new GatewayMetrics();
+  return *m;
+}
+
+}  // namespace
+
 absl::StatusOr<uint64_t> Gateway::AppendEntry(int partition, const v1::LogEntry& entry) {
   const std::string id =
       absl::StrCat(options_.name, "/", entry.connection(), "/",
                    entry.messages_size() > 0 ? entry.messages(0).seq() : 0, entry.closed() ? "c" : "");
   const std::string bytes = entry.SerializeAsString();
-  const absl::Time deadline = absl::Now() + options_.append_timeout;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.append_timeout;
   absl::Duration pause = absl::Milliseconds(20);
   while (true) {
     absl::StatusOr<PartitionLog::Appended> appended = log_->Append(partition, id, bytes);
-    if (appended.ok()) return appended->sequence;
+    if (appended.ok()) {
+      Metrics().appended->Increment();
+      Metrics().append_bytes->Increment(bytes.size());
+      Metrics().append_latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+      return appended->sequence;
+    }
     if (absl::IsInvalidArgument(appended.status()) || absl::Now() + pause > deadline) {
+      Metrics().append_failures->Increment();
       return appended.status();
     }
+    Metrics().append_retries->Increment();
     absl::SleepFor(pause);  // a log server down, or a leader election
     pause = std::min(pause * 2, absl::Milliseconds(500));
   }
@@ -269,6 +326,10 @@ grpc::Status Gateway::Stream(
     absl::MutexLock lock(&mu_);
     mailboxes_[connection] = box;
   }
+  Metrics().streams->Increment();
+  struct Closed {
+    ~Closed() { Metrics().streams->Decrement(); }
+  } closed;
   absl::Mutex write_mu;
   auto write = [&](const v1::ServerMessage& m) {
     absl::MutexLock lock(&write_mu);
@@ -339,7 +400,13 @@ grpc::Status Gateway::Stream(
     // finish logs lets the node end the session it may have opened.
     return finish(ToGrpcStatus(hello_at.status()));
   }
+  const absl::Time hello_logged = absl::Now();
   std::optional<v1::EntryOutcome> answer = box->WaitFor(*hello_at, options_.hello_timeout);
+  if (answer.has_value()) {
+    Metrics().hello_latency->Observe(absl::ToDoubleSeconds(absl::Now() - hello_logged));
+  } else {
+    Metrics().hellos_unanswered->Increment();
+  }
   if (!answer.has_value()) {
     return finish(grpc::Status(
         grpc::StatusCode::UNAVAILABLE,

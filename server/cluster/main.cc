@@ -23,6 +23,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
+#include "common/http/http_server.h"
+#include "common/metrics/metrics.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "rules/rule_config.h"
@@ -58,8 +60,8 @@ ABSL_FLAG(int, partitions, 16,
 ABSL_FLAG(int, replicas, 3, "copies of each log partition (JetStream replicas)");
 ABSL_FLAG(std::string, data_dir, "sonde-data", "the node's RocksDB directory");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "a node's HTTP endpoint for operators (/metrics, /healthz, /readyz), e.g. "
-          "0.0.0.0:9464; empty: none");
+          "HTTP endpoint for operators, e.g. 0.0.0.0:9464 (/metrics and /healthz; a node "
+          "also /readyz); empty: none");
 ABSL_FLAG(int, standbys, 1,
           "nodes that apply each partition beside its owner, ready to take it over "
           "without a replay (each costs the owner's CPU and disk again)");
@@ -291,6 +293,33 @@ int RunGateway(const sigset_t& stop) {
   if (server == nullptr || port == 0) {
     std::cerr << "sonde-cluster: cannot listen on '" << listen << "'" << std::endl;
     return 1;
+  }
+  // For operators: the gateway's metrics (sonde_gateway_*, and the gRPC
+  // and process ones every Sonde process has), and liveness.
+  std::unique_ptr<sonde::http::HttpServer> operator_http;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    sonde::http::HttpServerOptions ho;
+    ho.listen = absl::GetFlag(FLAGS_metrics_listen);
+    std::map<std::string, sonde::http::HttpRoute> routes;
+    routes["/metrics"].handler = [](const sonde::http::HttpRequest&) {
+      sonde::http::HttpResponse r;
+      const sonde::metrics::Registry* registries[] = {&sonde::metrics::Registry::Default()};
+      r.body = sonde::metrics::RenderText(registries);
+      r.content_type = sonde::metrics::kTextContentType;
+      return r;
+    };
+    routes["/healthz"].handler = [](const sonde::http::HttpRequest&) {
+      sonde::http::HttpResponse r;
+      r.body = "ok\n";
+      return r;
+    };
+    auto started = sonde::http::HttpServer::Start(ho, std::move(routes));
+    if (!started.ok()) {
+      std::cerr << "sonde-cluster: --metrics_listen: " << started.status() << std::endl;
+      return 1;
+    }
+    operator_http = std::move(*started);
+    LOG(INFO) << "gateway metrics on http://" << operator_http->address() << "/metrics";
   }
   std::cout << listen.substr(0, listen.rfind(':')) << ":" << port << std::endl;
   int sig = 0;
