@@ -68,7 +68,8 @@ std::unique_ptr<Etcd> EtcdClient(const std::vector<std::string>& endpoints) {
 class TestNode {
  public:
   TestNode(const std::string& name, const std::string& db, const std::vector<std::string>& etcd,
-           const std::vector<std::string>& nats, int partitions = kPartitions) {
+           const std::vector<std::string>& nats, int partitions = kPartitions,
+           int standbys = 1) {
     server::CollectorOptions co;
     co.listen = "127.0.0.1:0";
     co.data_dir = db;
@@ -88,6 +89,7 @@ class TestNode {
     o.membership.lease_ttl = absl::Seconds(2);
     o.placement_interval = absl::Milliseconds(200);
     o.limits = co.limits;
+    o.standbys = standbys;
     auto node = ClusterNode::Start(etcd_.get(), log_.get(), collector_->registry(),
                                    collector_->store(), o);
     EXPECT_TRUE(node.ok()) << node.status();
@@ -232,9 +234,10 @@ class ClusterTest : public ::testing::Test {
     SONDE_ASSERT_OK(nats_->Start());
   }
 
-  std::unique_ptr<TestNode> StartNode(const std::string& name, int partitions = kPartitions) {
+  std::unique_ptr<TestNode> StartNode(const std::string& name, int partitions = kPartitions,
+                                      int standbys = 1) {
     return std::make_unique<TestNode>(name, dir_.Sub(name), etcd_->endpoints(), nats_->urls(),
-                                      partitions);
+                                      partitions, standbys);
   }
 
   testing::TempDir dir_;
@@ -554,6 +557,44 @@ TEST_F(ClusterTest, ANodeRecordsThePartitionsOfJobsFromBeforeTheDirectory) {
   auto kept = etcd->Get("/sonde/test/jobs/kept");
   SONDE_ASSERT_OK(kept);
   EXPECT_EQ((*kept)->value, kept_at);
+}
+
+// Without standbys, a node that takes a partition over replays its whole
+// log into its own store: every step of the job, stored once, and the job
+// goes on through it.
+TEST_F(ClusterTest, WithoutAStandbyTheNewOwnerReplaysTheWholeLog) {
+  std::string job;  // on a partition that ranks node-a first
+  for (int i = 0; job.empty(); ++i) {
+    const std::string name = absl::StrCat("replayed-", i);
+    if (PreferredNodes(JobPartition(name, kPartitions), {"node-a", "node-b"})[0] == "node-a") {
+      job = name;
+    }
+  }
+  auto a = StartNode("node-a", kPartitions, /*standbys=*/0);
+  ASSERT_TRUE(WaitUntil([&] { return a->node().owned().size() == kPartitions; }));
+  TestGateway gateway(nats_->urls(), etcd_->endpoints());
+  auto hook = Client(gateway.address(), job);
+  ASSERT_NE(hook, nullptr);
+  Train(*hook, 0, 300);
+  SONDE_ASSERT_OK(hook->Flush(absl::Seconds(60)));
+  auto b = StartNode("node-b", kPartitions, /*standbys=*/0);
+  // node-b takes the partitions that rank it first, and stands by for none.
+  ASSERT_TRUE(WaitUntil([&] {
+    return a->node().owned().size() + b->node().owned().size() == kPartitions &&
+           !b->node().owned().empty();
+  }));
+  EXPECT_TRUE(b->node().standing_by().empty());
+  a->Stop();  // node-b takes node-a's partitions with no copy of them
+  ASSERT_TRUE(WaitUntil([&] { return b->node().owned().size() == kPartitions; }));
+  Train(*hook, 300, 320);
+  SONDE_ASSERT_OK(hook->Close());
+  EXPECT_EQ(hook->counters().steps_dropped, 0u);
+  ASSERT_TRUE(WaitUntil([&] { return Finished(b->store(), job); }, absl::Seconds(60)));
+  EXPECT_EQ(StoredSteps(b->store(), job), Range(320));
+  EXPECT_GE(b->node().takeovers(/*caught_up=*/false), 1u);
+  auto info = b->store().GetJob(job);
+  SONDE_ASSERT_OK(info);
+  EXPECT_EQ(info->steps_dropped(), 0u);
 }
 
 }  // namespace
