@@ -30,6 +30,7 @@
 #include "tests/testing/nats_cluster.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/unused_port.h"
 #include "tests/testing/wait.h"
 
 namespace sonde::cluster {
@@ -595,6 +596,59 @@ TEST_F(ClusterTest, WithoutAStandbyTheNewOwnerReplaysTheWholeLog) {
   auto info = b->store().GetJob(job);
   SONDE_ASSERT_OK(info);
   EXPECT_EQ(info->steps_dropped(), 0u);
+}
+
+// While a partition's owner cannot be reached (dead, its lease not expired
+// yet), reads of its jobs are answered by a copy that has caught up.
+TEST_F(ClusterTest, ReadsGoToACaughtUpCopyWhileTheOwnerCannotBeReached) {
+  const std::string job = "read-on";
+  const int p = JobPartition(job, kPartitions);
+  std::string owner_name;
+  for (int i = 0; owner_name.empty(); ++i) {
+    const std::string name = absl::StrCat("hung-", i);
+    if (PreferredNodes(p, {name, "node-b"})[0] == name) owner_name = name;
+  }
+  auto etcd = EtcdClient(etcd_->endpoints());
+  Membership::Options mo;
+  mo.prefix = "/sonde/test";
+  mo.node = owner_name;
+  mo.address = absl::StrCat("127.0.0.1:", testing::UnusedLoopbackPort());  // nothing listens
+  auto owner = Membership::Join(etcd.get(), mo);
+  SONDE_ASSERT_OK(owner);
+  auto epoch = (*owner)->TryAcquire(p);
+  SONDE_ASSERT_OK(epoch);
+  ASSERT_TRUE(epoch->has_value());
+  auto b = StartNode("node-b");
+  std::unique_ptr<PartitionLog> log = OpenLog(nats_->urls());
+  testing::LoggedStream w("gw-x", 1);
+  int appended = 0;
+  for (const v1::LogEntry& e : {w.Hello(job, 0, 1, 5), w.Step(0, std::vector<float>(10, 1.0f)),
+                                w.Step(1, std::vector<float>(10, 2.0f))}) {
+    SONDE_ASSERT_OK(log->Append(p, absl::StrCat("e", ++appended), e.SerializeAsString()));
+  }
+  // node-b's copy has caught up (and says so in etcd).
+  ASSERT_TRUE(WaitUntil([&] {
+    auto said = etcd->Get(absl::StrCat("/sonde/test/caught_up/", p, "/node-b"));
+    return said.ok() && said->has_value() && StoredSteps(b->store(), job).size() == 2;
+  }));
+  TestGateway gateway(nats_->urls(), etcd_->endpoints());
+  auto q = QueryClient::Connect(gateway.address());
+  auto info = q->GetJob(job);
+  SONDE_ASSERT_OK(info);
+  EXPECT_EQ(info->job(), job);
+  auto steps = q->ListSteps(job);
+  SONDE_ASSERT_OK(steps);
+  EXPECT_EQ(steps->size(), 2u);
+  auto value = q->ReadTensor(job, "fc.weight", 1);  // streamed
+  SONDE_ASSERT_OK(value);
+  ASSERT_EQ(value->bytes.size(), 10 * sizeof(float));
+  float first = 0;
+  std::memcpy(&first, value->bytes.data(), sizeof(float));
+  EXPECT_EQ(first, 2.0f);
+  auto listed = q->ListJobs();
+  SONDE_ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ(listed->at(0).job(), job);
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
 #include "server/cluster/query_front.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/cluster.pb.h"
 #include "server/access.h"
@@ -43,86 +46,151 @@ v1::Query::Stub* QueryFront::StubFor(const std::string& address) {
   return stub.get();
 }
 
-absl::StatusOr<v1::Query::Stub*> QueryFront::OwnerOf(const std::string& job) {
+namespace {
+
+// The partition number after `prefix` in `key`, and what follows it.
+bool PartitionOfKey(const std::string& key, size_t prefix, int* partition, std::string* rest) {
+  const size_t slash = key.find('/', prefix);
+  const std::string number =
+      key.substr(prefix, slash == std::string::npos ? std::string::npos : slash - prefix);
+  if (!absl::SimpleAtoi(number, partition)) return false;
+  if (rest != nullptr) *rest = slash == std::string::npos ? "" : key.substr(slash + 1);
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<QueryFront::Readers> QueryFront::ReadersOfAll() {
+  absl::StatusOr<std::vector<KeyValue>> owners = etcd_->List(options_.prefix + "/owners/");
+  absl::StatusOr<std::vector<KeyValue>> nodes = etcd_->List(options_.prefix + "/nodes/");
+  absl::StatusOr<std::vector<KeyValue>> copies = etcd_->List(options_.prefix + "/caught_up/");
+  if (!owners.ok()) return owners.status();
+  if (!nodes.ok()) return nodes.status();
+  if (!copies.ok()) return copies.status();
+  Readers readers;
+  const size_t nodes_skip = options_.prefix.size() + std::string("/nodes/").size();
+  for (const KeyValue& kv : *nodes) readers.address[kv.key.substr(nodes_skip)] = kv.value;
+  const size_t owners_skip = options_.prefix.size() + std::string("/owners/").size();
+  for (const KeyValue& kv : *owners) {
+    int p = -1;
+    if (!PartitionOfKey(kv.key, owners_skip, &p, nullptr)) continue;
+    if (readers.address.count(kv.value) > 0) readers.of[p].insert(readers.of[p].begin(), kv.value);
+  }
+  const size_t copies_skip = options_.prefix.size() + std::string("/caught_up/").size();
+  for (const KeyValue& kv : *copies) {
+    int p = -1;
+    std::string node;
+    if (!PartitionOfKey(kv.key, copies_skip, &p, &node)) continue;
+    std::vector<std::string>& of = readers.of[p];
+    if (readers.address.count(node) > 0 && std::find(of.begin(), of.end(), node) == of.end()) {
+      of.push_back(node);
+    }
+  }
+  return readers;
+}
+
+absl::StatusOr<std::vector<v1::Query::Stub*>> QueryFront::ReadersOf(const std::string& job) {
   absl::StatusOr<int> partition = directory_.PartitionOf(job, /*record=*/false);
   if (!partition.ok()) return partition.status();
-  const int p = *partition;
-  absl::StatusOr<std::optional<KeyValue>> owner =
-      etcd_->Get(absl::StrCat(options_.prefix, "/owners/", p));
-  if (!owner.ok()) return owner.status();
-  if (!owner->has_value()) {
-    return absl::UnavailableError(absl::StrCat("job '", job, "': partition ", p,
-                                               " has no owner just now (a failover); retry"));
+  SONDE_ASSIGN_OR_RETURN(Readers readers, ReadersOfAll());
+  std::vector<v1::Query::Stub*> stubs;
+  for (const std::string& node : readers.of[*partition]) {
+    stubs.push_back(StubFor(readers.address[node]));
   }
-  absl::StatusOr<std::optional<KeyValue>> node =
-      etcd_->Get(absl::StrCat(options_.prefix, "/nodes/", (*owner)->value));
-  if (!node.ok()) return node.status();
-  if (!node->has_value()) {
-    return absl::UnavailableError(absl::StrCat("job '", job, "': the owner of partition ", p,
-                                               ", '", (*owner)->value, "', has just left"));
+  if (stubs.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "job '", job, "': partition ", *partition,
+        " has no owner and no caught-up copy just now (a failover); retry"));
   }
-  return StubFor((*node)->value);
+  return stubs;
 }
 
 template <typename Request, typename Response, typename Method>
 grpc::Status QueryFront::Unary(grpc::ServerContext* context, const std::string& job,
                                const Request& request, Response* response, Method method) {
-  absl::StatusOr<v1::Query::Stub*> stub = OwnerOf(job);
-  if (!stub.ok()) return ToGrpcStatus(stub.status());
-  std::unique_ptr<grpc::ClientContext> onward = Onward(context);
-  return ((*stub)->*method)(onward.get(), request, response);
+  absl::StatusOr<std::vector<v1::Query::Stub*>> stubs = ReadersOf(job);
+  if (!stubs.ok()) return ToGrpcStatus(stubs.status());
+  grpc::Status s;
+  for (v1::Query::Stub* stub : *stubs) {
+    // The owner first; a caught-up copy while the owner cannot be reached.
+    std::unique_ptr<grpc::ClientContext> onward = Onward(context);
+    s = (stub->*method)(onward.get(), request, response);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || context->IsCancelled()) return s;
+  }
+  return s;
 }
 
 template <typename Request, typename Item, typename Method>
 grpc::Status QueryFront::Streamed(grpc::ServerContext* context, const std::string& job,
                                   const Request& request, grpc::ServerWriter<Item>* writer,
                                   Method method) {
-  absl::StatusOr<v1::Query::Stub*> stub = OwnerOf(job);
-  if (!stub.ok()) return ToGrpcStatus(stub.status());
-  std::unique_ptr<grpc::ClientContext> onward = Onward(context);
-  std::unique_ptr<grpc::ClientReader<Item>> reader = ((*stub)->*method)(onward.get(), request);
-  Item item;
-  while (reader->Read(&item)) {
-    if (!writer->Write(item)) {  // the caller went away
-      onward->TryCancel();
-      break;
+  absl::StatusOr<std::vector<v1::Query::Stub*>> stubs = ReadersOf(job);
+  if (!stubs.ok()) return ToGrpcStatus(stubs.status());
+  grpc::Status s;
+  for (v1::Query::Stub* stub : *stubs) {
+    std::unique_ptr<grpc::ClientContext> onward = Onward(context);
+    std::unique_ptr<grpc::ClientReader<Item>> reader = (stub->*method)(onward.get(), request);
+    Item item;
+    bool wrote = false;
+    while (reader->Read(&item)) {
+      wrote = true;
+      if (!writer->Write(item)) {  // the caller went away
+        onward->TryCancel();
+        break;
+      }
+    }
+    s = reader->Finish();
+    // Another node only if this one could not be reached at all.
+    if (wrote || s.error_code() != grpc::StatusCode::UNAVAILABLE || context->IsCancelled()) {
+      return s;
     }
   }
-  return reader->Finish();
+  return s;
 }
 
 grpc::Status QueryFront::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
-  // Each job from its partition's owner: other nodes may hold old copies.
-  absl::StatusOr<std::vector<KeyValue>> owners = etcd_->List(options_.prefix + "/owners/");
-  absl::StatusOr<std::vector<KeyValue>> nodes = etcd_->List(options_.prefix + "/nodes/");
+  // Each job from one node: its partition's owner, or while the owner
+  // cannot be reached a caught-up copy. Other nodes may hold old copies.
+  absl::StatusOr<Readers> readers = ReadersOfAll();
   absl::StatusOr<std::map<std::string, int>> recorded = directory_.All();
-  if (!owners.ok()) return ToGrpcStatus(owners.status());
-  if (!nodes.ok()) return ToGrpcStatus(nodes.status());
+  if (!readers.ok()) return ToGrpcStatus(readers.status());
   if (!recorded.ok()) return ToGrpcStatus(recorded.status());
-  std::map<int, std::string> owner_of;  // partition -> node name
-  const size_t owners_skip = options_.prefix.size() + std::string("/owners/").size();
-  for (const KeyValue& kv : *owners) {
-    owner_of[std::atoi(kv.key.substr(owners_skip).c_str())] = kv.value;
-  }
-  const size_t nodes_skip = options_.prefix.size() + std::string("/nodes/").size();
-  for (const KeyValue& kv : *nodes) {
-    const std::string name = kv.key.substr(nodes_skip);
-    bool owns_any = false;
-    for (const auto& [p, n] : owner_of) owns_any = owns_any || n == name;
-    if (!owns_any) continue;
-    std::unique_ptr<grpc::ClientContext> onward = Onward(context);
-    v1::ListJobsResponse part;
-    grpc::Status s = StubFor(kv.value)->ListJobs(onward.get(), *request, &part);
-    if (!s.ok()) {
-      return grpc::Status(s.error_code(),
-                          absl::StrCat("node '", name, "' (", kv.value, "): ", s.error_message()));
+  std::set<std::string> unreachable;
+  std::map<std::string, v1::ListJobsResponse> listed;  // by node
+  auto answerer = [&](int p) -> std::string {
+    for (const std::string& node : readers->of[p]) {
+      if (unreachable.count(node) == 0) return node;
     }
+    return "";
+  };
+  while (true) {
+    bool failed = false;
+    for (int p = 0; p < options_.partitions; ++p) {
+      const std::string node = answerer(p);
+      if (node.empty() || listed.count(node) > 0) continue;
+      std::unique_ptr<grpc::ClientContext> onward = Onward(context);
+      v1::ListJobsResponse part;
+      grpc::Status s = StubFor(readers->address[node])->ListJobs(onward.get(), *request, &part);
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE && !context->IsCancelled()) {
+        unreachable.insert(node);
+        failed = true;
+        continue;
+      }
+      if (!s.ok()) {
+        return grpc::Status(s.error_code(), absl::StrCat("node '", node, "' (",
+                                                         readers->address[node],
+                                                         "): ", s.error_message()));
+      }
+      listed[node] = std::move(part);
+    }
+    if (!failed) break;  // every partition's answerer has answered (or there is none)
+  }
+  for (auto& [node, part] : listed) {
     for (v1::JobInfo& job : *part.mutable_jobs()) {
       auto at = recorded->find(job.job());
-      auto owner = owner_of.find(at != recorded->end() ? at->second
-                                                      : JobPartition(job.job(), options_.partitions));
-      if (owner != owner_of.end() && owner->second == name) *response->add_jobs() = std::move(job);
+      const int p = at != recorded->end() ? at->second : JobPartition(job.job(), options_.partitions);
+      if (answerer(p) == node) *response->add_jobs() = std::move(job);
     }
   }
   return grpc::Status::OK;

@@ -84,7 +84,16 @@ class QueryFront final : public v1::Query::Service {
  private:
   // The stub of the node owning `job`'s partition now; UNAVAILABLE while
   // the partition has no owner (a failover in progress).
-  absl::StatusOr<v1::Query::Stub*> OwnerOf(const std::string& job);
+  // Who can answer reads, per partition: its owner first (if live), then
+  // the live nodes whose copy has caught up (docs/cluster.md); and each
+  // live node's address.
+  struct Readers {
+    std::map<int, std::vector<std::string>> of;
+    std::map<std::string, std::string> address;
+  };
+  absl::StatusOr<Readers> ReadersOfAll();
+  // Stubs of `job`'s readers, in that order; UNAVAILABLE when none.
+  absl::StatusOr<std::vector<v1::Query::Stub*>> ReadersOf(const std::string& job);
   v1::Query::Stub* StubFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   template <typename Request, typename Response, typename Method>
