@@ -283,6 +283,11 @@ absl::StatusOr<JoinResult> JobRegistry::Join(const v1::Hello& hello, StreamHandl
       job->streams.erase(it);
       job->stream_client.erase(worker);
       job->steps.Detach(worker, DeliverTo(*job));
+      if (job->streams.empty() && job->info.status() == v1::JOB_STATUS_RUNNING) {
+        // As a stream that left: ended by the worker timeout if none comes.
+        job->disconnected_since = absl::Now();
+        job->info.set_status(v1::JOB_STATUS_DISCONNECTED);
+      }
     }
     return stored;
   }

@@ -56,6 +56,54 @@ struct Gateway::Mailbox {
   }
 };
 
+namespace {
+
+// What a gateway does, for operators (metrics::Registry::Default(), served
+// by sonde-cluster --role=gateway --metrics_listen).
+struct GatewayMetrics {
+  metrics::Gauge* streams;
+  metrics::Counter* appended;
+  metrics::Counter* append_bytes;
+  metrics::Counter* append_retries;
+  metrics::Counter* append_failures;
+  metrics::Histogram* append_latency;
+  metrics::Histogram* hello_latency;
+  metrics::Counter* hellos_unanswered;
+
+  GatewayMetrics() {
+    metrics::Registry& r = metrics::Registry::Default();
+    streams = r.AddGauge("sonde_gateway_streams", "Client streams open on this gateway.");
+    appended = r.AddCounter("sonde_gateway_entries_appended_total",
+                            "Log entries the log acknowledged (replicated).");
+    append_bytes = r.AddCounter("sonde_gateway_appended_bytes_total",
+                                "Bytes of the log entries acknowledged.");
+    append_retries = r.AddCounter(
+        "sonde_gateway_append_retries_total",
+        "Appends tried again with the same id (a log server down, a leader election).");
+    append_failures = r.AddCounter(
+        "sonde_gateway_append_failures_total",
+        "Appends given up after append_timeout: their streams ended with UNAVAILABLE and the "
+        "clients resend.");
+    append_latency = r.AddHistogram("sonde_gateway_append_latency_seconds",
+                                    "From the first try of an append to the log's ack.",
+                                    metrics::LatencyBuckets());
+    hello_latency = r.AddHistogram(
+        "sonde_gateway_hello_latency_seconds",
+        "From logging a hello to the owner node's answer: long while a partition fails over.",
+        metrics::LatencyBuckets());
+    hellos_unanswered = r.AddCounter(
+        "sonde_gateway_hellos_unanswered_total",
+        "Hellos no owner answered within hello_timeout (the client reconnects).");
+  }
+};
+
+const GatewayMetrics& Metrics() {
+  static const GatewayMetrics* const m = new GatewayMetrics();
+  return *m;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Create(PartitionLog* log, Options options) {
   if (options.name.empty()) return absl::InvalidArgumentError("a gateway needs a name");
   for (char c : options.name) {
@@ -64,6 +112,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Create(PartitionLog* log, Opti
           "gateway name '", options.name, "' may hold only letters, digits, '_' and '-'"));
     }
   }
+  Metrics();  // exported from the start, at 0
   std::unique_ptr<Gateway> gateway(new Gateway(log, std::move(options)));
   if (gateway->options_.etcd != nullptr) {
     gateway->directory_ = std::make_unique<JobDirectory>(
@@ -211,53 +260,6 @@ void Gateway::OnOutcome(absl::string_view bytes) {
   box->outcomes.push_back(std::move(outcome));
 }
 
-namespace {
-
-// What a gateway does, for operators (metrics::Registry::Default(), served
-// by sonde-cluster --role=gateway --metrics_listen).
-struct GatewayMetrics {
-  metrics::Gauge* streams;
-  metrics::Counter* appended;
-  metrics::Counter* append_bytes;
-  metrics::Counter* append_retries;
-  metrics::Counter* append_failures;
-  metrics::Histogram* append_latency;
-  metrics::Histogram* hello_latency;
-  metrics::Counter* hellos_unanswered;
-
-  GatewayMetrics() {
-    metrics::Registry& r = metrics::Registry::Default();
-    streams = r.AddGauge("sonde_gateway_streams", "Client streams open on this gateway.");
-    appended = r.AddCounter("sonde_gateway_entries_appended_total",
-                            "Log entries the log acknowledged (replicated).");
-    append_bytes = r.AddCounter("sonde_gateway_appended_bytes_total",
-                                "Bytes of the log entries acknowledged.");
-    append_retries = r.AddCounter(
-        "sonde_gateway_append_retries_total",
-        "Appends tried again with the same id (a log server down, a leader election).");
-    append_failures = r.AddCounter(
-        "sonde_gateway_append_failures_total",
-        "Appends given up after append_timeout: their streams ended with UNAVAILABLE and the "
-        "clients resend.");
-    append_latency = r.AddHistogram("sonde_gateway_append_latency_seconds",
-                                    "From the first try of an append to the log's ack.",
-                                    metrics::LatencyBuckets());
-    hello_latency = r.AddHistogram(
-        "sonde_gateway_hello_latency_seconds",
-        "From logging a hello to the owner node's answer: long while a partition fails over.",
-        metrics::LatencyBuckets());
-    hellos_unanswered = r.AddCounter(
-        "sonde_gateway_hellos_unanswered_total",
-        "Hellos no owner answered within hello_timeout (the client reconnects).");
-  }
-};
-
-const GatewayMetrics& Metrics() {
-  static const GatewayMetrics* const m = new GatewayMetrics();
-  return *m;
-}
-
-}  // namespace
 
 absl::StatusOr<uint64_t> Gateway::AppendEntry(int partition, const v1::LogEntry& entry) {
   const std::string id =

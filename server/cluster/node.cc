@@ -23,7 +23,8 @@ constexpr int64_t kRetellMicros = 120'000'000;
 // given up is logged).
 constexpr size_t kMaxHeldBack = 100'000;
 // A copy is caught up while it is at most this many entries behind the
-// log's last one (checked about once a second).
+// log's last one, or has applied every entry the log held at the check
+// before (about a second ago: a busy partition is never 100 behind).
 constexpr uint64_t kCaughtUpLag = 100;
 
 std::string ActionKey(const std::string& prefix, const std::string& job, int32_t worker,
@@ -66,6 +67,7 @@ struct ClusterNode::Applied {
   // last checked.
   std::atomic<bool> caught_up{false};
   absl::Time lag_checked = absl::InfinitePast();  // apply thread only
+  uint64_t last_seen = 0;  // the log's last sequence at that check
   bool announced = false;  // placement thread only: CaughtUp said in etcd
   std::atomic<size_t> held{0};  // recent + aged, for the metrics
 
@@ -244,8 +246,8 @@ void ClusterNode::PlacementLoop() {
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), options_.placement_interval)) return;
     }
-    if (!recorded) recorded = RecordFormerJobs();
     Place();
+    if (!recorded) recorded = RecordFormerJobs();  // after placing: never delays it
   }
 }
 
@@ -297,6 +299,20 @@ void ClusterNode::Place() {
   std::vector<std::string> names;
   for (const auto& [name, address] : *live) names.push_back(name);
   for (int p = 0; p < partitions; ++p) PlacePartition(p, PreferredNodes(p, names), (*owners)[p]);
+  // Caught-up keys of partitions dropped while etcd was unreachable: a
+  // stale one would draw reads and hand-overs to a copy no longer applied.
+  for (auto it = withdraw_.begin(); it != withdraw_.end();) {
+    bool applied;
+    {
+      absl::MutexLock lock(&mu_);
+      applied = applied_.count(*it) > 0;
+    }
+    if (applied || membership_->SetCaughtUp(*it, false).ok()) {
+      it = withdraw_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void ClusterNode::PlacePartition(int p, const std::vector<std::string>& preferred,
@@ -350,6 +366,8 @@ void ClusterNode::PlacePartition(int p, const std::vector<std::string>& preferre
   if (a == nullptr) {
     auto applied = std::make_unique<Applied>();
     applied->partition = p;
+    // A key left from an earlier copy is this copy's to keep or withdraw.
+    applied->announced = withdraw_.erase(p) > 0;
     a = applied.get();
     absl::MutexLock lock(&mu_);
     applied_[p] = std::move(applied);
@@ -406,7 +424,9 @@ void ClusterNode::Drop(int partition) {
     absl::Status s = membership_->Release(partition, epoch);
     if (!s.ok()) LOG(WARNING) << "releasing partition " << partition << ": " << s;
   }
-  if (a->announced) membership_->SetCaughtUp(partition, false).IgnoreError();
+  if (a->announced && !membership_->SetCaughtUp(partition, false).ok()) {
+    withdraw_.insert(partition);  // tried again each placement pass
+  }
 }
 
 void ClusterNode::ApplyLoop(Applied* a) {
@@ -441,6 +461,7 @@ void ClusterNode::ApplyLoop(Applied* a) {
       // The reader may have consumed an entry it could not return: read
       // again from the next one this loop expects.
       LOG(WARNING) << "partition " << p << ": reading the log: " << next.status();
+      a->caught_up = false;  // not while it cannot read
       absl::SleepFor(absl::Milliseconds(100));
       absl::StatusOr<std::unique_ptr<PartitionLog::Reader>> again = log_->Read(p, next_sequence);
       if (again.ok()) reader = std::move(again);
@@ -451,7 +472,11 @@ void ClusterNode::ApplyLoop(Applied* a) {
       // election pauses the reader too).
       a->lag_checked = absl::Now();
       absl::StatusOr<uint64_t> last = log_->LastSequence(p);
-      if (last.ok()) a->caught_up = *last < next_sequence + kCaughtUpLag;
+      // Unknown counts as behind: a copy cut off from the log must not be
+      // handed partitions or reads.
+      a->caught_up = last.ok() && (*last < next_sequence + kCaughtUpLag ||
+                                   (a->last_seen > 0 && next_sequence > a->last_seen));
+      a->last_seen = last.ok() ? *last : 0;
     }
     if (!next->has_value()) continue;
     const PartitionLog::Entry& e = **next;

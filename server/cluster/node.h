@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,6 +125,7 @@ class ClusterNode {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int, std::unique_ptr<Applied>> applied_ ABSL_GUARDED_BY(mu_);
+  std::set<int> withdraw_;  // placement thread only: caught-up keys to delete
   std::atomic<uint64_t> entries_applied_{0};
   std::atomic<uint64_t> warm_takeovers_{0};
   std::atomic<uint64_t> cold_takeovers_{0};

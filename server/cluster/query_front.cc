@@ -36,14 +36,19 @@ QueryFront::QueryFront(Etcd* etcd, Options options)
       options_(std::move(options)) {}
 
 v1::Query::Stub* QueryFront::StubFor(const std::string& address) {
+  return NodeFor(address).stub.get();
+}
+
+QueryFront::Node& QueryFront::NodeFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
-  auto& stub = stubs_[address];
-  if (stub == nullptr) {
-    stub = v1::Query::NewStub(grpc::CreateChannel(
+  Node& node = nodes_[address];
+  if (node.stub == nullptr) {
+    node.channel = grpc::CreateChannel(
         address, options_.node_credentials != nullptr ? options_.node_credentials
-                                                      : grpc::InsecureChannelCredentials()));
+                                                      : grpc::InsecureChannelCredentials());
+    node.stub = v1::Query::NewStub(node.channel);
   }
-  return stub.get();
+  return node;
 }
 
 namespace {
@@ -89,13 +94,18 @@ absl::StatusOr<QueryFront::Readers> QueryFront::ReadersOfAll() {
   return readers;
 }
 
-absl::StatusOr<std::vector<v1::Query::Stub*>> QueryFront::ReadersOf(const std::string& job) {
+absl::StatusOr<std::vector<QueryFront::Node*>> QueryFront::ReadersOf(const std::string& job,
+                                                                     bool owner_only) {
   absl::StatusOr<int> partition = directory_.PartitionOf(job, /*record=*/false);
   if (!partition.ok()) return partition.status();
   SONDE_ASSIGN_OR_RETURN(Readers readers, ReadersOfAll());
-  std::vector<v1::Query::Stub*> stubs;
+  SONDE_ASSIGN_OR_RETURN(std::optional<KeyValue> owner,
+                         etcd_->Get(absl::StrCat(options_.prefix, "/owners/", *partition)));
+  std::vector<Node*> stubs;
   for (const std::string& node : readers.of[*partition]) {
-    stubs.push_back(StubFor(readers.address[node]));
+    const bool is_owner = owner.has_value() && owner->value == node;
+    if (owner_only && !is_owner) continue;
+    stubs.push_back(&NodeFor(readers.address[node]));
   }
   if (stubs.empty()) {
     return absl::UnavailableError(absl::StrCat(
@@ -105,16 +115,27 @@ absl::StatusOr<std::vector<v1::Query::Stub*>> QueryFront::ReadersOf(const std::s
   return stubs;
 }
 
+// The last one always; another only once connected within a short
+// while, so a host gone without a word does not take the whole deadline
+// from the next.
+bool QueryFront::Reachable(Node& node, bool last) {
+  if (last) return true;
+  return node.channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+}
+
 template <typename Request, typename Response, typename Method>
 grpc::Status QueryFront::Unary(grpc::ServerContext* context, const std::string& job,
-                               const Request& request, Response* response, Method method) {
-  absl::StatusOr<std::vector<v1::Query::Stub*>> stubs = ReadersOf(job);
-  if (!stubs.ok()) return ToGrpcStatus(stubs.status());
+                               const Request& request, Response* response, Method method,
+                               bool owner_only) {
+  absl::StatusOr<std::vector<Node*>> nodes = ReadersOf(job, owner_only);
+  if (!nodes.ok()) return ToGrpcStatus(nodes.status());
   grpc::Status s;
-  for (v1::Query::Stub* stub : *stubs) {
+  for (size_t i = 0; i < nodes->size(); ++i) {
     // The owner first; a caught-up copy while the owner cannot be reached.
+    Node& node = *(*nodes)[i];
+    if (!Reachable(node, i + 1 == nodes->size())) continue;
     std::unique_ptr<grpc::ClientContext> onward = Onward(context);
-    s = (stub->*method)(onward.get(), request, response);
+    s = (node.stub.get()->*method)(onward.get(), request, response);
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE || context->IsCancelled()) return s;
   }
   return s;
@@ -124,12 +145,15 @@ template <typename Request, typename Item, typename Method>
 grpc::Status QueryFront::Streamed(grpc::ServerContext* context, const std::string& job,
                                   const Request& request, grpc::ServerWriter<Item>* writer,
                                   Method method) {
-  absl::StatusOr<std::vector<v1::Query::Stub*>> stubs = ReadersOf(job);
-  if (!stubs.ok()) return ToGrpcStatus(stubs.status());
+  absl::StatusOr<std::vector<Node*>> nodes = ReadersOf(job, /*owner_only=*/false);
+  if (!nodes.ok()) return ToGrpcStatus(nodes.status());
   grpc::Status s;
-  for (v1::Query::Stub* stub : *stubs) {
+  for (size_t i = 0; i < nodes->size(); ++i) {
+    Node& node = *(*nodes)[i];
+    if (!Reachable(node, i + 1 == nodes->size())) continue;
     std::unique_ptr<grpc::ClientContext> onward = Onward(context);
-    std::unique_ptr<grpc::ClientReader<Item>> reader = (stub->*method)(onward.get(), request);
+    std::unique_ptr<grpc::ClientReader<Item>> reader =
+        (node.stub.get()->*method)(onward.get(), request);
     Item item;
     bool wrote = false;
     while (reader->Read(&item)) {
@@ -265,7 +289,8 @@ grpc::Status QueryFront::PostRuleResult(grpc::ServerContext* c,
                                         const v1::PostRuleResultRequest* r,
                                         v1::PostRuleResultResponse* out) {
   if (options_.gateway == nullptr) {
-    return Unary(c, r->result().job(), *r, out, &v1::Query::Stub::PostRuleResult);
+    return Unary(c, r->result().job(), *r, out, &v1::Query::Stub::PostRuleResult,
+                 /*owner_only=*/true);
   }
   v1::LogEntry entry;
   *entry.mutable_post_rule_result() = *r;
@@ -275,7 +300,7 @@ grpc::Status QueryFront::PostRuleResult(grpc::ServerContext* c,
 grpc::Status QueryFront::EnableRules(grpc::ServerContext* c, const v1::EnableRulesRequest* r,
                                      v1::EnableRulesResponse* out) {
   if (options_.gateway == nullptr) {
-    return Unary(c, r->job(), *r, out, &v1::Query::Stub::EnableRules);
+    return Unary(c, r->job(), *r, out, &v1::Query::Stub::EnableRules, /*owner_only=*/true);
   }
   v1::LogEntry entry;
   *entry.mutable_enable_rules() = *r;
@@ -283,7 +308,9 @@ grpc::Status QueryFront::EnableRules(grpc::ServerContext* c, const v1::EnableRul
 }
 grpc::Status QueryFront::DeleteJob(grpc::ServerContext* c, const v1::DeleteJobRequest* r,
                                    v1::DeleteJobResponse* out) {
-  if (options_.gateway == nullptr) return Unary(c, r->job(), *r, out, &v1::Query::Stub::DeleteJob);
+  if (options_.gateway == nullptr) {
+    return Unary(c, r->job(), *r, out, &v1::Query::Stub::DeleteJob, /*owner_only=*/true);
+  }
   v1::LogEntry entry;
   *entry.mutable_delete_job() = *r;
   return Logged(c, "/sonde.v1.Query/DeleteJob", r->job(), *r, std::move(entry), out);

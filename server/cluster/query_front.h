@@ -92,13 +92,23 @@ class QueryFront final : public v1::Query::Service {
     std::map<std::string, std::string> address;
   };
   absl::StatusOr<Readers> ReadersOfAll();
-  // Stubs of `job`'s readers, in that order; UNAVAILABLE when none.
-  absl::StatusOr<std::vector<v1::Query::Stub*>> ReadersOf(const std::string& job);
+  // A node's channel and stub, kept per address.
+  struct Node {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Query::Stub> stub;
+  };
+  Node& NodeFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
+  // `job`'s readers, in that order (its owner alone if `owner_only`: a
+  // write must never land on a copy); UNAVAILABLE when none.
+  absl::StatusOr<std::vector<Node*>> ReadersOf(const std::string& job, bool owner_only);
   v1::Query::Stub* StubFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether to try `node` with the caller's deadline (query_front.cc).
+  static bool Reachable(Node& node, bool last);
   template <typename Request, typename Response, typename Method>
   grpc::Status Unary(grpc::ServerContext* context, const std::string& job,
-                     const Request& request, Response* response, Method method);
+                     const Request& request, Response* response, Method method,
+                     bool owner_only = false);
   template <typename Request, typename Item, typename Method>
   grpc::Status Streamed(grpc::ServerContext* context, const std::string& job,
                         const Request& request, grpc::ServerWriter<Item>* writer, Method method);
@@ -113,7 +123,7 @@ class QueryFront final : public v1::Query::Service {
   JobDirectory directory_;
   const Options options_;
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<v1::Query::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Node> nodes_ ABSL_GUARDED_BY(mu_);  // by address; never removed
 };
 
 }  // namespace sonde::cluster
