@@ -18,6 +18,7 @@
 // (--standbys=0: the survivor replays the log from its start).
 //
 //   bazel run -c opt //tests/bench:cluster_bench -- --steps=400 --tensor_kib=256
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +53,15 @@ ABSL_FLAG(int, failover_steps, 400, "steps streamed before the owner is killed")
 
 namespace sonde {
 namespace {
+
+// Ends the bench and every server it started (they are in its process
+// group, which Main makes its own): a failure must not leave etcd, NATS or
+// Sonde processes running.
+[[noreturn]] void Fail() {
+  std::fflush(stderr);
+  kill(0, SIGKILL);
+  std::_Exit(1);
+}
 
 std::string Runfile(const std::string& argv0, const std::string& path) {
   const char* dir = std::getenv("RUNFILES_DIR");
@@ -102,11 +112,11 @@ Result Measure(const std::string& address, const std::vector<Process>& servers,
   auto hook = Hook::Create(o);
   if (!hook.ok()) {
     std::fprintf(stderr, "hook: %s\n", hook.status().ToString().c_str());
-    std::exit(1);
+    Fail();
   }
   if (!(*hook)->WaitUntilConnected(absl::Seconds(60)).ok()) {
     std::fprintf(stderr, "%s: never connected\n", job.c_str());
-    std::exit(1);
+    Fail();
   }
   const int64_t n = absl::GetFlag(FLAGS_tensor_kib) * 1024 / 4;
   std::vector<float> w(static_cast<size_t>(n));
@@ -124,7 +134,7 @@ Result Measure(const std::string& address, const std::vector<Process>& servers,
   }
   if (!(*hook)->Flush(absl::Seconds(300)).ok()) {
     std::fprintf(stderr, "%s: flush failed\n", job.c_str());
-    std::exit(1);
+    Fail();
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const double mib = static_cast<double>(steps) * static_cast<double>(n) * 4 / (1 << 20);
@@ -181,7 +191,7 @@ std::string StartServer(testing::ChildProcess& p, std::vector<std::string> argv,
     if (up && p.Running()) return address;
   }
   std::fprintf(stderr, "cannot start %s; see %s\n", argv[0].c_str(), log.c_str());
-  std::exit(1);
+  Fail();
 }
 
 std::unique_ptr<Hook> Connected(const std::string& address, const std::string& job) {
@@ -194,7 +204,7 @@ std::unique_ptr<Hook> Connected(const std::string& address, const std::string& j
   auto hook = Hook::Create(o);
   if (!hook.ok() || !(*hook)->WaitUntilConnected(absl::Seconds(60)).ok()) {
     std::fprintf(stderr, "%s: never connected\n", job.c_str());
-    std::exit(1);
+    Fail();
   }
   return std::move(*hook);
 }
@@ -231,7 +241,7 @@ Failover MeasureFailover(const std::string& cluster_bin, const testing::TempDir&
   cluster::Etcd::Options eo;
   eo.endpoints = etcd.endpoints();
   auto client = cluster::Etcd::Connect(eo);
-  if (!client.ok()) std::exit(1);
+  if (!client.ok()) Fail();
   const std::string prefix = "/sonde/" + cluster;
   std::unique_ptr<Hook> hook = Connected(gateway_address, "streaming");
   const int steps = absl::GetFlag(FLAGS_failover_steps);
@@ -243,7 +253,7 @@ Failover MeasureFailover(const std::string& cluster_bin, const testing::TempDir&
     hook->SaveTensor("fc.weight", HostTensor(w.data(), {n}), {"weights"}).IgnoreError();
     hook->EndStep();
   }
-  if (!hook->Flush(absl::Seconds(300)).ok()) std::exit(1);
+  if (!hook->Flush(absl::Seconds(300)).ok()) Fail();
   // The owner, and (with a standby) the survivor caught up, before the kill.
   std::string owner;
   testing::WaitUntil(
@@ -288,6 +298,7 @@ void Print(const char* name, const Result& r) {
 }
 
 int Main(const std::string& argv0) {
+  setpgid(0, 0);  // a group of its own, with the servers it starts (Fail)
   testing::TempDir dir;
   const std::string collector_bin = Runfile(argv0, "server/sonde-collector");
   const std::string cluster_bin = Runfile(argv0, "server/cluster/sonde-cluster");
