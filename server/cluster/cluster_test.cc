@@ -235,6 +235,27 @@ class ClusterTest : public ::testing::Test {
     SONDE_ASSERT_OK(nats_->Start());
   }
 
+  // A member that owns `partition`, ranking ahead of node-b, at `address`,
+  // and applies nothing: an owner that hangs or died before its lease.
+  std::unique_ptr<Membership> SilentOwner(int partition, const std::string& address) {
+    std::string name;
+    for (int i = 0; name.empty(); ++i) {
+      const std::string candidate = absl::StrCat("silent-", i);
+      if (PreferredNodes(partition, {candidate, "node-b"})[0] == candidate) name = candidate;
+    }
+    silent_etcd_ = EtcdClient(etcd_->endpoints());
+    Membership::Options mo;
+    mo.prefix = "/sonde/test";
+    mo.node = name;
+    mo.address = address;
+    auto owner = Membership::Join(silent_etcd_.get(), mo);
+    EXPECT_TRUE(owner.ok()) << owner.status();
+    if (!owner.ok()) return nullptr;
+    auto epoch = (*owner)->TryAcquire(partition);
+    EXPECT_TRUE(epoch.ok() && epoch->has_value()) << epoch.status();
+    return std::move(*owner);
+  }
+
   std::unique_ptr<TestNode> StartNode(const std::string& name, int partitions = kPartitions,
                                       int standbys = 1) {
     return std::make_unique<TestNode>(name, dir_.Sub(name), etcd_->endpoints(), nats_->urls(),
@@ -244,6 +265,7 @@ class ClusterTest : public ::testing::Test {
   testing::TempDir dir_;
   std::unique_ptr<testing::EtcdCluster> etcd_;
   std::unique_ptr<testing::NatsCluster> nats_;
+  std::unique_ptr<Etcd> silent_etcd_;  // SilentOwner's connection
 };
 
 TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOwner) {
@@ -413,21 +435,9 @@ TEST_F(ClusterTest, AStandbyThatTakesOverFiresWhatItsOwnerNeverFired) {
   const std::string job = "orphaned";
   const int p = JobPartition(job, kPartitions);
   // The owner holds the partition in etcd but applies nothing.
-  std::string owner_name;
-  for (int i = 0; owner_name.empty(); ++i) {
-    const std::string name = absl::StrCat("owner-", i);
-    if (PreferredNodes(p, {name, "node-b"})[0] == name) owner_name = name;
-  }
+  std::unique_ptr<Membership> owner = SilentOwner(p, "127.0.0.1:1");
+  ASSERT_NE(owner, nullptr);
   auto etcd = EtcdClient(etcd_->endpoints());
-  Membership::Options mo;
-  mo.prefix = "/sonde/test";
-  mo.node = owner_name;
-  mo.address = "127.0.0.1:1";
-  auto owner = Membership::Join(etcd.get(), mo);
-  SONDE_ASSERT_OK(owner);
-  auto epoch = (*owner)->TryAcquire(p);
-  SONDE_ASSERT_OK(epoch);
-  ASSERT_TRUE(epoch->has_value());
   auto b = StartNode("node-b");
   auto standing_by = [&] {
     std::vector<int> s = b->node().standing_by();
@@ -468,7 +478,7 @@ TEST_F(ClusterTest, AStandbyThatTakesOverFiresWhatItsOwnerNeverFired) {
   EXPECT_TRUE(fired->empty());
   EXPECT_TRUE(webhook.requests().empty());
 
-  owner->reset();  // the owner dies (its lease is revoked)
+  owner.reset();  // the owner dies (its lease is revoked)
   ASSERT_TRUE(WaitUntil([&] {
     std::vector<int> o = b->node().owned();
     return std::find(o.begin(), o.end(), p) != o.end();
@@ -603,21 +613,10 @@ TEST_F(ClusterTest, WithoutAStandbyTheNewOwnerReplaysTheWholeLog) {
 TEST_F(ClusterTest, ReadsGoToACaughtUpCopyWhileTheOwnerCannotBeReached) {
   const std::string job = "read-on";
   const int p = JobPartition(job, kPartitions);
-  std::string owner_name;
-  for (int i = 0; owner_name.empty(); ++i) {
-    const std::string name = absl::StrCat("hung-", i);
-    if (PreferredNodes(p, {name, "node-b"})[0] == name) owner_name = name;
-  }
+  std::unique_ptr<Membership> owner =
+      SilentOwner(p, absl::StrCat("127.0.0.1:", testing::UnusedLoopbackPort()));  // nothing listens
+  ASSERT_NE(owner, nullptr);
   auto etcd = EtcdClient(etcd_->endpoints());
-  Membership::Options mo;
-  mo.prefix = "/sonde/test";
-  mo.node = owner_name;
-  mo.address = absl::StrCat("127.0.0.1:", testing::UnusedLoopbackPort());  // nothing listens
-  auto owner = Membership::Join(etcd.get(), mo);
-  SONDE_ASSERT_OK(owner);
-  auto epoch = (*owner)->TryAcquire(p);
-  SONDE_ASSERT_OK(epoch);
-  ASSERT_TRUE(epoch->has_value());
   auto b = StartNode("node-b");
   std::unique_ptr<PartitionLog> log = OpenLog(nats_->urls());
   testing::LoggedStream w("gw-x", 1);

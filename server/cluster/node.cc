@@ -86,9 +86,11 @@ struct ClusterNode::Applied {
     absl::MutexLock lock(&mu);
     return epoch;
   }
+  // Apply thread only (recent and aged are its own; webhooks need mu).
   bool HoldsBack() ABSL_LOCKS_EXCLUDED(mu) {
+    if (!recent.empty() || !aged.empty()) return true;
     absl::MutexLock lock(&mu);
-    return !recent.empty() || !aged.empty() || !webhooks.empty();
+    return !webhooks.empty();
   }
 
   std::thread thread;
@@ -132,8 +134,8 @@ void ClusterNode::RegisterMetrics() {
       metrics::MetricType::kGauge, "sonde_cluster_partitions",
       "Partitions this node applies, as their owner or as a standby.", {"node", "role"},
       [this, name] {
-        const double owner = static_cast<double>(owned().size());
-        const double standby = static_cast<double>(standing_by().size());
+        const double owner = static_cast<double>(Applying(true).size());
+        const double standby = static_cast<double>(Applying(false).size());
         return std::vector<metrics::Sample>{{{name, "owner"}, owner}, {{name, "standby"}, standby}};
       }));
   metrics_.push_back(r.AddCallback(
@@ -181,20 +183,11 @@ ClusterNode::~ClusterNode() {
   membership_.reset();  // leaves: the lease is revoked
 }
 
-std::vector<int> ClusterNode::owned() const {
+std::vector<int> ClusterNode::Applying(bool as_owner) const {
   absl::MutexLock lock(&mu_);
   std::vector<int> out;
   for (const auto& [p, a] : applied_) {
-    if (a->Epoch() > 0) out.push_back(p);
-  }
-  return out;
-}
-
-std::vector<int> ClusterNode::standing_by() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<int> out;
-  for (const auto& [p, a] : applied_) {
-    if (a->Epoch() == 0) out.push_back(p);
+    if ((a->Epoch() > 0) == as_owner) out.push_back(p);
   }
   return out;
 }

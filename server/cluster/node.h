@@ -62,9 +62,9 @@ class ClusterNode {
   ~ClusterNode();
 
   // Partitions this node owns now, sorted.
-  std::vector<int> owned() const;
+  std::vector<int> owned() const { return Applying(/*as_owner=*/true); }
   // Partitions it applies as a standby, sorted.
-  std::vector<int> standing_by() const;
+  std::vector<int> standing_by() const { return Applying(/*as_owner=*/false); }
   // Log entries applied since the node started, all partitions together
   // (a replay applies entries again).
   uint64_t entries_applied() const { return entries_applied_.load(); }
@@ -78,6 +78,7 @@ class ClusterNode {
  private:
   struct Applied;
   struct Answer;
+  std::vector<int> Applying(bool as_owner) const ABSL_LOCKS_EXCLUDED(mu_);
   ClusterNode(Etcd* etcd, PartitionLog* log, server::JobRegistry* registry,
               storage::Store* store, Options options, std::unique_ptr<Membership> membership);
   void RegisterMetrics();

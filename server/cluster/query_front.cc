@@ -101,18 +101,18 @@ absl::StatusOr<std::vector<QueryFront::Node*>> QueryFront::ReadersOf(const std::
   SONDE_ASSIGN_OR_RETURN(Readers readers, ReadersOfAll());
   SONDE_ASSIGN_OR_RETURN(std::optional<KeyValue> owner,
                          etcd_->Get(absl::StrCat(options_.prefix, "/owners/", *partition)));
-  std::vector<Node*> stubs;
+  std::vector<Node*> nodes;
   for (const std::string& node : readers.of[*partition]) {
     const bool is_owner = owner.has_value() && owner->value == node;
     if (owner_only && !is_owner) continue;
-    stubs.push_back(&NodeFor(readers.address[node]));
+    nodes.push_back(&NodeFor(readers.address[node]));
   }
-  if (stubs.empty()) {
+  if (nodes.empty()) {
     return absl::UnavailableError(absl::StrCat(
         "job '", job, "': partition ", *partition,
         " has no owner and no caught-up copy just now (a failover); retry"));
   }
-  return stubs;
+  return nodes;
 }
 
 // The last one always; another only once connected within a short
@@ -123,10 +123,9 @@ bool QueryFront::Reachable(Node& node, bool last) {
   return node.channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
 }
 
-template <typename Request, typename Response, typename Method>
-grpc::Status QueryFront::Unary(grpc::ServerContext* context, const std::string& job,
-                               const Request& request, Response* response, Method method,
-                               bool owner_only) {
+template <typename Call>
+grpc::Status QueryFront::OnReaders(grpc::ServerContext* context, const std::string& job,
+                                   bool owner_only, Call call) {
   absl::StatusOr<std::vector<Node*>> nodes = ReadersOf(job, owner_only);
   if (!nodes.ok()) return ToGrpcStatus(nodes.status());
   grpc::Status s;
@@ -135,41 +134,43 @@ grpc::Status QueryFront::Unary(grpc::ServerContext* context, const std::string& 
     Node& node = *(*nodes)[i];
     if (!Reachable(node, i + 1 == nodes->size())) continue;
     std::unique_ptr<grpc::ClientContext> onward = Onward(context);
-    s = (node.stub.get()->*method)(onward.get(), request, response);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || context->IsCancelled()) return s;
+    bool answered = false;  // something reached the caller: no other node
+    s = call(*node.stub, onward.get(), &answered);
+    if (answered || s.error_code() != grpc::StatusCode::UNAVAILABLE || context->IsCancelled()) {
+      return s;
+    }
   }
   return s;
+}
+
+template <typename Request, typename Response, typename Method>
+grpc::Status QueryFront::Unary(grpc::ServerContext* context, const std::string& job,
+                               const Request& request, Response* response, Method method,
+                               bool owner_only) {
+  return OnReaders(context, job, owner_only,
+                   [&](v1::Query::Stub& stub, grpc::ClientContext* onward, bool*) {
+                     return (stub.*method)(onward, request, response);
+                   });
 }
 
 template <typename Request, typename Item, typename Method>
 grpc::Status QueryFront::Streamed(grpc::ServerContext* context, const std::string& job,
                                   const Request& request, grpc::ServerWriter<Item>* writer,
                                   Method method) {
-  absl::StatusOr<std::vector<Node*>> nodes = ReadersOf(job, /*owner_only=*/false);
-  if (!nodes.ok()) return ToGrpcStatus(nodes.status());
-  grpc::Status s;
-  for (size_t i = 0; i < nodes->size(); ++i) {
-    Node& node = *(*nodes)[i];
-    if (!Reachable(node, i + 1 == nodes->size())) continue;
-    std::unique_ptr<grpc::ClientContext> onward = Onward(context);
-    std::unique_ptr<grpc::ClientReader<Item>> reader =
-        (node.stub.get()->*method)(onward.get(), request);
-    Item item;
-    bool wrote = false;
-    while (reader->Read(&item)) {
-      wrote = true;
-      if (!writer->Write(item)) {  // the caller went away
-        onward->TryCancel();
-        break;
-      }
-    }
-    s = reader->Finish();
-    // Another node only if this one could not be reached at all.
-    if (wrote || s.error_code() != grpc::StatusCode::UNAVAILABLE || context->IsCancelled()) {
-      return s;
-    }
-  }
-  return s;
+  return OnReaders(
+      context, job, /*owner_only=*/false,
+      [&](v1::Query::Stub& stub, grpc::ClientContext* onward, bool* answered) {
+        std::unique_ptr<grpc::ClientReader<Item>> reader = (stub.*method)(onward, request);
+        Item item;
+        while (reader->Read(&item)) {
+          *answered = true;
+          if (!writer->Write(item)) {  // the caller went away
+            onward->TryCancel();
+            break;
+          }
+        }
+        return reader->Finish();
+      });
 }
 
 grpc::Status QueryFront::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,

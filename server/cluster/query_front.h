@@ -105,6 +105,12 @@ class QueryFront final : public v1::Query::Service {
 
   // Whether to try `node` with the caller's deadline (query_front.cc).
   static bool Reachable(Node& node, bool last);
+  // Runs `call(stub, onward_context, &answered)` on `job`'s readers in turn
+  // until one answers other than UNAVAILABLE, or has sent the caller
+  // something (it sets `answered`).
+  template <typename Call>
+  grpc::Status OnReaders(grpc::ServerContext* context, const std::string& job, bool owner_only,
+                         Call call);
   template <typename Request, typename Response, typename Method>
   grpc::Status Unary(grpc::ServerContext* context, const std::string& job,
                      const Request& request, Response* response, Method method,

@@ -31,6 +31,7 @@
 #include "server/job_registry.h"
 #include "storage/store.h"
 #include "tests/testing/logged_stream.h"
+#include "tests/testing/temp_dir.h"
 
 ABSL_FLAG(int, workers, 1024, "workers of the many-workers job");
 ABSL_FLAG(int, steps, 20, "steps each worker sends");
@@ -45,15 +46,6 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-std::string TempDir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "sonde-applier-XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) {
-    std::perror("mkdtemp");
-    std::exit(1);
-  }
-  return pattern;
 }
 
 struct Figures {
@@ -174,7 +166,8 @@ void Print(const char* name, int workers, const Figures& f) {
 }
 
 int Main() {
-  const std::string dir = TempDir();
+  const testing::TempDir temp;
+  const std::string& dir = temp.path();
   const int steps = absl::GetFlag(FLAGS_steps);
   const Figures many = Run(dir + "/many", absl::GetFlag(FLAGS_workers), steps,
                            absl::GetFlag(FLAGS_small_floats));
@@ -183,7 +176,6 @@ int Main() {
   std::printf("applier_bench: one partition's apply thread, %d steps per worker\n", steps);
   Print("small steps", absl::GetFlag(FLAGS_workers), many);
   Print("large tensors", absl::GetFlag(FLAGS_large_workers), large);
-  std::filesystem::remove_all(dir);
   return 0;
 }
 

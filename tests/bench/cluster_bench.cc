@@ -97,12 +97,8 @@ struct Result {
   double latency_p99_ms = 0;
 };
 
-// `stored_through(job)`: the last step the store holds (the cluster's
-// node stores after the log acknowledged), so CPU is read once all of it
-// is stored.
-Result Measure(const std::string& address, const std::vector<Process>& servers,
-               const std::string& job, const std::string& query_address) {
-  Result r;
+// A hook streaming `job` to `address`, once its hello is answered.
+std::unique_ptr<Hook> Connected(const std::string& address, const std::string& job) {
   HookOptions o;
   o.collector = address;
   o.job = job;
@@ -110,14 +106,20 @@ Result Measure(const std::string& address, const std::vector<Process>& servers,
   o.config.include_collections = {"weights"};
   o.close_timeout = absl::Seconds(120);
   auto hook = Hook::Create(o);
-  if (!hook.ok()) {
-    std::fprintf(stderr, "hook: %s\n", hook.status().ToString().c_str());
-    Fail();
-  }
-  if (!(*hook)->WaitUntilConnected(absl::Seconds(60)).ok()) {
+  if (!hook.ok() || !(*hook)->WaitUntilConnected(absl::Seconds(60)).ok()) {
     std::fprintf(stderr, "%s: never connected\n", job.c_str());
     Fail();
   }
+  return std::move(*hook);
+}
+
+// `stored_through(job)`: the last step the store holds (the cluster's
+// node stores after the log acknowledged), so CPU is read once all of it
+// is stored.
+Result Measure(const std::string& address, const std::vector<Process>& servers,
+               const std::string& job, const std::string& query_address) {
+  Result r;
+  std::unique_ptr<Hook> hook = Connected(address, job);
   const int64_t n = absl::GetFlag(FLAGS_tensor_kib) * 1024 / 4;
   std::vector<float> w(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) w[i] = 0.001f * static_cast<float>(i % 1000);
@@ -127,12 +129,12 @@ Result Measure(const std::string& address, const std::vector<Process>& servers,
   const int steps = absl::GetFlag(FLAGS_steps);
   const absl::Time start = absl::Now();
   for (int step = 0; step < steps; ++step) {
-    (*hook)->StartStep();
+    hook->StartStep();
     w[0] = static_cast<float>(step);
-    (*hook)->SaveTensor("fc.weight", HostTensor(w.data(), {n}), {"weights"}).IgnoreError();
-    (*hook)->EndStep();
+    hook->SaveTensor("fc.weight", HostTensor(w.data(), {n}), {"weights"}).IgnoreError();
+    hook->EndStep();
   }
-  if (!(*hook)->Flush(absl::Seconds(300)).ok()) {
+  if (!hook->Flush(absl::Seconds(300)).ok()) {
     std::fprintf(stderr, "%s: flush failed\n", job.c_str());
     Fail();
   }
@@ -157,17 +159,17 @@ Result Measure(const std::string& address, const std::vector<Process>& servers,
   std::vector<double> ms;
   float x = 0;
   for (int step = 0; step < absl::GetFlag(FLAGS_latency_steps); ++step) {
-    (*hook)->StartStep();
+    hook->StartStep();
     x += 1;
-    (*hook)->SaveTensor("small", HostTensor(&x, {1}), {"weights"}).IgnoreError();
+    hook->SaveTensor("small", HostTensor(&x, {1}), {"weights"}).IgnoreError();
     const absl::Time t = absl::Now();
-    (*hook)->Flush(absl::Seconds(60)).IgnoreError();
+    hook->Flush(absl::Seconds(60)).IgnoreError();
     ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t));
   }
   std::sort(ms.begin(), ms.end());
   r.latency_median_ms = ms[ms.size() / 2];
   r.latency_p99_ms = ms[std::min(ms.size() - 1, ms.size() * 99 / 100)];
-  (*hook)->Close().IgnoreError();
+  hook->Close().IgnoreError();
   return r;
 }
 
@@ -194,20 +196,6 @@ std::string StartServer(testing::ChildProcess& p, std::vector<std::string> argv,
   Fail();
 }
 
-std::unique_ptr<Hook> Connected(const std::string& address, const std::string& job) {
-  HookOptions o;
-  o.collector = address;
-  o.job = job;
-  o.config.save_config = SaveConfig::Every(1);
-  o.config.include_collections = {"weights"};
-  o.close_timeout = absl::Seconds(120);
-  auto hook = Hook::Create(o);
-  if (!hook.ok() || !(*hook)->WaitUntilConnected(absl::Seconds(60)).ok()) {
-    std::fprintf(stderr, "%s: never connected\n", job.c_str());
-    Fail();
-  }
-  return std::move(*hook);
-}
 
 struct Failover {
   double logged_mib = 0;     // in the partition when the owner died
