@@ -97,6 +97,30 @@ std::vector<ConformanceCase> ConformanceCases() {
     for (int i = 0; i < 300001; ++i) p.values.push_back(1e4 + 1e-2 * normal(rng));
     patterns.push_back(std::move(p));
   }
+  {
+    // Rare spikes (some the first element of a chunk: an outlier shift) in
+    // ordinary data: groups with a spike over 2^60 go element by element.
+    Pattern p{"spikes", {}};
+    for (int i = 0; i < 140001; ++i) {
+      const double v = normal(rng);
+      p.values.push_back(i % 16384 == 0 ? 3e9 : i % 997 == 0 ? v * 1e20 : i % 331 == 0 ? v * 1e8 : v);
+    }
+    patterns.push_back(std::move(p));
+  }
+  {
+    // Magnitudes from 1e-30 to 1e30 side by side: some groups fold in
+    // float with squares that underflow next to large ones, others not.
+    Pattern p{"wide_range", {}};
+    std::uniform_int_distribution<int> exponent(-30, 30);
+    for (int i = 0; i < 100003; ++i) p.values.push_back(normal(rng) * std::pow(10.0, exponent(rng)));
+    patterns.push_back(std::move(p));
+  }
+  {
+    // Tiny data whose squares underflow float: every group element by element.
+    Pattern p{"tiny", {}};
+    for (int i = 0; i < 20000; ++i) p.values.push_back(1e-25 * normal(rng));
+    patterns.push_back(std::move(p));
+  }
   std::vector<ConformanceCase> cases;
   for (const Pattern& p : patterns) {
     for (v1::DType d : {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F64}) {

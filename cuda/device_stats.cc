@@ -40,6 +40,11 @@ absl::Status ValidateDeviceStatsOptions(const DeviceStatsOptions& o) {
   return absl::OkStatus();
 }
 
+uint64_t StatsChunks(uint64_t count, const DeviceStatsOptions& options) {
+  const uint64_t per = TensorChunkElements(count, options.chunk_elements);
+  return (count + per - 1) / per;
+}
+
 uint64_t StatsBatchBytes(uint64_t tensors, uint64_t chunks, uint64_t histograms,
                          const DeviceStatsOptions& options) {
   const uint64_t counters = histograms * MakeHistogramParams(options.histogram).count;

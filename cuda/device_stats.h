@@ -47,7 +47,9 @@ struct DeviceTensorRef {
 
 struct DeviceStatsOptions {
   int device = 0;
-  uint64_t chunk_elements = uint64_t{1} << 16;  // elements per block
+  // Elements per block of the statistics kernel (a tensor with more than
+  // 2,048 chunks gets larger ones: multi_tensor.h).
+  uint64_t chunk_elements = uint64_t{1} << 14;
   // Statistics batches in flight, and the pinned memory of each (its tables
   // go up, its records and histogram counters come back). A batch that does
   // not fit one slot is refused; StatsBatchBytes says what a batch needs,
@@ -74,11 +76,8 @@ uint64_t StatsBatchBytes(absl::Span<const DeviceTensorRef> tensors,
                          const DeviceStatsOptions& options);
 uint64_t StatsBatchBytes(uint64_t tensors, uint64_t chunks, uint64_t histograms,
                          const DeviceStatsOptions& options);
-// Chunks of one tensor of `count` elements.
-inline uint64_t StatsChunks(uint64_t count, const DeviceStatsOptions& options) {
-  const uint64_t per = options.chunk_elements > 0 ? options.chunk_elements : 1;
-  return (count + per - 1) / per;
-}
+// Chunks of one tensor of `count` elements (as the kernels cut it).
+uint64_t StatsChunks(uint64_t count, const DeviceStatsOptions& options);
 
 // Bytes of one element of `dtype` after a snapshot converts it to
 // `transfer` (UNSPECIFIED: unchanged); 0 where the engine cannot convert.

@@ -1,14 +1,19 @@
 // Replays the statistics kernels on the CPU with the same host/device
-// functions and the same order of operations (256 threads per chunk taking
-// every 256th element, warp folds at offsets 16..1, warps folded in order,
-// then the 64-thread merge of chunk records), and checks the result against
-// the CPU path on every conformance case. A GPU run then only has to match
+// functions and the same order of operations (each of 256 threads walks its
+// part of a chunk with FoldChunkThread, as the kernel does: four 16-byte
+// loads, then groups of 16 folded in float or element by element; warp
+// folds at offsets 16..1, warps folded in order, then the merge of chunk
+// records), and checks the result against the CPU path on every
+// conformance case, for aligned and unaligned data. A GPU run then only has to match
 // this replay; gpu_check and device_stats_test check that where a GPU exists.
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "math/chunk_math.h"
 #include "cuda/conformance.h"
+#include "cuda/device_stats.h"
 #include "math/float16_math.h"
 #include "cuda/multi_tensor.h"
 #include "stats/statistics.h"
@@ -17,38 +22,77 @@
 namespace sonde {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMergeThreads = 64;
+constexpr int kThreads = kChunkThreads;
 
+// Reads a chunk from the case's bytes as the kernel's Source<T> reads device
+// memory: 16-byte vectors and single elements, widened to Acc.
 template <typename Acc>
-Acc LoadElement(const ConformanceCase& c, uint64_t i) {
-  switch (c.dtype) {
-    case v1::DTYPE_F32: {
-      float v;
-      std::memcpy(&v, c.bytes.data() + 4 * i, 4);
-      return static_cast<Acc>(v);
-    }
-    case v1::DTYPE_F64: {
-      double v;
-      std::memcpy(&v, c.bytes.data() + 8 * i, 8);
-      return static_cast<Acc>(v);
-    }
-    default: {
-      uint16_t h;
-      std::memcpy(&h, c.bytes.data() + 2 * i, 2);
-      return static_cast<Acc>(c.dtype == v1::DTYPE_F16 ? SondeHalfToFloat(h) : SondeBf16ToFloat(h));
+struct HostSource {
+  struct Raw {
+    unsigned char bytes[16];
+  };
+  const ConformanceCase* c;
+  uint64_t begin;  // first element of the chunk
+  size_t size;     // bytes per element
+
+  Acc Decode(const unsigned char* p) const {
+    switch (c->dtype) {
+      case v1::DTYPE_F32: {
+        float v;
+        std::memcpy(&v, p, 4);
+        return static_cast<Acc>(v);
+      }
+      case v1::DTYPE_F64: {
+        double v;
+        std::memcpy(&v, p, 8);
+        return static_cast<Acc>(v);
+      }
+      default: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        return static_cast<Acc>(c->dtype == v1::DTYPE_F16 ? SondeHalfToFloat(h)
+                                                          : SondeBf16ToFloat(h));
+      }
     }
   }
+  const unsigned char* At(uint64_t byte) const {
+    return reinterpret_cast<const unsigned char*>(c->bytes.data()) + begin * size + byte;
+  }
+  Raw LoadVector(uint64_t v) const {
+    Raw r;
+    std::memcpy(r.bytes, At(v * 16), 16);
+    return r;
+  }
+  Acc Unpack(const Raw& r, int k) const { return Decode(r.bytes + k * size); }
+  Acc Load(uint64_t i) const { return Decode(At(i * size)); }
+};
+
+struct NoHistogram {
+  template <typename Acc>
+  void operator()(Acc) const {}
+};
+
+size_t ElementSize(v1::DType d) {
+  return d == v1::DTYPE_F64 ? 8 : d == v1::DTYPE_F32 ? 4 : 2;
 }
 
+// `vectorized`: the chunk starts on a 16-byte boundary (false replays the
+// kernel on a tensor whose data pointer is not aligned).
 template <typename Acc>
-StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk) {
-  const double shift = ChunkShift(LoadElement<Acc>(c, chunk.begin));
+StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk, bool vectorized) {
+  const size_t size = ElementSize(c.dtype);
+  const HostSource<Acc> src{&c, chunk.begin, size};
+  const double shift = ChunkShift(src.Load(0));
   std::vector<ChunkPartial<Acc>> threads(kThreads);
+  NoHistogram each;
   for (int t = 0; t < kThreads; ++t) {
     threads[t].Reset();
-    for (uint64_t i = t; i < chunk.count; i += kThreads) {
-      threads[t].Add(LoadElement<Acc>(c, chunk.begin + i), shift);
+    if (size == 8) {
+      FoldChunkThread<Acc, 2>(threads[t], src, chunk.count, t, vectorized, shift, each);
+    } else if (size == 4) {
+      FoldChunkThread<Acc, 4>(threads[t], src, chunk.count, t, vectorized, shift, each);
+    } else {
+      FoldChunkThread<Acc, 8>(threads[t], src, chunk.count, t, vectorized, shift, each);
     }
   }
   for (int warp = 0; warp < kThreads / 32; ++warp) {
@@ -62,16 +106,20 @@ StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk
   return FinishChunk(block, chunk.count, shift);
 }
 
-StatsAccumulator EmulateTensor(const ConformanceCase& c) {
-  const int32_t kernel_dtype = static_cast<int32_t>(c.dtype);
+// `vectorized` false: as the kernel reads a tensor whose data pointer is
+// not 16-byte aligned.
+StatsAccumulator EmulateTensor(const ConformanceCase& c, bool vectorized = true,
+                               uint64_t chunk_elements = kDefaultChunkElements) {
   KernelTensor t;
   t.count = c.count;
-  t.dtype = kernel_dtype;
-  const BatchPlan plan = PlanBatch({t}, kDefaultChunkElements, 0);
+  t.dtype = static_cast<int32_t>(c.dtype);
+  const BatchPlan plan = PlanBatch({t}, chunk_elements, 0);
   std::vector<StatsAccumulator> partials;
   for (const KernelChunk& chunk : plan.chunks) {
-    partials.push_back(c.dtype == v1::DTYPE_F64 ? EmulateChunk<double>(c, chunk)
-                                                : EmulateChunk<float>(c, chunk));
+    // The kernel vectorizes a chunk whose first byte is 16-byte aligned.
+    const bool aligned = vectorized && (chunk.begin * ElementSize(c.dtype)) % 16 == 0;
+    partials.push_back(c.dtype == v1::DTYPE_F64 ? EmulateChunk<double>(c, chunk, aligned)
+                                                : EmulateChunk<float>(c, chunk, aligned));
   }
   const uint32_t chunks = plan.tensors[0].chunk_count;
   const uint32_t per = (chunks + kMergeThreads - 1) / kMergeThreads;
@@ -94,6 +142,75 @@ TEST(KernelEmulationTest, MatchesTheCpuPathOnEveryConformanceCase) {
     const StatsAccumulator emulated = EmulateTensor(c);
     const absl::Status same = CompareRecords(emulated, cpu, c.dtype);
     EXPECT_TRUE(same.ok()) << c.name << ": " << same;
+  }
+}
+
+TEST(KernelEmulationTest, UnalignedDataTakesTheScalarPathAndMatchesToo) {
+  for (const ConformanceCase& c : ConformanceCases()) {
+    if (c.count < 1000) continue;
+    StatsAccumulator cpu;
+    AccumulateStatistics(cpu, c.bytes.data(), c.dtype, c.count);
+    const absl::Status same = CompareRecords(EmulateTensor(c, /*vectorized=*/false), cpu, c.dtype);
+    EXPECT_TRUE(same.ok()) << c.name << ": " << same;
+  }
+}
+
+TEST(KernelEmulationTest, OddChunkSizesMixVectorAndScalarChunks) {
+  // 1000-element chunks: every other F32 chunk starts off a 16-byte line.
+  for (const ConformanceCase& c : ConformanceCases()) {
+    if (c.count < 60000 || c.count > 400000) continue;
+    StatsAccumulator cpu;
+    AccumulateStatistics(cpu, c.bytes.data(), c.dtype, c.count);
+    const absl::Status same = CompareRecords(EmulateTensor(c, true, 1000), cpu, c.dtype);
+    EXPECT_TRUE(same.ok()) << c.name << ": " << same;
+  }
+}
+
+TEST(AddGroupTest, OrdinaryGroupsFoldInFloatAndTheRestElementByElement) {
+  auto folds_in_float = [](std::vector<float> v) {
+    float x[kGroup];
+    for (int i = 0; i < kGroup; ++i) x[i] = v[i % v.size()];
+    ChunkPartial<float> s;
+    s.Reset();
+    return AddGroup(s, x, 0.0);
+  };
+  EXPECT_TRUE(folds_in_float({0.5f, -1.25f, 3.0f, 1e-3f}));
+  EXPECT_TRUE(folds_in_float({0.0f}));             // all zero
+  EXPECT_TRUE(folds_in_float({0.3f}));             // all equal
+  EXPECT_TRUE(folds_in_float({1e4f, 1e4f + 1e-3f}));  // large offset
+  EXPECT_TRUE(folds_in_float({1e17f, -2.5f, 0.0f}));
+  EXPECT_FALSE(folds_in_float({1.0f, NAN}));
+  EXPECT_FALSE(folds_in_float({1.0f, INFINITY}));
+  EXPECT_FALSE(folds_in_float({3e38f, 1.0f}));     // squares overflow float
+  EXPECT_FALSE(folds_in_float({1e-25f, -2e-25f}));  // squares underflow float
+  EXPECT_FALSE(folds_in_float({1e-40f, 0.0f}));    // denormals
+}
+
+TEST(AddGroupTest, FloatAndElementFoldsAgree) {
+  // The same groups through both paths give the same record within the
+  // conformance tolerances, for data far from the shift and near it.
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (double offset : {0.0, 1e4, -3e6}) {
+    for (double shift_from : {0.0, 1.0}) {
+      ChunkPartial<float> fast;
+      ChunkPartial<float> slow;
+      fast.Reset();
+      slow.Reset();
+      const double shift = shift_from == 0.0 ? 0.0 : static_cast<float>(offset + 5.0);
+      uint64_t n = 0;
+      for (int g = 0; g < 200; ++g) {
+        float x[kGroup];
+        for (float& v : x) v = static_cast<float>(offset + normal(rng));
+        ASSERT_TRUE(AddGroup(fast, x, shift));
+        for (float v : x) slow.Add(v, shift);
+        n += kGroup;
+      }
+      const StatsAccumulator a = FinishChunk(fast, n, shift);
+      const StatsAccumulator b = FinishChunk(slow, n, shift);
+      const absl::Status same = CompareRecords(a, b, v1::DTYPE_F32);
+      EXPECT_TRUE(same.ok()) << "offset " << offset << " shift " << shift << ": " << same;
+    }
   }
 }
 
@@ -146,6 +263,22 @@ TEST(MultiTensorPlanTest, ChunksTileEveryTensorInOrder) {
   EXPECT_EQ(plan.histogram_counters, hist);
   EXPECT_EQ(plan.tensors[0].chunk_count, 0u);
   EXPECT_EQ(plan.tensors[4].chunk_count, 4u);
+}
+
+TEST(MultiTensorPlanTest, LargeTensorsGetLargerChunksNotMoreThanTheCap) {
+  std::vector<KernelTensor> tensors(3);
+  tensors[0].count = kDefaultChunkElements * kMaxChunksPerTensor;      // exactly the cap
+  tensors[1].count = kDefaultChunkElements * kMaxChunksPerTensor + 1;  // one over
+  tensors[2].count = uint64_t{1} << 28;                                // 1 GiB of F32
+  const BatchPlan plan = PlanBatch(tensors, kDefaultChunkElements, 0);
+  EXPECT_EQ(plan.tensors[0].chunk_count, kMaxChunksPerTensor);
+  EXPECT_EQ(plan.chunks[0].count, kDefaultChunkElements);
+  EXPECT_LE(plan.tensors[1].chunk_count, kMaxChunksPerTensor);
+  EXPECT_EQ(plan.chunks[plan.tensors[1].first_chunk].count, 2 * kDefaultChunkElements);
+  EXPECT_EQ(plan.tensors[2].chunk_count, kMaxChunksPerTensor);
+  EXPECT_EQ(plan.chunks[plan.tensors[2].first_chunk].count, uint64_t{1} << 17);
+  DeviceStatsOptions options;
+  for (const KernelTensor& t : plan.tensors) EXPECT_EQ(StatsChunks(t.count, options), t.chunk_count);
 }
 
 }  // namespace

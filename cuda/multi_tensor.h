@@ -46,11 +46,25 @@ struct BatchPlan {
   uint64_t histogram_counters = 0;  // total counters over all tensors
 };
 
-// The default chunk: 64 Ki elements (256 KiB of F32) per block.
-inline constexpr uint64_t kDefaultChunkElements = uint64_t{1} << 16;
+// The default chunk: 16 Ki elements (64 KiB of F32) per block, so that a
+// 64 MiB tensor alone gives 1,024 blocks, several waves on a 132-SM GPU.
+inline constexpr uint64_t kDefaultChunkElements = uint64_t{1} << 14;
+
+// A tensor has at most this many chunks: above it, its chunks double until
+// it fits, which keeps the merge of its chunk records short (a 1 GiB F32
+// tensor: 2,048 chunks of 128 Ki elements, still several waves).
+inline constexpr uint64_t kMaxChunksPerTensor = 2048;
+
+// Elements per chunk of a tensor of `count` elements: `chunk_elements`
+// doubled until the tensor has at most kMaxChunksPerTensor chunks.
+inline uint64_t TensorChunkElements(uint64_t count, uint64_t chunk_elements) {
+  uint64_t per = chunk_elements > 0 ? chunk_elements : 1;
+  while ((count + per - 1) / per > kMaxChunksPerTensor) per *= 2;
+  return per;
+}
 
 // Cuts `tensors` (data, count, dtype, histogram set by the caller) into
-// chunks; fills first_chunk/chunk_count/hist_offset. A tensor with no
+// chunks of TensorChunkElements(count, chunk_elements); fills first_chunk/chunk_count/hist_offset. A tensor with no
 // elements gets no chunk; its record stays empty. `hist_counters` is the
 // number of counters of the batch's histogram spec.
 BatchPlan PlanBatch(std::vector<KernelTensor> tensors, uint64_t chunk_elements,

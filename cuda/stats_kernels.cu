@@ -1,11 +1,15 @@
-// The fused statistics kernels. Each block reads one chunk once: counts,
-// NaN-skipping extremes in the element's precision, and sums in double
-// shifted by the chunk's first finite element (s1 = sum(x-K),
-// s2 = sum((x-K)^2), so the chunk's m2 = s2 - s1^2/n is free of
-// cancellation), with histogram counts in shared memory. Sums stay in double
-// per element, even for F16/BF16/F32 input: float partials would overflow on
-// values near the float maximum. That costs FP64 throughput on GPUs with
-// slow FP64 (consumer parts); data-centre parts have it at half rate.
+// The fused statistics kernels. Each block reads one chunk once, with
+// 16-byte loads, four in flight per thread (FoldChunkThread in
+// math/chunk_math.h, which the CPU replay shares): counts, NaN-skipping
+// extremes in the element's precision, and the chunk's sums shifted by its
+// first finite element K (s1 = sum(x-K), s2 = sum((x-K)^2), so the chunk's
+// m2 = s2 - s1^2/n is free of cancellation), with histogram counts in
+// shared memory. F32/F16/BF16 elements are folded in float 16 at a time
+// (exact per-group two-pass, then widened to double once a group), so the
+// per-element work is float; groups holding NaN/Inf, or values whose
+// squares would overflow or underflow float, and all F64 data, are folded
+// element by element in double. At most 64 registers a thread (4 blocks of
+// 256 per SM).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,43 +24,81 @@
 namespace sonde {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kChunkThreads;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMergeThreads = 64;
+// Blocks of the partials kernel resident per SM that the register budget
+// must allow: 4 x 256 threads, so at most 64 registers a thread. With four
+// 16-byte loads in flight per thread that is 64 KiB in flight per SM.
+constexpr int kPartialsBlocksPerSm = 4;
 constexpr uint32_t kMaxSharedCounters = 12 * 1024;  // 48 KiB of u32
 
+// How the kernel reads each dtype: Raw is 16 bytes (one vector load);
+// Unpack widens the k-th element of a vector, Load one element by index.
+// F16 widens with the hardware conversion (exact, as SondeHalfToFloat).
+__device__ inline float HalfBitsToFloat(uint32_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h)));
+  return f;
+}
+
 template <typename T>
-struct Elem;
+struct Source;
 template <>
-struct Elem<float> {
+struct Source<float> {
   using Acc = float;
-  __device__ static float Load(const void* p, uint64_t i) {
-    return static_cast<const float*>(p)[i];
+  static constexpr int kPerVector = 4;
+  using Raw = uint4;
+  const float* p;
+  __device__ Raw LoadVector(uint64_t v) const { return __ldg(reinterpret_cast<const uint4*>(p) + v); }
+  __device__ float Unpack(const Raw& r, int k) const {
+    return __uint_as_float(k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w);
   }
+  __device__ float Load(uint64_t i) const { return __ldg(p + i); }
 };
 template <>
-struct Elem<double> {
+struct Source<double> {
   using Acc = double;
-  __device__ static double Load(const void* p, uint64_t i) {
-    return static_cast<const double*>(p)[i];
-  }
+  static constexpr int kPerVector = 2;
+  using Raw = double2;
+  const double* p;
+  __device__ Raw LoadVector(uint64_t v) const { return __ldg(reinterpret_cast<const double2*>(p) + v); }
+  __device__ double Unpack(const Raw& r, int k) const { return k == 0 ? r.x : r.y; }
+  __device__ double Load(uint64_t i) const { return __ldg(p + i); }
 };
 struct Half {};
 struct BFloat {};
+__device__ inline uint32_t Word(const uint4& r, int k) {
+  return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
+}
 template <>
-struct Elem<Half> {
+struct Source<Half> {
   using Acc = float;
-  __device__ static float Load(const void* p, uint64_t i) {
-    return SondeHalfToFloat(static_cast<const uint16_t*>(p)[i]);
+  static constexpr int kPerVector = 8;
+  using Raw = uint4;
+  const uint16_t* p;
+  __device__ Raw LoadVector(uint64_t v) const { return __ldg(reinterpret_cast<const uint4*>(p) + v); }
+  __device__ float Unpack(const Raw& r, int k) const {
+    const uint32_t w = Word(r, k / 2);
+    return HalfBitsToFloat(k % 2 == 0 ? (w & 0xffffu) : (w >> 16));
   }
+  __device__ float Load(uint64_t i) const { return HalfBitsToFloat(__ldg(p + i)); }
 };
 template <>
-struct Elem<BFloat> {
+struct Source<BFloat> {
   using Acc = float;
-  __device__ static float Load(const void* p, uint64_t i) {
-    return SondeBf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+  static constexpr int kPerVector = 8;
+  using Raw = uint4;
+  const uint16_t* p;
+  __device__ Raw LoadVector(uint64_t v) const { return __ldg(reinterpret_cast<const uint4*>(p) + v); }
+  __device__ float Unpack(const Raw& r, int k) const {
+    const uint32_t w = Word(r, k / 2);
+    return __uint_as_float(k % 2 == 0 ? (w << 16) : (w & 0xffff0000u));
   }
+  __device__ float Load(uint64_t i) const { return __uint_as_float(static_cast<uint32_t>(__ldg(p + i)) << 16); }
 };
+template <typename T> struct Storage { using type = T; };
+template <> struct Storage<Half> { using type = uint16_t; };
+template <> struct Storage<BFloat> { using type = uint16_t; };
 
 __device__ inline uint32_t Bin(const HistogramParams& p, float x) { return HistogramBinF32(p, x); }
 __device__ inline uint32_t Bin(const HistogramParams& p, double x) { return HistogramBinF64(p, x); }
@@ -88,41 +130,49 @@ __device__ void WarpReduce(ChunkPartial<Acc>& s) {
   }
 }
 
+// Histogram counts of every element a thread folds: shared-memory counters
+// when the spec fits, else the batch's global ones.
+struct HistogramCounting {
+  const HistogramParams* hp;
+  uint32_t* shared_counters;
+  unsigned long long* counters;
+  uint64_t offset;
+  template <typename Acc>
+  __device__ void operator()(Acc x) const {
+    const uint32_t bin = Bin(*hp, x);
+    if (bin >= hp->count) return;
+    if (shared_counters != nullptr) {
+      atomicAdd(&shared_counters[bin], 1u);
+    } else {
+      atomicAdd(&counters[offset + bin], 1ull);
+    }
+  }
+};
+
+struct NoHistogram {
+  template <typename Acc>
+  __device__ void operator()(Acc) const {}
+};
+
 template <typename T>
 __device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const HistogramParams& hp,
                            uint32_t* shared_counters, unsigned long long* counters,
                            StatsAccumulator* partial) {
-  using Acc = typename Elem<T>::Acc;
+  using S = Source<T>;
+  using Acc = typename S::Acc;
+  const S src{static_cast<const typename Storage<T>::type*>(t.data) + c.begin};
   ChunkPartial<Acc> s;
   s.Reset();
-  const bool hist = t.histogram != 0 && hp.count > 0;
-  const uint64_t base = c.begin;
-  const double shift = ChunkShift(Elem<T>::Load(t.data, base));
-  // Thread i takes elements i, i + kThreads, ... in that order; four loads
-  // are issued before they are used.
-  for (uint64_t start = 0; start < c.count; start += 4ull * kThreads) {
-    Acc x[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint64_t i = start + threadIdx.x + static_cast<uint64_t>(j) * kThreads;
-      x[j] = i < c.count ? Elem<T>::Load(t.data, base + i) : static_cast<Acc>(0);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint64_t i = start + threadIdx.x + static_cast<uint64_t>(j) * kThreads;
-      if (i >= c.count) break;
-      s.Add(x[j], shift);
-      if (hist) {
-        const uint32_t bin = Bin(hp, x[j]);
-        if (bin < hp.count) {
-          if (shared_counters != nullptr) {
-            atomicAdd(&shared_counters[bin], 1u);
-          } else {
-            atomicAdd(&counters[t.hist_offset + bin], 1ull);
-          }
-        }
-      }
-    }
+  const double shift = ChunkShift(src.Load(0));
+  const bool vectorized = (reinterpret_cast<uintptr_t>(src.p) & 15u) == 0;
+  // Two instantiations, so that a tensor without a histogram pays nothing
+  // per element for it.
+  if (t.histogram != 0 && hp.count > 0) {
+    HistogramCounting each{&hp, shared_counters, counters, t.hist_offset};
+    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, vectorized, shift, each);
+  } else {
+    NoHistogram each;
+    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, vectorized, shift, each);
   }
 
   WarpReduce(s);
@@ -138,7 +188,7 @@ __device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const Hi
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kPartialsBlocksPerSm)
     StatsPartialsKernel(const KernelTensor* tensors, const KernelChunk* chunks,
                         HistogramParams hp, StatsAccumulator* partials,
                         unsigned long long* counters, int shared_hist) {

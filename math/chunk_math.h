@@ -15,6 +15,13 @@
 
 #include "math/stats_math.h"
 
+// Loops the kernel must unroll (arrays in registers, not local memory).
+#if defined(__CUDACC__)
+#define SONDE_UNROLL _Pragma("unroll")
+#else
+#define SONDE_UNROLL
+#endif
+
 namespace sonde {
 
 template <typename Acc>
@@ -88,6 +95,176 @@ struct ChunkPartial {
     sq += o.sq;
   }
 };
+
+// How a block's threads walk its chunk. The kernel and its CPU replay
+// (cuda/kernel_emulation_test.cc) both run FoldChunkThread, so the replay
+// keeps the kernel's order of operations by construction.
+//
+// Where the chunk starts on a 16-byte boundary, thread t of kChunkThreads
+// issues kVectorLoads 16-byte loads before using any (vectors t, t + 256,
+// t + 512, t + 768 of the iteration: every load of a warp is one coalesced
+// 512-byte line), then folds those elements in groups of up to kGroup
+// (AddGroup). Elements after the last whole iteration, and every element of
+// a chunk that is not aligned, are folded one at a time (thread t takes
+// t, t + 256, ...).
+inline constexpr int kChunkThreads = 256;
+inline constexpr int kVectorLoads = 4;
+inline constexpr int kGroup = 16;
+// Threads of the merge kernel's block (one block per tensor): thread i
+// merges a contiguous run of the tensor's chunk records, then a tree.
+inline constexpr int kMergeThreads = 128;
+
+// Float groups within these bounds are folded in float: no element's square
+// or sum can overflow, and no square that underflows is more than 2^-30 of
+// the group's largest. Other groups take the per-element double path.
+inline constexpr float kGroupFloatMax = 1152921504606846976.0f;  // 2^60
+inline constexpr float kGroupFloatMin = 8.67361737988403547e-19f;  // 2^-60
+
+// Double elements: always one at a time in double (F64 keeps 1e-12).
+// Both forms return whether the group was folded in float.
+template <int G>
+SONDE_HD inline bool AddGroup(ChunkPartial<double>& s, const double (&x)[G], double shift) {
+  SONDE_UNROLL
+  for (int i = 0; i < G; ++i) s.Add(x[i], shift);
+  return false;
+}
+
+// Sum of f(x[i]) over a group: kGroupLanes interleaved running sums (element
+// i goes to lane i % 4, in order), then (l0 + l1) + (l2 + l3). The error is
+// at most G/4 + 2 roundings of the sum of magnitudes.
+inline constexpr int kGroupLanes = 4;
+
+// Float elements (F32, and F16/BF16 widened to float). A group that is all
+// finite and within [kGroupFloatMin, kGroupFloatMax] (or all zero; or all
+// equal) is folded in float: the group's mean m, then the corrected
+// two-pass c = sum(x - m), q = sum((x - m)^2), which gives the group's own
+// mean and m2 accurately whatever its offset; its shifted sums are then
+// added in double (s1 += n (mean - K), s2 += m2 + n (mean - K)^2), with l1 and
+// the sum of squares. That costs about 10 float operations an element and
+// 12 double operations a group, where the per-element path costs 7 double
+// operations an element. Other groups (NaN, Inf, huge or tiny values) take
+// the per-element path, so counts and extremes stay exact and nothing
+// overflows.
+template <int G>
+SONDE_HD inline bool AddGroup(ChunkPartial<float>& s, const float (&x)[G], double shift) {
+  static_assert(G % kGroupLanes == 0, "groups are whole lanes");
+  float mn = x[0];
+  float mx = x[0];
+  float amn = fabsf(x[0]);
+  float lane_sum[kGroupLanes];
+  float lane_abs[kGroupLanes];
+  float lane_sq[kGroupLanes];
+  SONDE_UNROLL
+  for (int k = 0; k < kGroupLanes; ++k) {
+    lane_sum[k] = x[k];
+    lane_abs[k] = fabsf(x[k]);
+    lane_sq[k] = x[k] * x[k];
+  }
+  SONDE_UNROLL
+  for (int i = 0; i < G; ++i) {
+    mn = fminf(mn, x[i]);
+    mx = fmaxf(mx, x[i]);
+    amn = fminf(amn, fabsf(x[i]));
+    if (i >= kGroupLanes) {
+      const int k = i % kGroupLanes;
+      lane_sum[k] += x[i];
+      lane_abs[k] += fabsf(x[i]);
+      lane_sq[k] = fmaf(x[i], x[i], lane_sq[k]);
+    }
+  }
+  const float sum = (lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3]);
+  const float amx = fmaxf(fabsf(mn), fabsf(mx));
+  const float spread = mx - mn;
+  const bool fast = sum - sum == 0.0f && amx <= kGroupFloatMax &&
+                    (amx >= kGroupFloatMin || amx == 0.0f) &&
+                    (spread >= kGroupFloatMin || spread == 0.0f);
+  if (!fast) {
+    SONDE_UNROLL
+    for (int i = 0; i < G; ++i) s.Add(x[i], shift);
+    return false;
+  }
+  s.mn = fminf(s.mn, mn);
+  s.mx = fmaxf(s.mx, mx);
+  s.amn = fminf(s.amn, amn);
+  s.amx = fmaxf(s.amx, amx);
+  if (amn == 0.0f) {
+    SONDE_UNROLL
+    for (int i = 0; i < G; ++i) s.zero += x[i] == 0.0f ? 1u : 0u;
+  }
+  const float m = sum * (1.0f / G);
+  float lane_c[kGroupLanes];
+  float lane_q[kGroupLanes];
+  SONDE_UNROLL
+  for (int k = 0; k < kGroupLanes; ++k) {
+    const float d = x[k] - m;
+    lane_c[k] = d;
+    lane_q[k] = d * d;
+  }
+  SONDE_UNROLL
+  for (int i = kGroupLanes; i < G; ++i) {
+    const int k = i % kGroupLanes;
+    const float d = x[i] - m;
+    lane_c[k] += d;
+    lane_q[k] = fmaf(d, d, lane_q[k]);
+  }
+  const double c = static_cast<double>((lane_c[0] + lane_c[1]) + (lane_c[2] + lane_c[3]));
+  const double q = static_cast<double>((lane_q[0] + lane_q[1]) + (lane_q[2] + lane_q[3]));
+  const double inv_n = 1.0 / G;  // a power of two when G is: exact
+  const double n = G;
+  const double t = fma(c, inv_n, static_cast<double>(m)) - shift;  // group mean - K
+  const double m2 = fma(-c * inv_n, c, q);
+  s.s1 = fma(n, t, s.s1);
+  s.s2 += m2 > 0 ? m2 : 0.0;
+  s.s2 = fma(n * t, t, s.s2);
+  s.l1 += static_cast<double>((lane_abs[0] + lane_abs[1]) + (lane_abs[2] + lane_abs[3]));
+  s.sq += static_cast<double>((lane_sq[0] + lane_sq[1]) + (lane_sq[2] + lane_sq[3]));
+  return true;
+}
+
+// One thread's walk of a chunk of `count` elements (see kChunkThreads).
+// `src` reads the chunk: Raw LoadVector(v) (the v-th 16 bytes), Acc
+// Unpack(const Raw&, int k) (the k-th element of a vector), Acc Load(i)
+// (the i-th element). `each` sees every element before it is folded (the
+// kernel's histogram). V: elements per 16 bytes.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <typename Acc, int V, typename Source, typename Each>
+SONDE_HD inline void FoldChunkThread(ChunkPartial<Acc>& s, const Source& src, uint64_t count,
+                                     uint32_t thread, bool vectorized, double shift,
+                                     Each& each) {
+  constexpr int kPerThread = V * kVectorLoads;
+  constexpr int kG = kPerThread < kGroup ? kPerThread : kGroup;
+  static_assert(kPerThread % kG == 0, "whole groups per iteration");
+  constexpr uint64_t kPerIteration = static_cast<uint64_t>(kPerThread) * kChunkThreads;
+  uint64_t done = 0;
+  if (vectorized) {
+    const uint64_t iterations = count / kPerIteration;
+    for (uint64_t it = 0; it < iterations; ++it) {
+      typename Source::Raw raw[kVectorLoads];
+      const uint64_t first = it * kVectorLoads * kChunkThreads + thread;
+      SONDE_UNROLL
+      for (int j = 0; j < kVectorLoads; ++j) raw[j] = src.LoadVector(first + j * kChunkThreads);
+      SONDE_UNROLL
+      for (int g = 0; g < kPerThread / kG; ++g) {
+        Acc x[kG];
+        SONDE_UNROLL
+        for (int i = 0; i < kG; ++i) {
+          const int e = g * kG + i;
+          x[i] = src.Unpack(raw[e / V], e % V);
+          each(x[i]);
+        }
+        AddGroup(s, x, shift);
+      }
+    }
+    done = iterations * kPerIteration;
+  }
+  for (uint64_t i = done + thread; i < count; i += kChunkThreads) {
+    const Acc v = src.Load(i);
+    each(v);
+    s.Add(v, shift);
+  }
+}
 
 template <typename Acc>
 SONDE_HD inline StatsAccumulator FinishChunk(const ChunkPartial<Acc>& b, uint64_t count,
