@@ -283,6 +283,7 @@ class CudaDeviceStats final : public DeviceStats {
         reinterpret_cast<const KernelTensor*>(dev), static_cast<uint32_t>(plan.tensors.size()),
         reinterpret_cast<const KernelChunk*>(dev + tensors_bytes),
         static_cast<uint32_t>(plan.chunks.size()), params_,
+        options_.warp_aggregated_histograms ? kHistogramWarpAggregated : kHistogramAtomics,
         reinterpret_cast<StatsAccumulator*>(dev + upload + out_bytes + counters_bytes),
         reinterpret_cast<unsigned long long*>(dev + upload + out_bytes),
         reinterpret_cast<StatsAccumulator*>(dev + upload), work_);

@@ -65,15 +65,32 @@ std::vector<DeviceCompletion> CollectUntil(DeviceStats& engine, DeviceCompletion
   return all;
 }
 
+void ContractStatisticsMatchTheCpuOnce(const ContractTarget& target, bool offset);
+
 void ContractStatisticsMatchTheCpu(const ContractTarget& target) {
+  // Twice: data where allocations put it (16-byte aligned: the kernel's
+  // vector loads) with histograms counted per element, then every tensor
+  // one element past that (as a view at an odd offset: element loads) with
+  // warp-aggregated histogram counts.
+  for (const bool offset : {false, true}) {
+    SCOPED_TRACE(offset ? "unaligned, warp-aggregated histograms" : "aligned");
+    ContractStatisticsMatchTheCpuOnce(target, offset);
+  }
+}
+
+void ContractStatisticsMatchTheCpuOnce(const ContractTarget& target, bool offset) {
   const std::vector<ConformanceCase> cases = ConformanceCases();
   std::unique_ptr<ContractMemory> memory = target.memory();
   std::vector<DeviceTensorRef> refs;
   for (const ConformanceCase& c : cases) {
-    refs.push_back({c.bytes.empty() ? nullptr : memory->Upload(c.bytes), c.dtype, c.count, true});
+    const size_t skip = offset && c.count > 0 ? c.bytes.size() / c.count : 0;
+    const void* at = c.bytes.empty() ? nullptr : memory->Upload(std::string(skip, '\0') + c.bytes);
+    refs.push_back({at == nullptr ? nullptr : static_cast<const char*>(at) + skip, c.dtype, c.count,
+                    true});
   }
   DeviceStatsOptions options;
   options.slot_bytes = uint64_t{64} << 20;
+  options.warp_aggregated_histograms = offset;
   std::unique_ptr<DeviceStats> engine = MakeEngine(target, options);
   ASSERT_NE(engine, nullptr);
   absl::StatusOr<uint64_t> ticket = engine->EnqueueStats(refs, memory->producer_stream());

@@ -23,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "cuda/conformance.h"
 #include "cuda/device_stats.h"
+#include "cuda/stats_kernels.h"
 #include "stats/histogram.h"
 #include "stats/statistics.h"
 
@@ -30,6 +31,7 @@ namespace sonde {
 
 int LaunchReadSum(const void* data, uint64_t bytes, int32_t dtype, int sms, float* out,
                   void* stream);
+int LaunchFill(void* data, uint64_t count, int32_t dtype, uint64_t seed, void* stream);
 
 namespace {
 
@@ -180,7 +182,15 @@ int Bandwidth(const Flags& flags, int sms) {
     std::printf("bandwidth: cannot create the engine: %s\n", engine.status().ToString().c_str());
     return 1;
   }
+  options.warp_aggregated_histograms = true;
+  absl::StatusOr<std::unique_ptr<DeviceStats>> aggregating = DeviceStats::Create(options);
+  if (!aggregating.ok()) {
+    std::printf("bandwidth: cannot create the engine: %s\n",
+                aggregating.status().ToString().c_str());
+    return 1;
+  }
   StatsTimer timer(**engine, stream, flags.repeats, &problems);
+  StatsTimer timer_aggregating(**aggregating, stream, flags.repeats, &problems);
   const uint64_t largest = uint64_t{1} << 30;
   void* src = nullptr;
   void* dst = nullptr;
@@ -190,7 +200,12 @@ int Bandwidth(const Flags& flags, int sms) {
     std::printf("bandwidth: cannot allocate 2 GiB\n");
     return 1;
   }
-  cudaMemset(src, 0x3c, largest);  // finite values in every dtype
+  // Pseudo-normal values (sd 0.02, like weights) in the dtype timed.
+  auto fill = [&](v1::DType dtype) {
+    const uint64_t count = largest / (dtype == v1::DTYPE_F32 ? 4 : 2);
+    if (LaunchFill(src, count, static_cast<int32_t>(dtype), 20261126, stream) != 0) ++problems;
+    cudaStreamSynchronize(stream);
+  };
   auto read_ms = [&](const void* p, uint64_t bytes, v1::DType dtype) {
     return TimeOnStream(
         stream, flags.repeats,
@@ -201,11 +216,13 @@ int Bandwidth(const Flags& flags, int sms) {
         },
         [] {});
   };
-  std::printf("\nbandwidth (GB/s of the tensor's bytes; ratios to the read-only sum in the same "
-              "run; the copy counted once and as read + write traffic)\n");
-  std::printf("%9s %5s %10s %10s %10s %7s %7s %10s %10s\n", "size", "dtype", "stats", "stats+hist",
-              "read sum", "s/read", "h/read", "copy 1x", "copy r+w");
+  std::printf("\nbandwidth (GB/s of the tensor's bytes, pseudo-normal data; ratios to the "
+              "read-only sum in the same run; hist: histograms counted per element, hist/w: "
+              "warp-aggregated; the copy counted once and as read + write traffic)\n");
+  std::printf("%9s %5s %9s %9s %9s %9s %7s %7s %7s %9s %9s\n", "size", "dtype", "stats", "+hist",
+              "+hist/w", "read sum", "s/read", "h/read", "hw/read", "copy 1x", "copy r+w");
   for (v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_F16}) {
+    fill(dtype);
     for (uint64_t mib : {1, 4, 16, 64, 256, 1024}) {
       const uint64_t bytes = mib << 20;
       const uint64_t count = bytes / (dtype == v1::DTYPE_F32 ? 4 : 2);
@@ -213,18 +230,21 @@ int Bandwidth(const Flags& flags, int sms) {
       DeviceTensorRef hist{src, dtype, count, true};
       const double stats = bytes / timer.Time({plain}) / 1e6;
       const double with_hist = bytes / timer.Time({hist}) / 1e6;
+      const double aggregated = bytes / timer_aggregating.Time({hist}) / 1e6;
       const double read = bytes / read_ms(src, bytes, dtype) / 1e6;
       const double copy = bytes / TimeOnStream(stream, flags.repeats, [&] {
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
       }, [] {}) / 1e6;
-      std::printf("%5llu MiB %5s %10.1f %10.1f %10.1f %7.2f %7.2f %10.1f %10.1f\n",
-                  static_cast<unsigned long long>(mib), DTypeLabel(dtype), stats, with_hist, read,
-                  stats / read, with_hist / read, copy, 2 * copy);
+      std::printf("%5llu MiB %5s %9.1f %9.1f %9.1f %9.1f %7.2f %7.2f %7.2f %9.1f %9.1f\n",
+                  static_cast<unsigned long long>(mib), DTypeLabel(dtype), stats, with_hist,
+                  aggregated, read, stats / read, with_hist / read, aggregated / read, copy,
+                  2 * copy);
     }
   }
   // One training step's batch: 150 weights [672, 1024] and 150 biases [1024]
   // of F32 (300 tensors, 413 MB) carved from one buffer, whose read-only sum
   // is the baseline.
+  fill(v1::DTYPE_F32);
   std::vector<DeviceTensorRef> step, step_hist;
   uint64_t offset = 0;
   for (int layer = 0; layer < 150; ++layer) {
@@ -238,11 +258,13 @@ int Bandwidth(const Flags& flags, int sms) {
   const uint64_t step_bytes = offset * 4;
   const double stats = step_bytes / timer.Time(step) / 1e6;
   const double with_hist = step_bytes / timer.Time(step_hist) / 1e6;
+  const double aggregated = step_bytes / timer_aggregating.Time(step_hist) / 1e6;
   const double read = step_bytes / read_ms(src, step_bytes, v1::DTYPE_F32) / 1e6;
   std::printf("step batch: %zu F32 tensors, %.0f MB: statistics %.1f GB/s, with histograms %.1f "
-              "GB/s, read sum %.1f GB/s: s/read %.2f, h/read %.2f\n",
-              step.size(), step_bytes / 1e6, stats, with_hist, read, stats / read,
-              with_hist / read);
+              "GB/s (warp-aggregated %.1f), read sum %.1f GB/s: s/read %.2f, h/read %.2f, "
+              "hw/read %.2f\n",
+              step.size(), step_bytes / 1e6, stats, with_hist, aggregated, read, stats / read,
+              with_hist / read, aggregated / read);
   cudaFree(src);
   cudaFree(dst);
   cudaFree(sum);
@@ -302,6 +324,14 @@ int main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, flags.device);
   std::printf("gpu_check: device %d: %s (sm_%d%d, %d SMs)\n", flags.device, prop.name, prop.major,
               prop.minor, prop.multiProcessorCount);
+  sonde::StatsKernelInfo kernel;
+  if (sonde::QueryStatsKernel(&kernel) == 0) {
+    const int threads = kernel.blocks_per_sm * kernel.threads;
+    std::printf("statistics kernel: %d registers a thread, %d blocks of %d per SM: %d threads, "
+                "theoretical occupancy %.1f%%\n",
+                kernel.registers, kernel.blocks_per_sm, kernel.threads, threads,
+                100.0 * threads / prop.maxThreadsPerMultiProcessor);
+  }
   const int conformance = sonde::Conformance(flags);
   const int problems = sonde::Bandwidth(flags, prop.multiProcessorCount);
   sonde::Launches(flags);

@@ -131,7 +131,11 @@ __device__ void WarpReduce(ChunkPartial<Acc>& s) {
 }
 
 // Histogram counts of every element a thread folds: shared-memory counters
-// when the spec fits, else the batch's global ones.
+// when the spec fits, else the batch's global ones. kAggregate: the lanes of
+// a warp that fall in the same bin add once, by their first lane (one
+// atomic per distinct bin instead of conflicting ones; data with many equal
+// bins, zeros after a ReLU, gains most), at the cost of a match per element.
+template <bool kAggregate>
 struct HistogramCounting {
   const HistogramParams* hp;
   uint32_t* shared_counters;
@@ -140,11 +144,17 @@ struct HistogramCounting {
   template <typename Acc>
   __device__ void operator()(Acc x) const {
     const uint32_t bin = Bin(*hp, x);
+    uint32_t add = 1;
+    if (kAggregate) {
+      const unsigned peers = __match_any_sync(__activemask(), bin);
+      if ((threadIdx.x & 31u) != static_cast<unsigned>(__ffs(peers) - 1)) return;
+      add = static_cast<uint32_t>(__popc(peers));
+    }
     if (bin >= hp->count) return;
     if (shared_counters != nullptr) {
-      atomicAdd(&shared_counters[bin], 1u);
+      atomicAdd(&shared_counters[bin], add);
     } else {
-      atomicAdd(&counters[offset + bin], 1ull);
+      atomicAdd(&counters[offset + bin], static_cast<unsigned long long>(add));
     }
   }
 };
@@ -156,8 +166,8 @@ struct NoHistogram {
 
 template <typename T>
 __device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const HistogramParams& hp,
-                           uint32_t* shared_counters, unsigned long long* counters,
-                           StatsAccumulator* partial) {
+                           int histogram_mode, uint32_t* shared_counters,
+                           unsigned long long* counters, StatsAccumulator* partial) {
   using S = Source<T>;
   using Acc = typename S::Acc;
   const S src{static_cast<const typename Storage<T>::type*>(t.data) + c.begin};
@@ -167,8 +177,11 @@ __device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const Hi
   const bool vectorized = (reinterpret_cast<uintptr_t>(src.p) & 15u) == 0;
   // Two instantiations, so that a tensor without a histogram pays nothing
   // per element for it.
-  if (t.histogram != 0 && hp.count > 0) {
-    HistogramCounting each{&hp, shared_counters, counters, t.hist_offset};
+  if (t.histogram != 0 && hp.count > 0 && histogram_mode == kHistogramWarpAggregated) {
+    HistogramCounting<true> each{&hp, shared_counters, counters, t.hist_offset};
+    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, vectorized, shift, each);
+  } else if (t.histogram != 0 && hp.count > 0) {
+    HistogramCounting<false> each{&hp, shared_counters, counters, t.hist_offset};
     FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, vectorized, shift, each);
   } else {
     NoHistogram each;
@@ -190,7 +203,7 @@ __device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const Hi
 
 __global__ void __launch_bounds__(kThreads, kPartialsBlocksPerSm)
     StatsPartialsKernel(const KernelTensor* tensors, const KernelChunk* chunks,
-                        HistogramParams hp, StatsAccumulator* partials,
+                        HistogramParams hp, int histogram_mode, StatsAccumulator* partials,
                         unsigned long long* counters, int shared_hist) {
   extern __shared__ uint32_t shared_counters[];
   const KernelChunk c = chunks[blockIdx.x];
@@ -202,10 +215,10 @@ __global__ void __launch_bounds__(kThreads, kPartialsBlocksPerSm)
     __syncthreads();
   }
   switch (t.dtype) {
-    case kKernelF32: ChunkStats<float>(t, c, hp, local, counters, &partials[blockIdx.x]); break;
-    case kKernelF64: ChunkStats<double>(t, c, hp, local, counters, &partials[blockIdx.x]); break;
-    case kKernelF16: ChunkStats<Half>(t, c, hp, local, counters, &partials[blockIdx.x]); break;
-    case kKernelBF16: ChunkStats<BFloat>(t, c, hp, local, counters, &partials[blockIdx.x]); break;
+    case kKernelF32: ChunkStats<float>(t, c, hp, histogram_mode, local, counters, &partials[blockIdx.x]); break;
+    case kKernelF64: ChunkStats<double>(t, c, hp, histogram_mode, local, counters, &partials[blockIdx.x]); break;
+    case kKernelF16: ChunkStats<Half>(t, c, hp, histogram_mode, local, counters, &partials[blockIdx.x]); break;
+    case kKernelBF16: ChunkStats<BFloat>(t, c, hp, histogram_mode, local, counters, &partials[blockIdx.x]); break;
     default: break;
   }
   if (local != nullptr) {
@@ -266,20 +279,33 @@ __global__ void ConvertKernel(const void* src, int32_t src_dtype, void* dst, int
 
 int LaunchStatsBatch(const KernelTensor* tensors, uint32_t tensor_count,
                      const KernelChunk* chunks, uint32_t chunk_count,
-                     const HistogramParams& histogram, StatsAccumulator* partials,
-                     unsigned long long* counters, StatsAccumulator* out, void* stream) {
+                     const HistogramParams& histogram, int histogram_mode,
+                     StatsAccumulator* partials, unsigned long long* counters,
+                     StatsAccumulator* out, void* stream) {
   if (tensor_count == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (chunk_count > 0) {
     const int shared_hist = histogram.count > 0 && histogram.count <= kMaxSharedCounters;
     const size_t shared_bytes = shared_hist ? histogram.count * sizeof(uint32_t) : 0;
-    StatsPartialsKernel<<<chunk_count, kThreads, shared_bytes, s>>>(tensors, chunks, histogram,
-                                                                   partials, counters, shared_hist);
+    StatsPartialsKernel<<<chunk_count, kThreads, shared_bytes, s>>>(
+        tensors, chunks, histogram, histogram_mode, partials, counters, shared_hist);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return static_cast<int>(e);
   }
   StatsMergeKernel<<<tensor_count, kMergeThreads, 0, s>>>(tensors, partials, out);
   return static_cast<int>(cudaGetLastError());
+}
+
+int QueryStatsKernel(StatsKernelInfo* info) {
+  cudaFuncAttributes attributes;
+  cudaError_t e = cudaFuncGetAttributes(&attributes, StatsPartialsKernel);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  info->registers = attributes.numRegs;
+  info->threads = kThreads;
+  // The shared memory of a histogram of the default spec's size.
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info->blocks_per_sm, StatsPartialsKernel,
+                                                     kThreads, 0);
+  return static_cast<int>(e);
 }
 
 int LaunchConvert(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,

@@ -1,27 +1,69 @@
 #!/usr/bin/env bash
-# Packs the GPU measurements (issues 14 and 15: gpu_check, the GPU tests,
-# the GPU training benchmark) for a lent GPU machine, which has the driver
-# and CUDA but none of Debian's libraries and no Bazel.
+# Packs the GPU measurements (issues 14 and 15) for a lent GPU machine,
+# which has the driver, CUDA, Python 3.12 and torch 2.x, but none of
+# Debian's libraries, no Bazel and no network:
+#   - .gpu/: gpu_check, the GPU tests and the GPU training benchmark with
+#     their shared libraries (../shared/tools/gpu-bundle.sh), and
+#   - .gpu-torch/: the sonde wheel for CPython 3.12 with the grpcio and
+#     protobuf wheels it needs, and run.sh, which installs them into a
+#     scratch folder and runs examples/bench/torch_gpu_bench.py (tracked,
+#     so it travels with the working tree) on the machine's torch.
 #
-#   bash deploy/gpu-pack.sh
-#   # then, with the device tool:
+#   bash deploy/gpu-pack.sh [--no-torch]
+#   # then, with the device tool, one call each (10 minutes a call):
 #   #   run(command="tar -xJf .gpu.tar.xz && bash .gpu/run.sh", carry=[".gpu.tar.xz"])
-#   # each binary's output comes back as $OUT/<name>.txt, nvidia-smi -L first
+#   #   run(command="tar -xJf .gpu.tar.xz && bash .gpu-torch/run.sh", carry=[".gpu.tar.xz"])
+#   # or one binary: cd .gpu && LD_LIBRARY_PATH=$PWD/lib ./gpu_check
+#   # outputs come back as $OUT/<name>.txt, nvidia-smi -L first
 #
-# The bundle (.gpu/, binaries and their shared libraries) is about 61 MiB,
-# which with the tracked files passes the device tool's 64 MiB limit on
-# what travels; compressed it is about 15 MiB. Both paths are ignored by
-# git (.git/info/exclude). GPU_BUNDLE names the bundling script
-# (default: the workplace's ../shared/tools/gpu-bundle.sh).
+# Unpacked, .gpu/ is about 61 MiB, which with the tracked files passes the
+# device tool's 64 MiB limit on what travels; so both folders travel as one
+# xz archive (about 15 MiB, plus about 27 MiB of wheels). All three paths
+# are ignored by git (.git/info/exclude). GPU_BUNDLE names the bundling
+# script (default: the workplace's ../shared/tools/gpu-bundle.sh); PYTHON312
+# the CPython 3.12 to build the wheel for (default: pyenv's).
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
+torch=1
+[ "${1:-}" = "--no-torch" ] && torch=0
 bundle=${GPU_BUNDLE:-$root/../shared/tools/gpu-bundle.sh}
 [ -x "$bundle" ] || { echo "gpu-pack: no bundling script at $bundle (set GPU_BUNDLE)" >&2; exit 2; }
+exclude="$(git rev-parse --git-dir)/info/exclude"
+for p in /.gpu.tar.xz /.gpu-torch/; do
+  grep -qx "$p" "$exclude" 2>/dev/null || echo "$p" >> "$exclude"
+done
 "$bundle" //tests/bench:gpu_training_bench //cuda:gpu_check //cuda:device_stats_test \
   //tests:device_path_test //tests:device_capture_test
-exclude="$(git rev-parse --git-dir)/info/exclude"
-grep -qx '/.gpu.tar.xz' "$exclude" 2>/dev/null || echo '/.gpu.tar.xz' >> "$exclude"
-tar -cJf .gpu.tar.xz .gpu
+rm -rf .gpu-torch
+if [ "$torch" = 1 ]; then
+  py=${PYTHON312:-$(ls -d "$HOME"/.pyenv/versions/3.12.*/bin/python3 2>/dev/null | tail -1)}
+  [ -x "$py" ] || { echo "gpu-pack: no CPython 3.12 (set PYTHON312, or --no-torch)" >&2; exit 2; }
+  mkdir -p .gpu-torch/wheels
+  bash deploy/build-wheels.sh .gpu-torch/wheels --python "$py"
+  # What the wheel requires besides numpy and torch, which the machine has.
+  "$py" -m pip download -q --only-binary=:all: --no-deps -d .gpu-torch/wheels \
+    'grpcio>=1.51' 'protobuf>=4.21'
+  cat > .gpu-torch/run.sh <<'RUN'
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root: installs the carried wheels
+# into a scratch folder (no network needed) and runs the PyTorch GPU
+# benchmark on the machine's own torch. Output: $OUT/torch_gpu_bench.txt.
+set -uo pipefail
+out=${OUT:-/tmp}
+site=$(mktemp -d)/site
+python3 -m pip install -q --no-deps --no-index --target "$site" .gpu-torch/wheels/*.whl || exit 1
+export PYTHONPATH=$site
+{ nvidia-smi -L; python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no cuda")'; } 2>&1 | tee "$out/torch_env.txt"
+python3 examples/bench/torch_gpu_bench.py "$@" 2>&1 | tee "$out/torch_gpu_bench.txt" | tail -60
+exit "${PIPESTATUS[0]}"
+RUN
+  chmod +x .gpu-torch/run.sh
+  tar -cJf .gpu.tar.xz .gpu .gpu-torch
+else
+  tar -cJf .gpu.tar.xz .gpu
+fi
 du -h .gpu.tar.xz
 echo 'gpu-pack: run(command="tar -xJf .gpu.tar.xz && bash .gpu/run.sh", carry=[".gpu.tar.xz"])'
+[ "$torch" = 1 ] && echo 'gpu-pack: run(command="tar -xJf .gpu.tar.xz && bash .gpu-torch/run.sh", carry=[".gpu.tar.xz"])'
+exit 0
