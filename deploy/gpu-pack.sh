@@ -29,6 +29,7 @@ torch=1
 [ "${1:-}" = "--no-torch" ] && torch=0
 bundle=${GPU_BUNDLE:-$root/../shared/tools/gpu-bundle.sh}
 [ -x "$bundle" ] || { echo "gpu-pack: no bundling script at $bundle (set GPU_BUNDLE)" >&2; exit 2; }
+mkdir -p "$(git rev-parse --git-dir)/info"
 exclude="$(git rev-parse --git-dir)/info/exclude"
 for p in /.gpu.tar.xz /.gpu-torch/; do
   grep -qx "$p" "$exclude" 2>/dev/null || echo "$p" >> "$exclude"
@@ -41,9 +42,10 @@ if [ "$torch" = 1 ]; then
   [ -x "$py" ] || { echo "gpu-pack: no CPython 3.12 (set PYTHON312, or --no-torch)" >&2; exit 2; }
   mkdir -p .gpu-torch/wheels
   bash deploy/build-wheels.sh .gpu-torch/wheels --python "$py"
-  # What the wheel requires besides numpy and torch, which the machine has.
+  # What the wheel requires besides numpy and torch, which the machine has
+  # (grpcio needs typing_extensions, which torch needs too: carried anyway).
   "$py" -m pip download -q --only-binary=:all: --no-deps -d .gpu-torch/wheels \
-    'grpcio>=1.51' 'protobuf>=4.21'
+    'grpcio>=1.51' 'protobuf>=4.21' typing_extensions
   cat > .gpu-torch/run.sh <<'RUN'
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: installs the carried wheels
@@ -52,8 +54,9 @@ if [ "$torch" = 1 ]; then
 set -uo pipefail
 out=${OUT:-/tmp}
 site=$(mktemp -d)/site
-python3 -m pip install -q --no-deps --no-index --target "$site" .gpu-torch/wheels/*.whl || exit 1
-export PYTHONPATH=$site
+python3 -m pip install -q --no-deps --no-index --no-compile --no-cache-dir --upgrade \
+  --target "$site" .gpu-torch/wheels/*.whl || exit 1
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
 { nvidia-smi -L; python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no cuda")'; } 2>&1 | tee "$out/torch_env.txt"
 python3 examples/bench/torch_gpu_bench.py "$@" 2>&1 | tee "$out/torch_gpu_bench.txt" | tail -60
 exit "${PIPESTATUS[0]}"
