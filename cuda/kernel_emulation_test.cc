@@ -16,6 +16,8 @@
 #include "cuda/device_stats.h"
 #include "math/float16_math.h"
 #include "cuda/multi_tensor.h"
+#include "math/histogram_math.h"
+#include "stats/histogram.h"
 #include "stats/statistics.h"
 #include "gtest/gtest.h"
 
@@ -67,9 +69,18 @@ struct HostSource {
   Acc Load(uint64_t i) const { return Decode(At(i * size)); }
 };
 
-struct NoHistogram {
-  template <typename Acc>
-  void operator()(Acc) const {}
+// Counts every element the walk hands to `each`, as the kernel's
+// HistogramCounting does on the device.
+struct HostHistogram {
+  HistogramParams params;
+  std::vector<uint64_t> counts;
+  explicit HostHistogram(const HistogramSpecHD& spec)
+      : params(MakeHistogramParams(spec)), counts(params.count, 0) {}
+  void operator()(float x) { Count(HistogramBinF32(params, x)); }
+  void operator()(double x) { Count(HistogramBinF64(params, x)); }
+  void Count(uint32_t bin) {
+    if (bin < params.count) ++counts[bin];
+  }
 };
 
 size_t ElementSize(v1::DType d) {
@@ -79,12 +90,12 @@ size_t ElementSize(v1::DType d) {
 // `vectorized`: the chunk starts on a 16-byte boundary (false replays the
 // kernel on a tensor whose data pointer is not aligned).
 template <typename Acc>
-StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk, bool vectorized) {
+StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk, bool vectorized,
+                              HostHistogram& each) {
   const size_t size = ElementSize(c.dtype);
   const HostSource<Acc> src{&c, chunk.begin, size};
   const double shift = ChunkShift(src.Load(0));
   std::vector<ChunkPartial<Acc>> threads(kThreads);
-  NoHistogram each;
   for (int t = 0; t < kThreads; ++t) {
     threads[t].Reset();
     if (size == 8) {
@@ -109,7 +120,10 @@ StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk
 // `vectorized` false: as the kernel reads a tensor whose data pointer is
 // not 16-byte aligned.
 StatsAccumulator EmulateTensor(const ConformanceCase& c, bool vectorized = true,
-                               uint64_t chunk_elements = kDefaultChunkElements) {
+                               uint64_t chunk_elements = kDefaultChunkElements,
+                               HostHistogram* histogram = nullptr) {
+  HostHistogram unused(DefaultExponentialSpec());
+  HostHistogram& each = histogram != nullptr ? *histogram : unused;
   KernelTensor t;
   t.count = c.count;
   t.dtype = static_cast<int32_t>(c.dtype);
@@ -118,8 +132,8 @@ StatsAccumulator EmulateTensor(const ConformanceCase& c, bool vectorized = true,
   for (const KernelChunk& chunk : plan.chunks) {
     // The kernel vectorizes a chunk whose first byte is 16-byte aligned.
     const bool aligned = vectorized && (chunk.begin * ElementSize(c.dtype)) % 16 == 0;
-    partials.push_back(c.dtype == v1::DTYPE_F64 ? EmulateChunk<double>(c, chunk, aligned)
-                                                : EmulateChunk<float>(c, chunk, aligned));
+    partials.push_back(c.dtype == v1::DTYPE_F64 ? EmulateChunk<double>(c, chunk, aligned, each)
+                                                : EmulateChunk<float>(c, chunk, aligned, each));
   }
   const uint32_t chunks = plan.tensors[0].chunk_count;
   const uint32_t per = (chunks + kMergeThreads - 1) / kMergeThreads;
@@ -163,6 +177,27 @@ TEST(KernelEmulationTest, OddChunkSizesMixVectorAndScalarChunks) {
     AccumulateStatistics(cpu, c.bytes.data(), c.dtype, c.count);
     const absl::Status same = CompareRecords(EmulateTensor(c, true, 1000), cpu, c.dtype);
     EXPECT_TRUE(same.ok()) << c.name << ": " << same;
+  }
+}
+
+TEST(KernelEmulationTest, EveryElementReachesTheHistogramOnce) {
+  // Aligned (vector loads and a scalar tail) and unaligned (element loads),
+  // for both histogram kinds: the counts equal the CPU path's.
+  HistogramSpecHD fixed;
+  fixed.kind = kHistogramFixed;
+  fixed.lo = -3;
+  fixed.hi = 3;
+  fixed.bins = 61;
+  for (const HistogramSpecHD& spec : {DefaultExponentialSpec(), fixed}) {
+    for (const ConformanceCase& c : ConformanceCases()) {
+      for (const bool vectorized : {true, false}) {
+        HostHistogram emulated(spec);
+        EmulateTensor(c, vectorized, kDefaultChunkElements, &emulated);
+        HistogramCounts cpu = HistogramCounts::Empty(spec);
+        AccumulateHistogramScalar(cpu, c.bytes.data(), c.dtype, c.count);
+        EXPECT_EQ(emulated.counts, cpu.counts) << c.name << (vectorized ? "" : " unaligned");
+      }
+    }
   }
 }
 
