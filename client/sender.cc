@@ -892,14 +892,23 @@ bool Sender::WriteEntry(Stream* stream, Unacked* entry, size_t from) {
       if (m.has_step_end()) {
         v1::StepEnd* end = m.mutable_step_end();
         *end->mutable_counters() = WireCounters();
-        end->set_steps_dropped(end->steps_dropped() + steps_dropped_pending_);
+        // A step end written before may be stored already (its ack lost,
+        // after the hello's resume step was read): the collector then
+        // acknowledges the resend as a duplicate and ignores its count, so
+        // new drops wait for the next step end or the job end instead.
+        if (!entry->written) {
+          end->set_steps_dropped(end->steps_dropped() + steps_dropped_pending_);
+          entry->carried_steps_dropped += steps_dropped_pending_;
+          steps_dropped_pending_ = 0;
+        }
       } else {
+        // The job end is the last message: what is pending goes with it.
         v1::JobEnd* end = m.mutable_job_end();
         *end->mutable_counters() = WireCounters();
         end->set_steps_dropped(end->steps_dropped() + steps_dropped_pending_);
+        entry->carried_steps_dropped += steps_dropped_pending_;
+        steps_dropped_pending_ = 0;
       }
-      entry->carried_steps_dropped += steps_dropped_pending_;
-      steps_dropped_pending_ = 0;
     }
     m.set_seq(++seq_);
     if (!stream->Write(m)) return false;
