@@ -7,6 +7,10 @@
 //
 //   bazel run -c opt //cuda:gpu_check [-- --device=N --repeats=R]
 //
+// For a profiler, narrow it, e.g.: ncu --kernel-name regex:StatsPartials
+//   --launch-count 4 gpu_check --no_conformance --no_step --sizes=256
+//   --dtypes=f32 --repeats=2
+//
 // Exit status: 0 all conformance cases pass and no enqueue was refused (or
 // there is no GPU: it says so), 1 a case failed, an enqueue was refused or
 // the device reported an error.
@@ -21,6 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "cuda/conformance.h"
 #include "cuda/device_stats.h"
 #include "cuda/stats_kernels.h"
@@ -38,6 +43,12 @@ namespace {
 struct Flags {
   int device = 0;
   int repeats = 20;
+  // Narrow the run (for a profiler): the sizes in MiB and dtypes timed,
+  // and whether the conformance cases and the step batch run.
+  std::vector<uint64_t> sizes_mib = {1, 4, 16, 64, 256, 1024};
+  std::vector<v1::DType> dtypes = {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_F16};
+  bool conformance = true;
+  bool step = true;
 };
 
 int Conformance(const Flags& flags) {
@@ -221,9 +232,10 @@ int Bandwidth(const Flags& flags, int sms) {
               "warp-aggregated; the copy counted once and as read + write traffic)\n");
   std::printf("%9s %5s %9s %9s %9s %9s %7s %7s %7s %9s %9s\n", "size", "dtype", "stats", "+hist",
               "+hist/w", "read sum", "s/read", "h/read", "hw/read", "copy 1x", "copy r+w");
-  for (v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_F16}) {
+  for (v1::DType dtype : flags.dtypes) {
     fill(dtype);
-    for (uint64_t mib : {1, 4, 16, 64, 256, 1024}) {
+    for (uint64_t mib : flags.sizes_mib) {
+      if (mib == 0 || mib > (largest >> 20)) continue;
       const uint64_t bytes = mib << 20;
       const uint64_t count = bytes / (dtype == v1::DTYPE_F32 ? 4 : 2);
       DeviceTensorRef plain{src, dtype, count, false};
@@ -244,6 +256,13 @@ int Bandwidth(const Flags& flags, int sms) {
   // One training step's batch: 150 weights [672, 1024] and 150 biases [1024]
   // of F32 (300 tensors, 413 MB) carved from one buffer, whose read-only sum
   // is the baseline.
+  if (!flags.step) {
+    cudaFree(src);
+    cudaFree(dst);
+    cudaFree(sum);
+    cudaStreamDestroy(stream);
+    return problems;
+  }
   fill(v1::DTYPE_F32);
   std::vector<DeviceTensorRef> step, step_hist;
   uint64_t offset = 0;
@@ -310,8 +329,27 @@ int main(int argc, char** argv) {
       (void)absl::SimpleAtoi(arg.substr(9), &flags.device);
     } else if (absl::StartsWith(arg, "--repeats=")) {
       (void)absl::SimpleAtoi(arg.substr(10), &flags.repeats);
+    } else if (absl::StartsWith(arg, "--sizes=")) {
+      flags.sizes_mib.clear();
+      for (absl::string_view s : absl::StrSplit(arg.substr(8), ',')) {
+        uint64_t mib = 0;
+        if (absl::SimpleAtoi(s, &mib)) flags.sizes_mib.push_back(mib);
+      }
+    } else if (absl::StartsWith(arg, "--dtypes=")) {
+      flags.dtypes.clear();
+      for (absl::string_view s : absl::StrSplit(arg.substr(9), ',')) {
+        if (s == "f32") flags.dtypes.push_back(sonde::v1::DTYPE_F32);
+        if (s == "bf16") flags.dtypes.push_back(sonde::v1::DTYPE_BF16);
+        if (s == "f16") flags.dtypes.push_back(sonde::v1::DTYPE_F16);
+      }
+    } else if (arg == "--no_conformance") {
+      flags.conformance = false;
+    } else if (arg == "--no_step") {
+      flags.step = false;
     } else {
-      std::fprintf(stderr, "usage: gpu_check [--device=N] [--repeats=R]\n");
+      std::fprintf(stderr,
+                   "usage: gpu_check [--device=N] [--repeats=R] [--sizes=MIB,...] "
+                   "[--dtypes=f32,bf16,f16] [--no_conformance] [--no_step]\n");
       return 2;
     }
   }
@@ -332,7 +370,7 @@ int main(int argc, char** argv) {
                 kernel.registers, kernel.blocks_per_sm, kernel.threads, threads,
                 100.0 * threads / prop.maxThreadsPerMultiProcessor);
   }
-  const int conformance = sonde::Conformance(flags);
+  const int conformance = flags.conformance ? sonde::Conformance(flags) : 0;
   const int problems = sonde::Bandwidth(flags, prop.multiProcessorCount);
   sonde::Launches(flags);
   return conformance != 0 || problems != 0 ? 1 : 0;
