@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cuda/conformance.h"
 #include "math/float16_math.h"
@@ -65,20 +66,25 @@ std::vector<DeviceCompletion> CollectUntil(DeviceStats& engine, DeviceCompletion
   return all;
 }
 
-void ContractStatisticsMatchTheCpuOnce(const ContractTarget& target, bool offset);
+void ContractStatisticsMatchTheCpuOnce(const ContractTarget& target, bool offset,
+                                       bool aggregated);
 
 void ContractStatisticsMatchTheCpu(const ContractTarget& target) {
-  // Twice: data where allocations put it (16-byte aligned: the kernel's
-  // vector loads) with histograms counted per element, then every tensor
-  // one element past that (as a view at an odd offset: element loads) with
-  // warp-aggregated histogram counts.
+  // Data where allocations put it (16-byte aligned: the kernel's vector
+  // loads) and every tensor one element past that (as a view at an offset:
+  // a few element loads, then vectors), each with histograms counted per
+  // element and warp-aggregated.
   for (const bool offset : {false, true}) {
-    SCOPED_TRACE(offset ? "unaligned, warp-aggregated histograms" : "aligned");
-    ContractStatisticsMatchTheCpuOnce(target, offset);
+    for (const bool aggregated : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(offset ? "one element in" : "as allocated",
+                                aggregated ? ", warp-aggregated histograms" : ""));
+      ContractStatisticsMatchTheCpuOnce(target, offset, aggregated);
+    }
   }
 }
 
-void ContractStatisticsMatchTheCpuOnce(const ContractTarget& target, bool offset) {
+void ContractStatisticsMatchTheCpuOnce(const ContractTarget& target, bool offset,
+                                       bool aggregated) {
   const std::vector<ConformanceCase> cases = ConformanceCases();
   std::unique_ptr<ContractMemory> memory = target.memory();
   std::vector<DeviceTensorRef> refs;
@@ -90,7 +96,7 @@ void ContractStatisticsMatchTheCpuOnce(const ContractTarget& target, bool offset
   }
   DeviceStatsOptions options;
   options.slot_bytes = uint64_t{64} << 20;
-  options.warp_aggregated_histograms = offset;
+  options.warp_aggregated_histograms = aggregated;
   std::unique_ptr<DeviceStats> engine = MakeEngine(target, options);
   ASSERT_NE(engine, nullptr);
   absl::StatusOr<uint64_t> ticket = engine->EnqueueStats(refs, memory->producer_stream());

@@ -51,11 +51,15 @@ struct Flags {
   bool step = true;
 };
 
-int Conformance(const Flags& flags) {
+// The conformance cases in one batch, each tensor `offset` elements into its
+// allocation (1: as a view is, with element loads up to the first 16-byte
+// boundary). Returns the cases that failed.
+int ConformanceOnce(const Flags& flags, int offset, bool aggregated) {
   const std::vector<ConformanceCase> cases = ConformanceCases();
   DeviceStatsOptions options;
   options.device = flags.device;
   options.slot_bytes = 64u << 20;
+  options.warp_aggregated_histograms = aggregated;
   absl::StatusOr<std::unique_ptr<DeviceStats>> engine = DeviceStats::Create(options);
   if (!engine.ok()) {
     std::printf("conformance: cannot create the engine: %s\n", engine.status().ToString().c_str());
@@ -65,12 +69,14 @@ int Conformance(const Flags& flags) {
   std::vector<DeviceTensorRef> refs;
   for (const ConformanceCase& c : cases) {
     void* p = nullptr;
+    const size_t skip = c.count > 0 ? offset * (c.bytes.size() / c.count) : 0;
     if (!c.bytes.empty()) {
-      cudaMalloc(&p, c.bytes.size());
-      cudaMemcpy(p, c.bytes.data(), c.bytes.size(), cudaMemcpyHostToDevice);
+      cudaMalloc(&p, c.bytes.size() + skip);
+      cudaMemcpy(static_cast<char*>(p) + skip, c.bytes.data(), c.bytes.size(),
+                 cudaMemcpyHostToDevice);
     }
     buffers.push_back(p);
-    refs.push_back({p, c.dtype, c.count, true});
+    refs.push_back({p == nullptr ? nullptr : static_cast<char*>(p) + skip, c.dtype, c.count, true});
   }
   int failures = 0;
   absl::StatusOr<uint64_t> ticket = (*engine)->EnqueueStats(refs, nullptr);
@@ -102,8 +108,18 @@ int Conformance(const Flags& flags) {
   for (void* p : buffers) {
     if (p) cudaFree(p);
   }
-  std::printf("conformance: %zu of %zu cases match the CPU path\n", cases.size() - failures,
+  std::printf("conformance (%s%s): %zu of %zu cases match the CPU path\n",
+              offset == 0 ? "as allocated" : "one element in",
+              aggregated ? ", warp-aggregated histograms" : "", cases.size() - failures,
               cases.size());
+  return failures;
+}
+
+int Conformance(const Flags& flags) {
+  int failures = 0;
+  for (int offset : {0, 1}) {
+    for (bool aggregated : {false, true}) failures += ConformanceOnce(flags, offset, aggregated);
+  }
   return failures == 0 ? 0 : 1;
 }
 
@@ -358,6 +374,8 @@ int main(int argc, char** argv) {
     std::printf("gpu_check: no GPU to check: %s\n", std::string(probe.message()).c_str());
     return 0;
   }
+  // Every allocation, stream and kernel query below is on this device.
+  cudaSetDevice(flags.device);
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, flags.device);
   std::printf("gpu_check: device %d: %s (sm_%d%d, %d SMs)\n", flags.device, prop.name, prop.major,

@@ -57,16 +57,17 @@ struct HostSource {
       }
     }
   }
-  const unsigned char* At(uint64_t byte) const {
+  const unsigned char* AtByte(uint64_t byte) const {
     return reinterpret_cast<const unsigned char*>(c->bytes.data()) + begin * size + byte;
   }
   Raw LoadVector(uint64_t v) const {
     Raw r;
-    std::memcpy(r.bytes, At(v * 16), 16);
+    std::memcpy(r.bytes, AtByte(v * 16), 16);
     return r;
   }
   Acc Unpack(const Raw& r, int k) const { return Decode(r.bytes + k * size); }
-  Acc Load(uint64_t i) const { return Decode(At(i * size)); }
+  Acc Load(uint64_t i) const { return Decode(AtByte(i * size)); }
+  HostSource At(uint64_t i) const { return HostSource{c, begin + i, size}; }
 };
 
 // Counts every element the walk hands to `each`, as the kernel's
@@ -87,23 +88,24 @@ size_t ElementSize(v1::DType d) {
   return d == v1::DTYPE_F64 ? 8 : d == v1::DTYPE_F32 ? 4 : 2;
 }
 
-// `vectorized`: the chunk starts on a 16-byte boundary (false replays the
-// kernel on a tensor whose data pointer is not aligned).
+// `base`: the tensor's address modulo 16 (0 as allocated; the size of an
+// element for a view one element in).
 template <typename Acc>
-StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk, bool vectorized,
+StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk, uint64_t base,
                               HostHistogram& each) {
   const size_t size = ElementSize(c.dtype);
   const HostSource<Acc> src{&c, chunk.begin, size};
   const double shift = ChunkShift(src.Load(0));
+  const uint64_t head = ChunkHead(base + chunk.begin * size, size, chunk.count);
   std::vector<ChunkPartial<Acc>> threads(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads[t].Reset();
     if (size == 8) {
-      FoldChunkThread<Acc, 2>(threads[t], src, chunk.count, t, vectorized, shift, each);
+      FoldChunkThread<Acc, 2>(threads[t], src, chunk.count, t, head, shift, each);
     } else if (size == 4) {
-      FoldChunkThread<Acc, 4>(threads[t], src, chunk.count, t, vectorized, shift, each);
+      FoldChunkThread<Acc, 4>(threads[t], src, chunk.count, t, head, shift, each);
     } else {
-      FoldChunkThread<Acc, 8>(threads[t], src, chunk.count, t, vectorized, shift, each);
+      FoldChunkThread<Acc, 8>(threads[t], src, chunk.count, t, head, shift, each);
     }
   }
   for (int warp = 0; warp < kThreads / 32; ++warp) {
@@ -117,9 +119,8 @@ StatsAccumulator EmulateChunk(const ConformanceCase& c, const KernelChunk& chunk
   return FinishChunk(block, chunk.count, shift);
 }
 
-// `vectorized` false: as the kernel reads a tensor whose data pointer is
-// not 16-byte aligned.
-StatsAccumulator EmulateTensor(const ConformanceCase& c, bool vectorized = true,
+// `base`: the tensor's address modulo 16, as for EmulateChunk.
+StatsAccumulator EmulateTensor(const ConformanceCase& c, uint64_t base = 0,
                                uint64_t chunk_elements = kDefaultChunkElements,
                                HostHistogram* histogram = nullptr) {
   HostHistogram unused(DefaultExponentialSpec());
@@ -130,10 +131,8 @@ StatsAccumulator EmulateTensor(const ConformanceCase& c, bool vectorized = true,
   const BatchPlan plan = PlanBatch({t}, chunk_elements, 0);
   std::vector<StatsAccumulator> partials;
   for (const KernelChunk& chunk : plan.chunks) {
-    // The kernel vectorizes a chunk whose first byte is 16-byte aligned.
-    const bool aligned = vectorized && (chunk.begin * ElementSize(c.dtype)) % 16 == 0;
-    partials.push_back(c.dtype == v1::DTYPE_F64 ? EmulateChunk<double>(c, chunk, aligned, each)
-                                                : EmulateChunk<float>(c, chunk, aligned, each));
+    partials.push_back(c.dtype == v1::DTYPE_F64 ? EmulateChunk<double>(c, chunk, base, each)
+                                                : EmulateChunk<float>(c, chunk, base, each));
   }
   const uint32_t chunks = plan.tensors[0].chunk_count;
   const uint32_t per = (chunks + kMergeThreads - 1) / kMergeThreads;
@@ -159,30 +158,45 @@ TEST(KernelEmulationTest, MatchesTheCpuPathOnEveryConformanceCase) {
   }
 }
 
-TEST(KernelEmulationTest, UnalignedDataTakesTheScalarPathAndMatchesToo) {
+TEST(KernelEmulationTest, ViewsAtAnOffsetMatchToo) {
+  // One element in (a view): a few elements one at a time up to the first
+  // 16-byte boundary, vectors after it. One byte in (no tensor is, but the
+  // kernel must not read vectors there): every element one at a time.
   for (const ConformanceCase& c : ConformanceCases()) {
     if (c.count < 1000) continue;
     StatsAccumulator cpu;
     AccumulateStatistics(cpu, c.bytes.data(), c.dtype, c.count);
-    const absl::Status same = CompareRecords(EmulateTensor(c, /*vectorized=*/false), cpu, c.dtype);
-    EXPECT_TRUE(same.ok()) << c.name << ": " << same;
+    for (const uint64_t base : {uint64_t{ElementSize(c.dtype)}, uint64_t{1}}) {
+      const absl::Status same = CompareRecords(EmulateTensor(c, base), cpu, c.dtype);
+      EXPECT_TRUE(same.ok()) << c.name << " at +" << base << ": " << same;
+    }
   }
 }
 
+TEST(ChunkHeadTest, ElementsUpToTheFirst16ByteBoundary) {
+  EXPECT_EQ(ChunkHead(4096, 4, 100), 0u);
+  EXPECT_EQ(ChunkHead(4100, 4, 100), 3u);  // 4100, 4104, 4108, then 4112
+  EXPECT_EQ(ChunkHead(4098, 2, 100), 7u);
+  EXPECT_EQ(ChunkHead(4104, 8, 100), 1u);
+  EXPECT_EQ(ChunkHead(4100, 4, 2), 2u);    // a chunk shorter than its head
+  EXPECT_EQ(ChunkHead(4097, 4, 100), 100u);  // not even element-aligned
+}
+
 TEST(KernelEmulationTest, OddChunkSizesMixVectorAndScalarChunks) {
-  // 1000-element chunks: every other F32 chunk starts off a 16-byte line.
+  // 1001-element chunks start at every offset from a 16-byte line that
+  // the dtype allows, each with its own head of single elements.
   for (const ConformanceCase& c : ConformanceCases()) {
     if (c.count < 60000 || c.count > 400000) continue;
     StatsAccumulator cpu;
     AccumulateStatistics(cpu, c.bytes.data(), c.dtype, c.count);
-    const absl::Status same = CompareRecords(EmulateTensor(c, true, 1000), cpu, c.dtype);
+    const absl::Status same = CompareRecords(EmulateTensor(c, 0, 1001), cpu, c.dtype);
     EXPECT_TRUE(same.ok()) << c.name << ": " << same;
   }
 }
 
 TEST(KernelEmulationTest, EveryElementReachesTheHistogramOnce) {
-  // Aligned (vector loads and a scalar tail) and unaligned (element loads),
-  // for both histogram kinds: the counts equal the CPU path's.
+  // As allocated and one element in (a head of single elements, vectors,
+  // a tail), for both histogram kinds: the counts equal the CPU path's.
   HistogramSpecHD fixed;
   fixed.kind = kHistogramFixed;
   fixed.lo = -3;
@@ -190,12 +204,12 @@ TEST(KernelEmulationTest, EveryElementReachesTheHistogramOnce) {
   fixed.bins = 61;
   for (const HistogramSpecHD& spec : {DefaultExponentialSpec(), fixed}) {
     for (const ConformanceCase& c : ConformanceCases()) {
-      for (const bool vectorized : {true, false}) {
+      for (const uint64_t base : {uint64_t{0}, uint64_t{ElementSize(c.dtype)}}) {
         HostHistogram emulated(spec);
-        EmulateTensor(c, vectorized, kDefaultChunkElements, &emulated);
+        EmulateTensor(c, base, kDefaultChunkElements, &emulated);
         HistogramCounts cpu = HistogramCounts::Empty(spec);
         AccumulateHistogramScalar(cpu, c.bytes.data(), c.dtype, c.count);
-        EXPECT_EQ(emulated.counts, cpu.counts) << c.name << (vectorized ? "" : " unaligned");
+        EXPECT_EQ(emulated.counts, cpu.counts) << c.name << " at +" << base;
       }
     }
   }

@@ -1,5 +1,6 @@
 // How one multi-tensor launch splits its work: every tensor of a batch is cut
-// into chunks of at most `chunk_elements` elements, and the grid has one
+// into chunks (TensorChunkElements: `chunk_elements`, larger for a tensor
+// that would have more than kMaxChunksPerTensor), and the grid has one
 // block per chunk, so hundreds of tensors of any sizes take one launch (in
 // the style of multi-tensor-apply). The tables are plain structs built on
 // the host and read by the kernels; the planning is host code tested on the

@@ -27,10 +27,18 @@ namespace {
 constexpr int kThreads = kChunkThreads;
 constexpr int kWarps = kThreads / 32;
 // Blocks of the partials kernel resident per SM that the register budget
-// must allow: 4 x 256 threads, so at most 64 registers a thread. With four
-// 16-byte loads in flight per thread that is 64 KiB in flight per SM.
+// must allow. Hopper: 4 x 256 threads, so at most 64 registers a thread,
+// which ptxas meets without spilling; with four 16-byte loads in flight per
+// thread that is 64 KiB in flight per SM. Earlier architectures spill 40
+// bytes at 64 registers, so 3 blocks (80 registers, no spill).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kPartialsBlocksPerSm = 3;
+#else
 constexpr int kPartialsBlocksPerSm = 4;
-constexpr uint32_t kMaxSharedCounters = 12 * 1024;  // 48 KiB of u32
+#endif
+// Shared histogram counters: 44 KiB of u32, leaving the kernel's static
+// shared memory (about 2 KiB) within the default 48 KiB a block.
+constexpr uint32_t kMaxSharedCounters = 11 * 1024;
 
 // How the kernel reads each dtype: Raw is 16 bytes (one vector load);
 // Unpack widens the k-th element of a vector, Load one element by index.
@@ -54,6 +62,7 @@ struct Source<float> {
     return __uint_as_float(k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w);
   }
   __device__ float Load(uint64_t i) const { return __ldg(p + i); }
+  __device__ Source At(uint64_t i) const { return Source{p + i}; }
 };
 template <>
 struct Source<double> {
@@ -64,6 +73,7 @@ struct Source<double> {
   __device__ Raw LoadVector(uint64_t v) const { return __ldg(reinterpret_cast<const double2*>(p) + v); }
   __device__ double Unpack(const Raw& r, int k) const { return k == 0 ? r.x : r.y; }
   __device__ double Load(uint64_t i) const { return __ldg(p + i); }
+  __device__ Source At(uint64_t i) const { return Source{p + i}; }
 };
 struct Half {};
 struct BFloat {};
@@ -82,6 +92,7 @@ struct Source<Half> {
     return HalfBitsToFloat(k % 2 == 0 ? (w & 0xffffu) : (w >> 16));
   }
   __device__ float Load(uint64_t i) const { return HalfBitsToFloat(__ldg(p + i)); }
+  __device__ Source At(uint64_t i) const { return Source{p + i}; }
 };
 template <>
 struct Source<BFloat> {
@@ -95,6 +106,7 @@ struct Source<BFloat> {
     return __uint_as_float(k % 2 == 0 ? (w << 16) : (w & 0xffff0000u));
   }
   __device__ float Load(uint64_t i) const { return __uint_as_float(static_cast<uint32_t>(__ldg(p + i)) << 16); }
+  __device__ Source At(uint64_t i) const { return Source{p + i}; }
 };
 template <typename T> struct Storage { using type = T; };
 template <> struct Storage<Half> { using type = uint16_t; };
@@ -174,18 +186,19 @@ __device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const Hi
   ChunkPartial<Acc> s;
   s.Reset();
   const double shift = ChunkShift(src.Load(0));
-  const bool vectorized = (reinterpret_cast<uintptr_t>(src.p) & 15u) == 0;
+  const uint64_t head =
+      ChunkHead(reinterpret_cast<uintptr_t>(src.p), sizeof(typename Storage<T>::type), c.count);
   // Two instantiations, so that a tensor without a histogram pays nothing
   // per element for it.
   if (t.histogram != 0 && hp.count > 0 && histogram_mode == kHistogramWarpAggregated) {
     HistogramCounting<true> each{&hp, shared_counters, counters, t.hist_offset};
-    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, vectorized, shift, each);
+    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, head, shift, each);
   } else if (t.histogram != 0 && hp.count > 0) {
     HistogramCounting<false> each{&hp, shared_counters, counters, t.hist_offset};
-    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, vectorized, shift, each);
+    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, head, shift, each);
   } else {
     NoHistogram each;
-    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, vectorized, shift, each);
+    FoldChunkThread<Acc, S::kPerVector>(s, src, c.count, threadIdx.x, head, shift, each);
   }
 
   WarpReduce(s);
@@ -302,7 +315,8 @@ int QueryStatsKernel(StatsKernelInfo* info) {
   if (e != cudaSuccess) return static_cast<int>(e);
   info->registers = attributes.numRegs;
   info->threads = kThreads;
-  // The shared memory of a histogram of the default spec's size.
+  // Without a histogram's shared memory (the default spec's 515 counters
+  // add 2 KiB a block, which does not limit residency).
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info->blocks_per_sm, StatsPartialsKernel,
                                                      kThreads, 0);
   return static_cast<int>(e);

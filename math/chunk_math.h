@@ -98,15 +98,16 @@ struct ChunkPartial {
 
 // How a block's threads walk its chunk. The kernel and its CPU replay
 // (cuda/kernel_emulation_test.cc) both run FoldChunkThread, so the replay
-// keeps the kernel's order of operations by construction.
+// keeps the kernel's order of operations (not its bits: nvcc may contract
+// other multiply-adds, and the sign of a zero extreme may differ).
 //
-// Where the chunk starts on a 16-byte boundary, thread t of kChunkThreads
+// From the chunk's first 16-byte boundary on, thread t of kChunkThreads
 // issues kVectorLoads 16-byte loads before using any (vectors t, t + 256,
 // t + 512, t + 768 of the iteration: every load of a warp is one coalesced
 // 512-byte line), then folds those elements in groups of up to kGroup
-// (AddGroup). Elements after the last whole iteration, and every element of
-// a chunk that is not aligned, are folded one at a time (thread t takes
-// t, t + 256, ...).
+// (AddGroup). Elements before that boundary (a tensor view at an offset)
+// and after the last whole iteration are folded one at a time (thread t
+// takes t, t + 256, ...).
 inline constexpr int kChunkThreads = 256;
 inline constexpr int kVectorLoads = 4;
 inline constexpr int kGroup = 16;
@@ -115,8 +116,9 @@ inline constexpr int kGroup = 16;
 inline constexpr int kMergeThreads = 128;
 
 // Float groups within these bounds are folded in float: no element's square
-// or sum can overflow, and no square that underflows is more than 2^-30 of
-// the group's largest. Other groups take the per-element double path.
+// or sum can overflow, and the error of a square that underflows is at most
+// 2^-30 of the group's largest square. Other groups take the per-element
+// double path.
 inline constexpr float kGroupFloatMax = 1152921504606846976.0f;  // 2^60
 inline constexpr float kGroupFloatMin = 8.67361737988403547e-19f;  // 2^-60
 
@@ -221,46 +223,65 @@ SONDE_HD inline bool AddGroup(ChunkPartial<float>& s, const float (&x)[G], doubl
   return true;
 }
 
-// One thread's walk of a chunk of `count` elements (see kChunkThreads).
+// Leading elements of a chunk at `address` read one at a time before its
+// first 16-byte boundary: 0 when it starts on one; `count` (all of them)
+// when the address is not even a multiple of the element size.
+SONDE_HD inline uint64_t ChunkHead(uint64_t address, uint64_t element_size, uint64_t count) {
+  const uint64_t misalign = address & 15u;
+  if (misalign == 0) return 0;
+  if (misalign % element_size != 0) return count;
+  const uint64_t head = (16 - misalign) / element_size;
+  return head < count ? head : count;
+}
+
+// One thread's walk of a chunk of `count` elements (see kChunkThreads):
+// whole iterations of 16-byte loads from the chunk's first `head` elements
+// (ChunkHead) on, then what is left after them one at a time, then the
+// head one at a time.
 // `src` reads the chunk: Raw LoadVector(v) (the v-th 16 bytes), Acc
 // Unpack(const Raw&, int k) (the k-th element of a vector), Acc Load(i)
-// (the i-th element). `each` sees every element before it is folded (the
-// kernel's histogram). V: elements per 16 bytes.
+// (the i-th element), Source At(i) (the same from element i on). `each`
+// sees every element before it is folded (the kernel's histogram).
+// V: elements per 16 bytes. A chunk has fewer than 2^32 elements
+// (multi_tensor.h: 2,048 chunks a tensor at most, so a larger chunk needs a
+// tensor of 2^43 elements).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <typename Acc, int V, typename Source, typename Each>
-SONDE_HD inline void FoldChunkThread(ChunkPartial<Acc>& s, const Source& src, uint64_t count,
-                                     uint32_t thread, bool vectorized, double shift,
-                                     Each& each) {
-  constexpr int kPerThread = V * kVectorLoads;
-  constexpr int kG = kPerThread < kGroup ? kPerThread : kGroup;
+SONDE_HD inline void FoldChunkThread(ChunkPartial<Acc>& s, const Source& src, uint32_t count,
+                                     uint32_t thread, uint32_t head, double shift, Each& each) {
+  constexpr uint32_t kPerThread = V * kVectorLoads;
+  constexpr uint32_t kG = kPerThread < kGroup ? kPerThread : kGroup;
   static_assert(kPerThread % kG == 0, "whole groups per iteration");
-  constexpr uint64_t kPerIteration = static_cast<uint64_t>(kPerThread) * kChunkThreads;
-  uint64_t done = 0;
-  if (vectorized) {
-    const uint64_t iterations = count / kPerIteration;
-    for (uint64_t it = 0; it < iterations; ++it) {
-      typename Source::Raw raw[kVectorLoads];
-      const uint64_t first = it * kVectorLoads * kChunkThreads + thread;
+  constexpr uint32_t kPerIteration = kPerThread * kChunkThreads;
+  if (head > count) head = count;
+  const Source body = src.At(head);
+  const uint32_t rest = count - head;
+  const uint32_t iterations = rest / kPerIteration;
+  for (uint32_t it = 0; it < iterations; ++it) {
+    typename Source::Raw raw[kVectorLoads];
+    const uint32_t first = it * kVectorLoads * kChunkThreads + thread;
+    SONDE_UNROLL
+    for (uint32_t j = 0; j < kVectorLoads; ++j) raw[j] = body.LoadVector(first + j * kChunkThreads);
+    SONDE_UNROLL
+    for (uint32_t g = 0; g < kPerThread / kG; ++g) {
+      Acc x[kG];
       SONDE_UNROLL
-      for (int j = 0; j < kVectorLoads; ++j) raw[j] = src.LoadVector(first + j * kChunkThreads);
-      SONDE_UNROLL
-      for (int g = 0; g < kPerThread / kG; ++g) {
-        Acc x[kG];
-        SONDE_UNROLL
-        for (int i = 0; i < kG; ++i) {
-          const int e = g * kG + i;
-          x[i] = src.Unpack(raw[e / V], e % V);
-          each(x[i]);
-        }
-        AddGroup(s, x, shift);
+      for (uint32_t i = 0; i < kG; ++i) {
+        const uint32_t e = g * kG + i;
+        x[i] = body.Unpack(raw[e / V], e % V);
+        each(x[i]);
       }
+      AddGroup(s, x, shift);
     }
-    done = iterations * kPerIteration;
   }
-  for (uint64_t i = done + thread; i < count; i += kChunkThreads) {
-    const Acc v = src.Load(i);
+  // What is left after the vectors, then the head: one loop over both, the
+  // head's elements numbered after the rest's, so that nothing of the head
+  // but its length is live during the vector loop.
+  const uint32_t done = iterations * kPerIteration;
+  for (uint32_t i = done + thread; i < count; i += kChunkThreads) {
+    const Acc v = i < rest ? body.Load(i) : src.Load(i - rest);
     each(v);
     s.Add(v, shift);
   }
