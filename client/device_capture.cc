@@ -78,6 +78,24 @@ absl::StatusOr<T> DeviceCapture::WithRoom(F attempt, absl::Time deadline, bool* 
   return result;
 }
 
+absl::Status DeviceCapture::Fence(void* stream) {
+  if (!options_.engine.defer_producer_wait) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  return FenceLocked(stream);
+}
+
+absl::Status DeviceCapture::FenceLocked(void* stream) {
+  auto it = std::find(unfenced_.begin(), unfenced_.end(), stream);
+  if (it == unfenced_.end()) return absl::OkStatus();  // no deferred read of its tensors
+  unfenced_.erase(it);
+  absl::Status s = engine_->FenceProducer(stream);
+  if (s.ok()) return s;
+  // The stream cannot be ordered after the reads: wait for them here, so
+  // the producer cannot overwrite a tensor being read. The caller logs.
+  engine_->Drain().IgnoreError();
+  return s;
+}
+
 DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> requests,
                                                void* stream, const Ready& ready) {
   Enqueued out;
@@ -90,6 +108,9 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
     out.status = absl::FailedPreconditionError("the device capture is closing");
     return out;
   }
+  // The reads of earlier saves finish before what the producer does after
+  // this one (a deferred batch overlaps only the work between two saves).
+  if (eo.defer_producer_wait) FenceLocked(stream).IgnoreError();  // waited for; the hook logs
   std::vector<size_t> ready_now;
   auto hand_over = [&]() {
     if (!ready_now.empty() && ready) ready(ready_now, out.pending);
@@ -127,6 +148,10 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
       continue;
     }
     ++counters_.batches;
+    if (eo.defer_producer_wait &&
+        std::find(unfenced_.begin(), unfenced_.end(), stream) == unfenced_.end()) {
+      unfenced_.push_back(stream);
+    }
     std::vector<std::shared_ptr<PendingDeviceTensor>>& waiters = stats_waiters_[*ticket];
     for (size_t k = i; k < j; ++k) {
       auto p = std::make_shared<PendingDeviceTensor>();

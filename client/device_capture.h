@@ -119,6 +119,13 @@ class DeviceCapture {
                                    const std::vector<std::shared_ptr<PendingDeviceTensor>>& pending)>;
   Enqueued Enqueue(absl::Span<const Request> requests, void* stream, const Ready& ready = nullptr);
 
+  // With engine.defer_producer_wait: makes `stream` wait (on the device)
+  // for the reads of every statistics batch enqueued so far. Enqueue does
+  // this first for its own stream. If the engine cannot order the stream,
+  // the host waits for the device instead (correct, not overlapped) and
+  // the error is returned. OK and nothing done without deferral.
+  absl::Status Fence(void* stream);
+
   // Waits until `pending` is complete (statistics in, and values in or
   // lost), up to `timeout`; the pump downloads it ahead of others.
   // The pending's status; DeadlineExceeded after `timeout`.
@@ -148,6 +155,7 @@ class DeviceCapture {
   // work is in flight.
   bool PumpOnce() ABSL_LOCKS_EXCLUDED(mu_);
   void GrantDownloadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FenceLocked(void* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Work on the device (batches, downloads), and snapshots waiting for the
   // host budget.
   bool DeviceBusyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -178,6 +186,9 @@ class DeviceCapture {
   std::deque<std::pair<uint64_t, std::shared_ptr<PendingDeviceTensor>>> snapshots_
       ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<PendingDeviceTensor>> downloading_ ABSL_GUARDED_BY(mu_);
+  // Producer streams with statistics batches whose reads they have not been
+  // made to wait for (defer_producer_wait).
+  std::vector<void*> unfenced_ ABSL_GUARDED_BY(mu_);
   // Tensors the sender waits for: their downloads go first, past the budget.
   std::vector<PendingDeviceTensor*> awaited_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -80,6 +80,40 @@ TEST(DeviceCaptureTest, ABatchLargerThanASlotIsSplitNotDropped) {
   }
 }
 
+TEST(DeviceCaptureTest, DeferredReadsAreFencedAtTheNextSaveOrWhenAsked) {
+  Rig rig;
+  rig.options.engine.defer_producer_wait = true;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> tensors = {std::vector<float>(1000, 1.0f)};
+  int stream = 0;  // any pointer names the producer's stream here
+  DeviceCapture::Enqueued first = (*capture)->Enqueue(Requests(tensors, false), &stream);
+  EXPECT_EQ(first.dropped, 0u);
+  EXPECT_EQ(rig.engine->unfenced_batches(), 1u);  // the stream did not wait
+  // The next save fences the earlier reads before it enqueues its own.
+  DeviceCapture::Enqueued second = (*capture)->Enqueue(Requests(tensors, false), &stream);
+  EXPECT_EQ(second.dropped, 0u);
+  EXPECT_EQ(rig.engine->fences(), 1u);
+  EXPECT_EQ(rig.engine->unfenced_batches(), 1u);
+  SONDE_EXPECT_OK((*capture)->Fence(&stream));
+  EXPECT_EQ(rig.engine->fences(), 2u);
+  EXPECT_EQ(rig.engine->unfenced_batches(), 0u);
+  SONDE_ASSERT_OK((*capture)->Await(second.pending[0], absl::Seconds(10)));
+  EXPECT_EQ(second.pending[0]->stats.count, 1000u);
+}
+
+TEST(DeviceCaptureTest, WithoutDeferralNothingIsLeftToFence) {
+  Rig rig;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> tensors = {std::vector<float>(10, 1.0f)};
+  (*capture)->Enqueue(Requests(tensors, false), nullptr);
+  (*capture)->Enqueue(Requests(tensors, false), nullptr);
+  SONDE_EXPECT_OK((*capture)->Fence(nullptr));
+  EXPECT_EQ(rig.engine->fences(), 0u);
+  EXPECT_EQ(rig.engine->unfenced_batches(), 0u);
+}
+
 TEST(DeviceCaptureTest, DownloadsKeepToTheHostBudgetAndTheAwaitedTensorGoesFirst) {
   Rig rig;
   rig.budget = 100000;

@@ -205,7 +205,28 @@ void Hook::StartStepLocked() {
   if (profiler_ != nullptr && step_ == 0) profiler_->RecordInit(step_started_, mode_);
 }
 
+void Hook::FenceDevice() {
+  absl::MutexLock lock(&mu_);
+  FenceDeviceLocked();
+}
+
+void Hook::FenceDeviceLocked() {
+  if (fence_streams_.empty()) return;
+  std::shared_ptr<DeviceCapture> capture = Capture();
+  for (void* stream : fence_streams_) {
+    const absl::Status s = capture == nullptr ? absl::OkStatus() : capture->Fence(stream);
+    if (!s.ok() && std::find(logged_.begin(), logged_.end(), "device-fence") == logged_.end()) {
+      logged_.push_back("device-fence");
+      LOG(WARNING) << "sonde: cannot order the training stream after the deferred device "
+                   << "reads (" << s.message() << "); the hook waits for the device instead "
+                   << "(logged once)";
+    }
+  }
+  fence_streams_.clear();
+}
+
 void Hook::EndStepLocked() {
+  FenceDeviceLocked();  // before the early return: saves between steps too
   if (!step_open_) return;
   step_open_ = false;
   ++steps_;
@@ -490,6 +511,11 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
         }
       });
   for (const auto& pending : abandoned) capture->Abandon(pending);
+  if (options_.device.defer_producer_wait &&
+      std::find(fence_streams_.begin(), fence_streams_.end(), tensors[0]->tensor.stream) ==
+          fence_streams_.end()) {
+    fence_streams_.push_back(tensors[0]->tensor.stream);
+  }
   std::string first_dropped;
   for (size_t i = 0; i < queued.size() && first_dropped.empty(); ++i) {
     if (e.pending[i] == nullptr) first_dropped = queued[i].name;

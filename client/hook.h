@@ -160,7 +160,15 @@ class Hook {
   // 0). SaveTensor before any StartStep starts step 0.
   void StartStep();
   // Ends the open step now (otherwise the next StartStep or Close does).
+  // With HookOptions::device.defer_producer_wait, ending a step also makes
+  // every stream its device tensors came on wait (on the device) for their
+  // reads.
   void EndStep();
+  // With device.defer_producer_wait: the streams of device tensors saved
+  // since the last fence wait, on the device, for their reads now, as at a
+  // step's end or the next save on the stream. Call it before overwriting
+  // a saved tensor between saves within a step. Nothing to do otherwise.
+  void FenceDevice();
   // Changes mode (ending the open step); smdebug's set_mode.
   void SetMode(v1::Mode mode);
 
@@ -296,6 +304,7 @@ class Hook {
  private:
   Hook(HookOptions options, CollectionSet collections);
   void EndStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FenceDeviceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyHelloAck(const v1::HelloAck& ack);
   void StartStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t CurrentOrNextModeStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -349,6 +358,8 @@ class Hook {
   absl::Status capture_status_ ABSL_GUARDED_BY(mu_);
   bool capture_tried_ ABSL_GUARDED_BY(mu_) = false;
   int capture_device_ ABSL_GUARDED_BY(mu_) = 0;  // the device of the first device tensor
+  // Streams whose device reads are deferred and not yet fenced.
+  std::vector<void*> fence_streams_ ABSL_GUARDED_BY(mu_);
   // The profiler; null while off.
   std::unique_ptr<HookProfiler> profiler_;
 };

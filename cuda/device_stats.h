@@ -68,6 +68,12 @@ struct DeviceStatsOptions {
   // instead of once per element (fewer conflicting atomics, a warp match
   // per element); gpu_check times both. Results are the same.
   bool warp_aggregated_histograms = false;
+  // The producer's stream waits for a statistics batch's reads not right
+  // after it (the default) but at the next FenceProducer, so the kernels
+  // overlap the training work in between. The caller must fence before the
+  // producer writes (or frees) a tensor of the batch. Snapshots are not
+  // deferred: the producer always waits for them right away.
+  bool defer_producer_wait = false;
 };
 
 // InvalidArgument naming the first option out of range.
@@ -140,6 +146,12 @@ class DeviceStats {
   virtual void Discard(uint64_t ticket) = 0;
   // Bytes of a waiting snapshot (0 if unknown).
   virtual uint64_t SnapshotBytes(uint64_t ticket) const = 0;
+
+  // Makes `producer_stream` wait (on the device; the host does not block)
+  // for the reads of every statistics batch enqueued so far. Needed only
+  // with defer_producer_wait, and then before the producer overwrites a
+  // tensor it passed; harmless otherwise.
+  virtual absl::Status FenceProducer(void* producer_stream) = 0;
 
   // Finished work, in ticket order; never blocks on the device. Also copies
   // finished download pieces out of the ring and starts the next ones.

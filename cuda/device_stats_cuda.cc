@@ -291,8 +291,12 @@ class CudaDeviceStats final : public DeviceStats {
     // Training may not overwrite the tensors before the kernels have read
     // them: its stream waits for the kernels (on the device, not the host),
     // not for the copy of the results, which may queue behind downloads.
+    // Deferred: FenceProducer waits for read_, which each batch records
+    // again after its kernels, so the latest recording covers all before.
     e = cudaEventRecord(read_, work_);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(producer, read_, 0);
+    if (e == cudaSuccess && !options_.defer_producer_wait) {
+      e = cudaStreamWaitEvent(producer, read_, 0);
+    }
     if (e != cudaSuccess) return fail(e, "ordering the producer after the statistics");
     e = cudaMemcpyAsync(pinned + upload, dev + upload, out_bytes + counters_bytes,
                         cudaMemcpyDeviceToHost, work_);
@@ -481,6 +485,15 @@ class CudaDeviceStats final : public DeviceStats {
       return a.ticket < b.ticket;
     });
     return done;
+  }
+
+  absl::Status FenceProducer(void* producer_stream) override {
+    DeviceScope scope(options_.device);
+    absl::MutexLock lock(&mu_);
+    if (work_ == nullptr) return absl::OkStatus();
+    SONDE_CUDA_RETURN(cudaStreamWaitEvent(static_cast<cudaStream_t>(producer_stream), read_, 0),
+                      "cudaStreamWaitEvent (fence)");
+    return absl::OkStatus();
   }
 
   absl::Status Drain() override {

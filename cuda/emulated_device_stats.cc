@@ -96,6 +96,7 @@ absl::StatusOr<uint64_t> EmulatedDeviceStats::EnqueueStats(
     job.result.histograms.clear();
   }
   jobs_.push_back(std::move(job));
+  if (options_.defer_producer_wait) ++unfenced_;
   ++counters_.batches;
   counters_.tensors += tensors.size();
   counters_.peak_slots_in_flight = std::max<uint64_t>(counters_.peak_slots_in_flight, jobs_.size());
@@ -220,6 +221,23 @@ std::vector<DeviceCompletion> EmulatedDeviceStats::Collect() {
     return a.ticket < b.ticket;
   });
   return done;
+}
+
+absl::Status EmulatedDeviceStats::FenceProducer(void* /*producer_stream*/) {
+  absl::MutexLock lock(&mu_);
+  ++fences_;
+  unfenced_ = 0;
+  return absl::OkStatus();
+}
+
+uint64_t EmulatedDeviceStats::fences() const {
+  absl::MutexLock lock(&mu_);
+  return fences_;
+}
+
+uint64_t EmulatedDeviceStats::unfenced_batches() const {
+  absl::MutexLock lock(&mu_);
+  return unfenced_;
 }
 
 absl::Status EmulatedDeviceStats::Drain() {

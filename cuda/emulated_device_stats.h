@@ -57,10 +57,17 @@ class EmulatedDeviceStats final : public DeviceStats {
   uint64_t SnapshotBytes(uint64_t ticket) const override;
   std::vector<DeviceCompletion> Collect() override;
   absl::Status Drain() override;
+  absl::Status FenceProducer(void* producer_stream) override;
   uint64_t snapshot_capacity() const override;
   uint64_t snapshot_bytes_used() const override;
   int LastBatchLaunches() const override;
   std::string DeviceName() const override { return name_; }
+
+  // Fences asked for (FenceProducer), and statistics batches enqueued with
+  // the producer's wait deferred that no fence has covered yet. (Host
+  // memory is read at enqueue, so deferral changes nothing else here.)
+  uint64_t fences() const;
+  uint64_t unfenced_batches() const;
 
   // Test controls.
   // While paused nothing completes (time still passes: what became due
@@ -114,6 +121,8 @@ class EmulatedDeviceStats final : public DeviceStats {
   absl::Time download_clock_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t capacity_ = 0;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t fences_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t unfenced_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   int last_launches_ ABSL_GUARDED_BY(mu_) = 0;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;

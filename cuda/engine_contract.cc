@@ -228,6 +228,35 @@ void ContractSnapshotIsTakenBeforeTheProducerGoesOn(const ContractTarget& target
   EXPECT_EQ(done[0].stats[0].max, 2.0);
 }
 
+void ContractDeferredReadsFinishBeforeAFencedWrite(const ContractTarget& target) {
+  // 64 MiB, several batches, so the kernels are still reading when the
+  // host enqueues the fence and the write.
+  const std::vector<float> before(16 << 20, 2.0f);
+  const std::vector<float> after(16 << 20, 3.0f);
+  std::unique_ptr<ContractMemory> memory = target.memory();
+  const void* data = memory->Upload(Bytes(before));
+  DeviceStatsOptions options;
+  options.defer_producer_wait = true;
+  std::unique_ptr<DeviceStats> engine = MakeEngine(target, options);
+  ASSERT_NE(engine, nullptr);
+  DeviceTensorRef ref{data, v1::DTYPE_F32, before.size(), true};
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<uint64_t> t = engine->EnqueueStats({&ref, 1}, memory->producer_stream());
+    ASSERT_TRUE(t.ok()) << t.status();
+  }
+  ASSERT_TRUE(engine->FenceProducer(memory->producer_stream()).ok());
+  memory->Overwrite(data, Bytes(after));
+  memory->Sync();
+  std::vector<DeviceCompletion> done = CollectUntil(*engine, DeviceCompletion::kStats, 3);
+  ASSERT_EQ(done.size(), 3u);
+  for (const DeviceCompletion& c : done) {
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    ASSERT_EQ(c.stats.size(), 1u);
+    EXPECT_EQ(c.stats[0].min, 2.0);
+    EXPECT_EQ(c.stats[0].max, 2.0);
+  }
+}
+
 void ContractSnapshotMemoryIsBoundedAndComesBack(const ContractTarget& target) {
   const std::vector<float> values = Ramp(75000, 1.0f);  // 300,000 bytes
   std::unique_ptr<ContractMemory> memory = target.memory();

@@ -39,6 +39,7 @@ void ContractSnapshotsConvertLikeTheCpu(const ContractTarget& target);
 void ContractLargeTensorsTravelInPieces(const ContractTarget& target);
 void ContractSnapshotIsTakenBeforeTheProducerGoesOn(const ContractTarget& target);
 void ContractSnapshotMemoryIsBoundedAndComesBack(const ContractTarget& target);
+void ContractDeferredReadsFinishBeforeAFencedWrite(const ContractTarget& target);
 void ContractFullSlotsRefuseRatherThanBlock(const ContractTarget& target);
 void ContractUnknownTicketsAndDiscards(const ContractTarget& target);
 
@@ -61,6 +62,9 @@ std::vector<DeviceCompletion> CollectUntil(DeviceStats& engine, DeviceCompletion
   }                                                                                              \
   TEST_F(Fixture, SnapshotIsTakenBeforeTheProducerGoesOn) {                                      \
     ::sonde::ContractSnapshotIsTakenBeforeTheProducerGoesOn(target());                           \
+  }                                                                                              \
+  TEST_F(Fixture, DeferredReadsFinishBeforeAFencedWrite) {                                       \
+    ::sonde::ContractDeferredReadsFinishBeforeAFencedWrite(target());                            \
   }                                                                                              \
   TEST_F(Fixture, SnapshotMemoryIsBoundedAndComesBack) {                                         \
     ::sonde::ContractSnapshotMemoryIsBoundedAndComesBack(target());                              \

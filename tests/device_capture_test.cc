@@ -153,6 +153,36 @@ TEST(DeviceCapture, ValuesOfAModelBiggerThanEveryBufferArriveWholeInPieces) {
   }
 }
 
+TEST(DeviceCapture, DeferredReadsAreFencedByTheStepsEndAndEverythingIsStored) {
+  InProcessCollector collector;
+  EmulatedDeviceStats* engine = nullptr;
+  HookOptions o = Options(collector.address(), "deferred", {}, &engine);
+  o.device.defer_producer_wait = true;
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  Model model({1000, 3000, 257});
+  for (int64_t step = 0; step < 5; ++step) {
+    model.Step(step);
+    (*hook)->StartStep();
+    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named()));        // weights
+    ASSERT_NE(engine, nullptr);
+    EXPECT_GE(engine->unfenced_batches(), 1u) << "the stream waited right away";
+    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named(true)));    // gradients: fences the weights
+    (*hook)->EndStep();                                         // fences the gradients
+    EXPECT_EQ(engine->unfenced_batches(), 0u) << "step " << step;
+  }
+  EXPECT_GE(engine->fences(), 10u);
+  SONDE_ASSERT_OK((*hook)->Close());
+  EXPECT_EQ((*hook)->counters().tensors_dropped, 0u);
+  auto q = QueryClient::Connect(collector.address());
+  const std::map<int64_t, v1::StepInfo> steps = Steps(*q, "deferred");
+  ASSERT_EQ(steps.size(), 5u);
+  for (const auto& [step, info] : steps) {
+    EXPECT_TRUE(info.complete()) << step;
+    EXPECT_EQ(info.tensors_dropped(), 0u) << step;
+  }
+}
+
 TEST(DeviceCapture, ValuesTravelAsBf16WhenAsked) {
   InProcessCollector collector;
   HookOptions o = Options(collector.address(), "bf16", {}, nullptr);

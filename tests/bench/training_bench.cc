@@ -109,6 +109,7 @@ HookOptions MakeHookOptions(const BenchOptions& o, const BenchMode& mode,
     }
   }
   h.backpressure.policy = o.policy;
+  h.device.defer_producer_wait = mode.deferred;
   h.close_timeout = absl::Minutes(10);
   if (o.emulate) {
     EmulatedDeviceOptions e;
@@ -236,7 +237,8 @@ absl::StatusOr<std::vector<BenchMode>> ParseModes(const std::string& list) {
   for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
     BenchMode m;
     m.name = std::string(name);
-    if (name == "none") {
+    if (absl::ConsumeSuffix(&name, "_deferred")) m.deferred = true;
+    if (name == "none" && !m.deferred) {
       m.hook = false;
     } else if (name == "stats") {
     } else if (name == "stats_hist") {
@@ -244,11 +246,12 @@ absl::StatusOr<std::vector<BenchMode>> ParseModes(const std::string& list) {
     } else if (absl::StartsWith(name, "values") && name.size() > 6) {
       m.values = true;
       if (!absl::SimpleAtoi(name.substr(6), &m.interval) || m.interval < 1) {
-        return absl::InvalidArgumentError(absl::StrCat("bad mode '", name, "'"));
+        return absl::InvalidArgumentError(absl::StrCat("bad mode '", m.name, "'"));
       }
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown mode '", name, "' (none, stats, stats_hist, values<N>)"));
+          "unknown mode '", m.name, "' (none, stats, stats_hist, values<N>, and any but none "
+          "with _deferred)"));
     }
     modes.push_back(m);
   }

@@ -21,9 +21,13 @@ struct BenchMode {
   int64_t interval = 1;    // save every `interval` steps
   bool values = false;     // values, else statistics only
   bool histogram = false;  // histograms too
+  // Suffix _deferred: device.defer_producer_wait (the reads overlap the
+  // step's work until the next save or the step's end).
+  bool deferred = false;
 };
 
-// "none,stats,..." into modes; InvalidArgument naming an unknown one.
+// "none,stats,..." into modes (any but none may end in _deferred);
+// InvalidArgument naming an unknown one.
 absl::StatusOr<std::vector<BenchMode>> ParseModes(const std::string& list);
 
 struct BenchOptions {

@@ -42,7 +42,22 @@ TEST(TrainingBench, EveryModeStoresWhatItMustOnTheEmulatedEngine) {
   EXPECT_EQ(report->modes[3].verify_step, 20);
 }
 
+TEST(TrainingBench, DeferredModesStoreWhatTheyMustToo) {
+  BenchOptions o = Small();
+  o.modes = *ParseModes("none,stats_deferred,values4_deferred");
+  auto report = RunTrainingBench(o);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << FormatReport(*report);
+  for (const ModeResult& m : report->modes) {
+    if (!m.mode.hook) continue;
+    EXPECT_TRUE(m.mode.deferred) << m.mode.name;
+    EXPECT_EQ(m.saved_steps_complete, m.saved_steps_expected) << m.mode.name;
+  }
+}
+
 TEST(TrainingBench, ModesAreCheckedAndTheBaselineComesFirst) {
+  EXPECT_FALSE(ParseModes("none,none_deferred").ok());
+  EXPECT_FALSE(ParseModes("none,fast_deferred").ok());
   EXPECT_FALSE(ParseModes("stats,none").ok());
   EXPECT_FALSE(ParseModes("none,fast").ok());
   EXPECT_FALSE(ParseModes("none,values0").ok());
