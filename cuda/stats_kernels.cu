@@ -80,8 +80,9 @@ struct BFloat {};
 __device__ inline uint32_t Word(const uint4& r, int k) {
   return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
 }
-template <>
-struct Source<Half> {
+// F16 and BF16: eight 16-bit elements a vector, widened by Widen.
+template <typename Format>
+struct Source16 {
   using Acc = float;
   static constexpr int kPerVector = 8;
   using Raw = uint4;
@@ -89,24 +90,29 @@ struct Source<Half> {
   __device__ Raw LoadVector(uint64_t v) const { return __ldg(reinterpret_cast<const uint4*>(p) + v); }
   __device__ float Unpack(const Raw& r, int k) const {
     const uint32_t w = Word(r, k / 2);
-    return HalfBitsToFloat(k % 2 == 0 ? (w & 0xffffu) : (w >> 16));
+    return Format::Widen(k % 2 == 0 ? (w & 0xffffu) : (w >> 16));
   }
-  __device__ float Load(uint64_t i) const { return HalfBitsToFloat(__ldg(p + i)); }
-  __device__ Source At(uint64_t i) const { return Source{p + i}; }
+  __device__ float Load(uint64_t i) const { return Format::Widen(__ldg(p + i)); }
+  __device__ Source16 At(uint64_t i) const { return Source16{p + i}; }
+};
+struct HalfFormat {
+  __device__ static float Widen(uint32_t bits) { return HalfBitsToFloat(bits); }
+};
+struct BFloatFormat {
+  __device__ static float Widen(uint32_t bits) { return __uint_as_float(bits << 16); }
+};
+// The source type of each element type.
+template <typename T>
+struct SourceOf {
+  using type = Source<T>;
 };
 template <>
-struct Source<BFloat> {
-  using Acc = float;
-  static constexpr int kPerVector = 8;
-  using Raw = uint4;
-  const uint16_t* p;
-  __device__ Raw LoadVector(uint64_t v) const { return __ldg(reinterpret_cast<const uint4*>(p) + v); }
-  __device__ float Unpack(const Raw& r, int k) const {
-    const uint32_t w = Word(r, k / 2);
-    return __uint_as_float(k % 2 == 0 ? (w << 16) : (w & 0xffff0000u));
-  }
-  __device__ float Load(uint64_t i) const { return __uint_as_float(static_cast<uint32_t>(__ldg(p + i)) << 16); }
-  __device__ Source At(uint64_t i) const { return Source{p + i}; }
+struct SourceOf<Half> {
+  using type = Source16<HalfFormat>;
+};
+template <>
+struct SourceOf<BFloat> {
+  using type = Source16<BFloatFormat>;
 };
 template <typename T> struct Storage { using type = T; };
 template <> struct Storage<Half> { using type = uint16_t; };
@@ -180,7 +186,7 @@ template <typename T>
 __device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const HistogramParams& hp,
                            int histogram_mode, uint32_t* shared_counters,
                            unsigned long long* counters, StatsAccumulator* partial) {
-  using S = Source<T>;
+  using S = typename SourceOf<T>::type;
   using Acc = typename S::Acc;
   const S src{static_cast<const typename Storage<T>::type*>(t.data) + c.begin};
   ChunkPartial<Acc> s;
