@@ -87,9 +87,14 @@ absl::Status DeviceCapture::Fence(void* stream) {
 absl::Status DeviceCapture::FenceLocked(void* stream) {
   auto it = std::find(unfenced_.begin(), unfenced_.end(), stream);
   if (it == unfenced_.end()) return absl::OkStatus();  // no deferred read of its tensors
-  unfenced_.erase(it);
   absl::Status s = engine_->FenceProducer(stream);
-  if (s.ok()) return s;
+  if (s.ok() || absl::IsFailedPrecondition(s)) {
+    // Fenced; or the stream is being captured into a CUDA graph, where
+    // neither a wait nor a synchronization is allowed: fenced after it.
+    if (s.ok()) unfenced_.erase(it);
+    return s;
+  }
+  unfenced_.erase(it);
   // The stream cannot be ordered after the reads: wait for them here, so
   // the producer cannot overwrite a tensor being read. The caller logs.
   engine_->Drain().IgnoreError();
@@ -110,7 +115,9 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
   }
   // The reads of earlier saves finish before what the producer does after
   // this one (a deferred batch overlaps only the work between two saves).
-  if (eo.defer_producer_wait) FenceLocked(stream).IgnoreError();  // waited for; the hook logs
+  // A failure here was waited for (FenceLocked); the step's end fences
+  // again and the hook logs what fails there.
+  if (eo.defer_producer_wait) FenceLocked(stream).IgnoreError();
   std::vector<size_t> ready_now;
   auto hand_over = [&]() {
     if (!ready_now.empty() && ready) ready(ready_now, out.pending);

@@ -89,17 +89,38 @@ TEST(DeviceCaptureTest, DeferredReadsAreFencedAtTheNextSaveOrWhenAsked) {
   int stream = 0;  // any pointer names the producer's stream here
   DeviceCapture::Enqueued first = (*capture)->Enqueue(Requests(tensors, false), &stream);
   EXPECT_EQ(first.dropped, 0u);
-  EXPECT_EQ(rig.engine->unfenced_batches(), 1u);  // the stream did not wait
+  EXPECT_EQ(rig.engine->unfenced_batches(&stream), 1u);  // the stream did not wait
   // The next save fences the earlier reads before it enqueues its own.
   DeviceCapture::Enqueued second = (*capture)->Enqueue(Requests(tensors, false), &stream);
   EXPECT_EQ(second.dropped, 0u);
   EXPECT_EQ(rig.engine->fences(), 1u);
-  EXPECT_EQ(rig.engine->unfenced_batches(), 1u);
+  EXPECT_EQ(rig.engine->unfenced_batches(&stream), 1u);
   SONDE_EXPECT_OK((*capture)->Fence(&stream));
   EXPECT_EQ(rig.engine->fences(), 2u);
-  EXPECT_EQ(rig.engine->unfenced_batches(), 0u);
+  EXPECT_EQ(rig.engine->unfenced_batches(&stream), 0u);
   SONDE_ASSERT_OK((*capture)->Await(second.pending[0], absl::Seconds(10)));
   EXPECT_EQ(second.pending[0]->stats.count, 1000u);
+}
+
+TEST(DeviceCaptureTest, EachStreamIsFencedForItself) {
+  Rig rig;
+  rig.options.engine.defer_producer_wait = true;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<std::vector<float>> tensors = {std::vector<float>(100, 1.0f)};
+  int a = 0, b = 0;  // two producer streams
+  (*capture)->Enqueue(Requests(tensors, false), &a);
+  (*capture)->Enqueue(Requests(tensors, false), &b);
+  EXPECT_EQ(rig.engine->unfenced_batches(&a), 1u);  // b's save does not fence a
+  EXPECT_EQ(rig.engine->unfenced_batches(&b), 1u);
+  SONDE_EXPECT_OK((*capture)->Fence(&a));
+  EXPECT_EQ(rig.engine->unfenced_batches(&a), 0u);
+  EXPECT_EQ(rig.engine->unfenced_batches(&b), 1u);  // a's fence does not order b
+  SONDE_EXPECT_OK((*capture)->Fence(&a));           // nothing left: no second fence
+  EXPECT_EQ(rig.engine->fences(), 1u);
+  SONDE_EXPECT_OK((*capture)->Fence(&b));
+  EXPECT_EQ(rig.engine->unfenced_batches(&b), 0u);
+  EXPECT_EQ(rig.engine->fences(), 2u);
 }
 
 TEST(DeviceCaptureTest, WithoutDeferralNothingIsLeftToFence) {
@@ -111,7 +132,7 @@ TEST(DeviceCaptureTest, WithoutDeferralNothingIsLeftToFence) {
   (*capture)->Enqueue(Requests(tensors, false), nullptr);
   SONDE_EXPECT_OK((*capture)->Fence(nullptr));
   EXPECT_EQ(rig.engine->fences(), 0u);
-  EXPECT_EQ(rig.engine->unfenced_batches(), 0u);
+  EXPECT_EQ(rig.engine->unfenced_batches(nullptr), 0u);
 }
 
 TEST(DeviceCaptureTest, DownloadsKeepToTheHostBudgetAndTheAwaitedTensorGoesFirst) {

@@ -211,18 +211,23 @@ void Hook::FenceDevice() {
 }
 
 void Hook::FenceDeviceLocked() {
-  if (fence_streams_.empty()) return;
+  const std::vector<void*> streams = fence_streams_;
+  for (void* stream : streams) FenceStreamLocked(stream);
+}
+
+void Hook::FenceStreamLocked(void* stream) {
+  auto it = std::find(fence_streams_.begin(), fence_streams_.end(), stream);
+  if (it == fence_streams_.end()) return;
   std::shared_ptr<DeviceCapture> capture = Capture();
-  for (void* stream : fence_streams_) {
-    const absl::Status s = capture == nullptr ? absl::OkStatus() : capture->Fence(stream);
-    if (!s.ok() && std::find(logged_.begin(), logged_.end(), "device-fence") == logged_.end()) {
-      logged_.push_back("device-fence");
-      LOG(WARNING) << "sonde: cannot order the training stream after the deferred device "
-                   << "reads (" << s.message() << "); the hook waits for the device instead "
-                   << "(logged once)";
-    }
+  const absl::Status s = capture == nullptr ? absl::OkStatus() : capture->Fence(stream);
+  if (absl::IsFailedPrecondition(s)) return;  // a CUDA graph capture: fenced later
+  fence_streams_.erase(it);
+  if (!s.ok() && std::find(logged_.begin(), logged_.end(), "device-fence") == logged_.end()) {
+    logged_.push_back("device-fence");
+    LOG(WARNING) << "sonde: cannot order the training stream after the deferred device "
+                 << "reads (" << s.message() << "); the hook waited for the device instead "
+                 << "(logged once)";
   }
-  fence_streams_.clear();
 }
 
 void Hook::EndStepLocked() {
@@ -403,6 +408,9 @@ absl::Status Hook::SaveDeviceTensors(const std::vector<const NamedTensor*>& tens
   absl::Status saved;
   {
     absl::MutexLock lock(&mu_);
+    // Every save call on a stream is a fence point for its earlier deferred
+    // reads, whether or not this one saves anything (not due, refused).
+    if (!tensors.empty()) FenceStreamLocked(tensors[0]->tensor.stream);
     if (!closed_) {
       for (const NamedTensor* t : refused) {
         RecordRefusedLocked(t->name, t->collections,

@@ -162,12 +162,16 @@ class Hook {
   // Ends the open step now (otherwise the next StartStep or Close does).
   // With HookOptions::device.defer_producer_wait, ending a step also makes
   // every stream its device tensors came on wait (on the device) for their
-  // reads.
+  // reads; so call EndStep before the next step writes them (zeroing
+  // gradients, copying inputs), not only StartStep.
   void EndStep();
   // With device.defer_producer_wait: the streams of device tensors saved
   // since the last fence wait, on the device, for their reads now, as at a
-  // step's end or the next save on the stream. Call it before overwriting
-  // a saved tensor between saves within a step. Nothing to do otherwise.
+  // step's end or at any save call on the stream (whatever it saves).
+  // Call it before overwriting a saved tensor between save calls within a
+  // step. The wait is on the saving stream only: other streams (NCCL, side
+  // streams) that write the tensors must wait for that stream after this.
+  // Nothing to do without deferral.
   void FenceDevice();
   // Changes mode (ending the open step); smdebug's set_mode.
   void SetMode(v1::Mode mode);
@@ -305,6 +309,7 @@ class Hook {
   Hook(HookOptions options, CollectionSet collections);
   void EndStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceDeviceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FenceStreamLocked(void* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyHelloAck(const v1::HelloAck& ack);
   void StartStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t CurrentOrNextModeStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -150,7 +150,8 @@ class DeviceStats {
   // Makes `producer_stream` wait (on the device; the host does not block)
   // for the reads of every statistics batch enqueued so far. Needed only
   // with defer_producer_wait, and then before the producer overwrites a
-  // tensor it passed; harmless otherwise.
+  // tensor it passed; harmless otherwise. FailedPrecondition while the
+  // stream is being captured into a CUDA graph (nothing done).
   virtual absl::Status FenceProducer(void* producer_stream) = 0;
 
   // Finished work, in ticket order; never blocks on the device. Also copies

@@ -489,6 +489,9 @@ class CudaDeviceStats final : public DeviceStats {
 
   absl::Status FenceProducer(void* producer_stream) override {
     DeviceScope scope(options_.device);
+    // A wait inside a CUDA graph capture would become part of the user's
+    // graph: refused; the caller fences again after the capture.
+    SONDE_RETURN_IF_ERROR(RefuseGraphCapture(static_cast<cudaStream_t>(producer_stream)));
     absl::MutexLock lock(&mu_);
     if (work_ == nullptr) return absl::OkStatus();
     SONDE_CUDA_RETURN(cudaStreamWaitEvent(static_cast<cudaStream_t>(producer_stream), read_, 0),

@@ -62,6 +62,9 @@ class CudaMemory final : public ContractMemory {
     cudaMemcpyAsync(const_cast<void*>(at), sources_.back()->data(), bytes.size(),
                     cudaMemcpyHostToDevice, stream_);
   }
+  void Fill(const void* at, int value, size_t bytes) override {
+    cudaMemsetAsync(const_cast<void*>(at), value, bytes, stream_);
+  }
   void* producer_stream() override { return stream_; }
   void Sync() override { cudaStreamSynchronize(stream_); }
 

@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<EmulatedDeviceStats>> EmulatedDeviceStats::Create
 }
 
 absl::StatusOr<uint64_t> EmulatedDeviceStats::EnqueueStats(
-    absl::Span<const DeviceTensorRef> tensors, void* /*producer_stream*/) {
+    absl::Span<const DeviceTensorRef> tensors, void* producer_stream) {
   for (const DeviceTensorRef& t : tensors) {
     if (!Supported(t.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -96,7 +96,7 @@ absl::StatusOr<uint64_t> EmulatedDeviceStats::EnqueueStats(
     job.result.histograms.clear();
   }
   jobs_.push_back(std::move(job));
-  if (options_.defer_producer_wait) ++unfenced_;
+  if (options_.defer_producer_wait) ++unfenced_[producer_stream];
   ++counters_.batches;
   counters_.tensors += tensors.size();
   counters_.peak_slots_in_flight = std::max<uint64_t>(counters_.peak_slots_in_flight, jobs_.size());
@@ -223,10 +223,10 @@ std::vector<DeviceCompletion> EmulatedDeviceStats::Collect() {
   return done;
 }
 
-absl::Status EmulatedDeviceStats::FenceProducer(void* /*producer_stream*/) {
+absl::Status EmulatedDeviceStats::FenceProducer(void* producer_stream) {
   absl::MutexLock lock(&mu_);
   ++fences_;
-  unfenced_ = 0;
+  unfenced_.erase(producer_stream);
   return absl::OkStatus();
 }
 
@@ -235,9 +235,10 @@ uint64_t EmulatedDeviceStats::fences() const {
   return fences_;
 }
 
-uint64_t EmulatedDeviceStats::unfenced_batches() const {
+uint64_t EmulatedDeviceStats::unfenced_batches(void* producer_stream) const {
   absl::MutexLock lock(&mu_);
-  return unfenced_;
+  auto it = unfenced_.find(producer_stream);
+  return it == unfenced_.end() ? 0 : it->second;
 }
 
 absl::Status EmulatedDeviceStats::Drain() {

@@ -63,11 +63,12 @@ class EmulatedDeviceStats final : public DeviceStats {
   int LastBatchLaunches() const override;
   std::string DeviceName() const override { return name_; }
 
-  // Fences asked for (FenceProducer), and statistics batches enqueued with
-  // the producer's wait deferred that no fence has covered yet. (Host
-  // memory is read at enqueue, so deferral changes nothing else here.)
+  // Fences asked for (FenceProducer), and statistics batches enqueued from
+  // `producer_stream` with its wait deferred that no fence of that stream
+  // has covered yet. (Host memory is read at enqueue, so deferral changes
+  // nothing else here.)
   uint64_t fences() const;
-  uint64_t unfenced_batches() const;
+  uint64_t unfenced_batches(void* producer_stream) const;
 
   // Test controls.
   // While paused nothing completes (time still passes: what became due
@@ -122,7 +123,7 @@ class EmulatedDeviceStats final : public DeviceStats {
   uint64_t capacity_ = 0;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t fences_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t unfenced_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<void*, uint64_t> unfenced_ ABSL_GUARDED_BY(mu_);
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   int last_launches_ ABSL_GUARDED_BY(mu_) = 0;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;

@@ -25,6 +25,9 @@ class HostMemory final : public ContractMemory {
   void Overwrite(const void* at, const std::string& bytes) override {
     std::memcpy(const_cast<void*>(at), bytes.data(), bytes.size());
   }
+  void Fill(const void* at, int value, size_t bytes) override {
+    std::memset(const_cast<void*>(at), value, bytes);
+  }
   void* producer_stream() override { return nullptr; }
   void Sync() override {}
 

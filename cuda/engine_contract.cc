@@ -1,5 +1,6 @@
 #include "cuda/engine_contract.h"
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -228,33 +229,52 @@ void ContractSnapshotIsTakenBeforeTheProducerGoesOn(const ContractTarget& target
   EXPECT_EQ(done[0].stats[0].max, 2.0);
 }
 
-void ContractDeferredReadsFinishBeforeAFencedWrite(const ContractTarget& target) {
-  // 64 MiB, several batches, so the kernels are still reading when the
-  // host enqueues the fence and the write.
-  const std::vector<float> before(16 << 20, 2.0f);
-  const std::vector<float> after(16 << 20, 3.0f);
+namespace {
+
+// Sixteen deferred statistics batches over one 64 MiB tensor of 2.0 (1 GiB
+// of reads, about 0.3 ms on an H100), then, on the producer stream, a fence
+// if `fence`, then a device-side fill of the tensor with 0x40 bytes
+// (3.00392). Returns how many batches saw anything but 2.0.
+int DeferredBatchesThatSawTheWrite(const ContractTarget& target, bool fence) {
+  constexpr size_t kFloats = size_t{16} << 20;
+  constexpr int kBatches = 16;
   std::unique_ptr<ContractMemory> memory = target.memory();
-  const void* data = memory->Upload(Bytes(before));
+  const void* data = memory->Upload(Bytes(std::vector<float>(kFloats, 2.0f)));
   DeviceStatsOptions options;
   options.defer_producer_wait = true;
+  options.batch_slots = kBatches;
   std::unique_ptr<DeviceStats> engine = MakeEngine(target, options);
-  ASSERT_NE(engine, nullptr);
-  DeviceTensorRef ref{data, v1::DTYPE_F32, before.size(), true};
-  for (int i = 0; i < 3; ++i) {
+  EXPECT_NE(engine, nullptr);
+  if (engine == nullptr) return -1;
+  DeviceTensorRef ref{data, v1::DTYPE_F32, kFloats, true};
+  for (int i = 0; i < kBatches; ++i) {
     absl::StatusOr<uint64_t> t = engine->EnqueueStats({&ref, 1}, memory->producer_stream());
-    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(t.ok()) << t.status();
   }
-  ASSERT_TRUE(engine->FenceProducer(memory->producer_stream()).ok());
-  memory->Overwrite(data, Bytes(after));
+  if (fence) {
+    EXPECT_TRUE(engine->FenceProducer(memory->producer_stream()).ok());
+  }
+  memory->Fill(data, 0x40, kFloats * sizeof(float));
   memory->Sync();
-  std::vector<DeviceCompletion> done = CollectUntil(*engine, DeviceCompletion::kStats, 3);
-  ASSERT_EQ(done.size(), 3u);
+  std::vector<DeviceCompletion> done = CollectUntil(*engine, DeviceCompletion::kStats, kBatches);
+  EXPECT_EQ(done.size(), static_cast<size_t>(kBatches));
+  int saw = 0;
   for (const DeviceCompletion& c : done) {
-    ASSERT_TRUE(c.status.ok()) << c.status;
-    ASSERT_EQ(c.stats.size(), 1u);
-    EXPECT_EQ(c.stats[0].min, 2.0);
-    EXPECT_EQ(c.stats[0].max, 2.0);
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    if (c.stats.size() != 1 || c.stats[0].min != 2.0 || c.stats[0].max != 2.0) ++saw;
   }
+  return saw;
+}
+
+}  // namespace
+
+void ContractDeferredReadsFinishBeforeAFencedWrite(const ContractTarget& target) {
+  EXPECT_EQ(DeferredBatchesThatSawTheWrite(target, /*fence=*/true), 0);
+  // Without the fence the write may race the reads (the engine reads host
+  // memory at enqueue: never): shown, not asserted, as evidence that the
+  // case above could have failed.
+  const int raced = DeferredBatchesThatSawTheWrite(target, /*fence=*/false);
+  std::printf("deferred reads without a fence: %d of 16 batches saw the later write\n", raced);
 }
 
 void ContractSnapshotMemoryIsBoundedAndComesBack(const ContractTarget& target) {

@@ -23,6 +23,9 @@ class ContractMemory {
   // Overwrites memory from Upload, ordered on the producer stream after
   // everything enqueued on it so far (as training's next kernel would be).
   virtual void Overwrite(const void* at, const std::string& bytes) = 0;
+  // Sets `bytes` bytes at `at` to `value`, on the producer stream, as a
+  // device-side write (no host copy to wait for first).
+  virtual void Fill(const void* at, int value, size_t bytes) = 0;
   virtual void* producer_stream() = 0;
   // Waits for the producer stream.
   virtual void Sync() = 0;

@@ -164,14 +164,17 @@ TEST(DeviceCapture, DeferredReadsAreFencedByTheStepsEndAndEverythingIsStored) {
   for (int64_t step = 0; step < 5; ++step) {
     model.Step(step);
     (*hook)->StartStep();
-    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named()));        // weights
+    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named()));  // weights
     ASSERT_NE(engine, nullptr);
-    EXPECT_GE(engine->unfenced_batches(), 1u) << "the stream waited right away";
-    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named(true)));    // gradients: fences the weights
-    (*hook)->EndStep();                                         // fences the gradients
-    EXPECT_EQ(engine->unfenced_batches(), 0u) << "step " << step;
+    EXPECT_EQ(engine->unfenced_batches(nullptr), 1u) << "the stream waited right away";
+    const uint64_t fences = engine->fences();
+    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named(true)));  // gradients
+    EXPECT_EQ(engine->fences(), fences + 1) << "the weights' reads were not fenced";
+    EXPECT_EQ(engine->unfenced_batches(nullptr), 1u);  // the gradients' own
+    (*hook)->EndStep();
+    EXPECT_EQ(engine->unfenced_batches(nullptr), 0u) << "step " << step;
   }
-  EXPECT_GE(engine->fences(), 10u);
+  EXPECT_EQ(engine->fences(), 10u);
   SONDE_ASSERT_OK((*hook)->Close());
   EXPECT_EQ((*hook)->counters().tensors_dropped, 0u);
   auto q = QueryClient::Connect(collector.address());
@@ -181,6 +184,31 @@ TEST(DeviceCapture, DeferredReadsAreFencedByTheStepsEndAndEverythingIsStored) {
     EXPECT_TRUE(info.complete()) << step;
     EXPECT_EQ(info.tensors_dropped(), 0u) << step;
   }
+}
+
+TEST(DeviceCapture, ASaveCallThatSavesNothingStillFencesItsStream) {
+  // Gradients are not due (not in an included collection): their save call
+  // stores nothing, yet it must fence the weights' reads before the
+  // optimizer overwrites the weights.
+  InProcessCollector collector;
+  EmulatedDeviceStats* engine = nullptr;
+  HookOptions o = Options(collector.address(), "fence-not-due", {}, &engine);
+  o.config.include_collections = {"weights"};
+  o.device.defer_producer_wait = true;
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  Model model({1000, 2000});
+  model.Step(0);
+  (*hook)->StartStep();
+  SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named()));
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->unfenced_batches(nullptr), 1u);
+  const uint64_t batches = engine->counters().batches;
+  SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named(true)));
+  EXPECT_EQ(engine->counters().batches, batches) << "gradients were not due";
+  EXPECT_EQ(engine->unfenced_batches(nullptr), 0u);
+  EXPECT_EQ(engine->fences(), 1u);
+  SONDE_ASSERT_OK((*hook)->Close());
 }
 
 TEST(DeviceCapture, ValuesTravelAsBf16WhenAsked) {

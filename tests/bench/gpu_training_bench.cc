@@ -35,7 +35,8 @@ ABSL_FLAG(int, steps_per_round, 10, "steps of one mode in a round");
 ABSL_FLAG(std::string, modes, "none,stats,stats_deferred,stats_hist,values100,values10",
           "modes, the baseline first: none, stats, stats_hist, values<N>, and any but none "
           "with _deferred (the stream waits for the statistics' reads at the next save or "
-          "the step's end, not right after each save)");
+          "the step's end, not right after each save; values modes overlap little, since a "
+          "snapshot's wait covers the statistics before it)");
 ABSL_FLAG(std::string, policy, "spill", "backpressure policy: spill, drop or block");
 ABSL_FLAG(std::string, data_dir, "", "collector data directory (default: a temporary one)");
 
