@@ -178,7 +178,7 @@ absl::StatusOr<PythonHookOptions> ParsePythonHookOptions(absl::string_view text)
        "cert_file", "key_file", "server_name_override", "max_queue_bytes", "max_chunk_bytes",
        "backpressure", "spill_dir", "max_spill_bytes", "max_block_seconds",
        "close_timeout_seconds", "spool_dir", "max_spool_bytes", "config_file", "config",
-       "profiler"},
+       "profiler", "defer_device_reads"},
       "hook options"));
   PythonHookOptions out;
   HookOptions& h = out.options;
@@ -208,6 +208,7 @@ absl::StatusOr<PythonHookOptions> ParsePythonHookOptions(absl::string_view text)
   SONDE_RETURN_IF_ERROR(GetString(o, "key_file", &h.security.key_file));
   SONDE_RETURN_IF_ERROR(GetString(o, "server_name_override", &h.security.server_name_override));
   SONDE_RETURN_IF_ERROR(GetInt(o, "max_queue_bytes", &h.max_queue_bytes));
+  SONDE_RETURN_IF_ERROR(GetBool(o, "defer_device_reads", &h.device.defer_producer_wait));
   SONDE_RETURN_IF_ERROR(GetInt(o, "max_chunk_bytes", &h.max_chunk_bytes));
   std::string policy = "spill";
   SONDE_RETURN_IF_ERROR(GetString(o, "backpressure", &policy));

@@ -15,6 +15,7 @@ TEST(PythonHookOptions, EveryFieldReachesHookOptions) {
     "metadata": {"lr": "0.1"}, "rules": "ExplodingTensor(actions=StopTraining);LossNotDecreasing",
     "token": "t0k", "ca_file": "/ca.pem", "max_queue_bytes": 1024, "max_chunk_bytes": 512,
     "backpressure": "block", "max_block_seconds": 0.25, "close_timeout_seconds": 5,
+    "defer_device_reads": true,
     "config": {
       "save_config": {"1": {"save_interval": 10, "start_step": 2, "end_step": 50, "save_steps": [7]},
                       "2": {"save_interval": 1}},
@@ -38,6 +39,7 @@ TEST(PythonHookOptions, EveryFieldReachesHookOptions) {
   EXPECT_EQ(h.backpressure.policy, BackpressurePolicy::kBlock);
   EXPECT_EQ(h.backpressure.max_block, absl::Milliseconds(250));
   EXPECT_EQ(h.close_timeout, absl::Seconds(5));
+  EXPECT_TRUE(h.device.defer_producer_wait);
   const SaveConfigMode& train = h.config.save_config.Get(v1::MODE_TRAIN);
   EXPECT_EQ(train.save_interval, 10);
   EXPECT_EQ(train.start_step, 2);
@@ -67,6 +69,7 @@ TEST(PythonHookOptions, DefaultsAreTheCHooksDefaults) {
   EXPECT_EQ(parsed->options.collector, defaults.collector);
   EXPECT_EQ(parsed->options.max_queue_bytes, defaults.max_queue_bytes);
   EXPECT_EQ(parsed->options.backpressure.policy, BackpressurePolicy::kSpill);
+  EXPECT_FALSE(parsed->options.device.defer_producer_wait);
   EXPECT_FALSE(parsed->options.config.reduction_config.has_value());
   EXPECT_TRUE(parsed->config_file.empty());
 }

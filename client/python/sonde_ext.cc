@@ -88,6 +88,7 @@ class PyHook {
 
   void StartStep() { hook_->StartStep(); }
   void EndStep() { hook_->EndStep(); }
+  void FenceDevice() { hook_->FenceDevice(); }
   void SetMode(int mode) { hook_->SetMode(static_cast<v1::Mode>(mode)); }
   int Mode() const { return hook_->mode(); }
   int64_t Step() const { return hook_->step(); }
@@ -298,6 +299,7 @@ PYBIND11_MODULE(_sonde, m) {
       .def_static("create", &PyHook::Create, py::arg("options_json"))
       .def("start_step", &PyHook::StartStep, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &PyHook::EndStep, py::call_guard<py::gil_scoped_release>())
+      .def("fence_device", &PyHook::FenceDevice, py::call_guard<py::gil_scoped_release>())
       .def("set_mode", &PyHook::SetMode, py::call_guard<py::gil_scoped_release>())
       .def("mode", &PyHook::Mode)
       .def("step", &PyHook::Step)

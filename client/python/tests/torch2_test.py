@@ -11,6 +11,7 @@ torch.compile (Debian's 1.13); deploy/check-wheel.sh --pypi-torch runs them
 against the newest PyTorch.
 """
 
+import importlib
 import logging
 import shutil
 
@@ -217,3 +218,43 @@ def test_full_backward_hooks_of_the_user_and_sondes_hooks_both_work(collector):
         np.testing.assert_array_equal(trial.tensor("gradient/Mlp_fc1.weight").value(step),
                                       grads[step].numpy())
     assert hook.counters()["modules_missed"] == 0
+
+
+_optimizer_module = importlib.import_module("torch.optim.optimizer")
+needs_optimizer_hooks = pytest.mark.skipif(
+    not hasattr(_optimizer_module, "register_optimizer_step_post_hook"),
+    reason="torch %s has no global optimizer step hooks (PyTorch 2.0+)" % torch.__version__)
+
+
+@needs_optimizer_hooks
+def test_deferred_device_reads_fence_after_every_optimizer_step_until_close(collector):
+    hook = smd.Hook(collector=collector.address, job="deferred", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["weights", "gradients"], defer_device_reads=True)
+    assert hook.defer_device_reads
+    model = Mlp()
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.CrossEntropyLoss()
+    for x, y in _data(3):
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    assert hook._device_fences == 3  # one after each step, the first included
+    hook.fence_device()              # on demand: nothing deferred on the CPU, still fine
+    hook.close()
+    opt.step()                       # the global step hook went with the hook
+    assert hook._device_fences == 3
+    trial = create_trial(collector.address, "deferred")
+    assert trial.tensor("Mlp_fc1.weight").steps() == [0, 1, 2]
+    assert trial.tensor("gradient/Mlp_fc1.weight").steps() == [0, 1, 2]
+
+
+def test_deferred_device_reads_say_why_when_torch_cannot(collector, caplog, monkeypatch):
+    monkeypatch.delattr(_optimizer_module, "register_optimizer_step_post_hook", raising=False)
+    with caplog.at_level(logging.WARNING):
+        hook = smd.Hook(collector=collector.address, job="no-defer", strict=True,
+                        defer_device_reads=True)
+    assert not hook.defer_device_reads
+    assert "device reads are not deferred" in caplog.text
+    hook.close()

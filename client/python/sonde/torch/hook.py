@@ -35,6 +35,7 @@ disables itself (strict=True raises instead). Saves the collector refuses
 import atexit
 import contextlib
 import ctypes
+import importlib
 import json
 import logging
 import os
@@ -170,6 +171,14 @@ class Hook:
         process ends (a collector down, kill -9) can be uploaded later with
         `sonde sync` (default $SONDE_SPOOL_DIR, else ~/.cache/sonde/spool;
         False: no spool). max_spool_bytes: its limit (default 4 GiB).
+      defer_device_reads: let the GPU statistics of CUDA tensors overlap
+        training instead of making the training stream wait for them right
+        after each save: it waits at the next save, at the next step, and
+        after every torch.optim optimizer's step (so the optimizer's
+        writes, zero_grad and the allocator's reuse of freed gradients come
+        after the reads). Needs torch >= 2.0; a loop that updates or zeroes
+        parameters or gradients without a torch.optim optimizer must call
+        fence_device() first. Default False.
     """
 
     def __init__(self, collector=None, job=None, save_config=None, reduction_config=None,
@@ -179,7 +188,7 @@ class Hook:
                  server_name_override=None, worker=None, world_size=None, strict=False,
                  raise_on_stop=False, max_queue_bytes=None, backpressure=None, spill_dir=None,
                  close_timeout_seconds=None, profiler=None, spool_dir=None,
-                 max_spool_bytes=None, _config_file=None):
+                 max_spool_bytes=None, defer_device_reads=False, _config_file=None):
         if include_workers not in ("one", "all"):
             raise ValueError("include_workers must be 'one' or 'all', not %r" % (include_workers,))
         if save_config is not None and not isinstance(save_config, SaveConfig):
@@ -234,6 +243,18 @@ class Hook:
         self._arity = {}            # id(module) -> (inputs, outputs), once seen
         self._tops = set()          # ids of registered top-level modules
         self._losses = []           # registered loss modules
+        self._device_fences = 0     # fences after optimizer steps (defer_device_reads)
+        self.defer_device_reads = bool(defer_device_reads)
+        if self.defer_device_reads:
+            # torch.optim's package may not keep its submodule as an attribute.
+            register = getattr(importlib.import_module("torch.optim.optimizer"),
+                               "register_optimizer_step_post_hook", None)
+            if register is None:
+                log.warning("sonde: defer_device_reads needs torch >= 2.0 (a hook after every "
+                            "optimizer step); device reads are not deferred")
+                self.defer_device_reads = False
+            else:
+                self._handles.append(register(self._after_optimizer_step))
         if profiler is True:
             profiler = ProfilerConfig()
         if profiler is not None and profiler is not False and \
@@ -268,6 +289,7 @@ class Hook:
             "max_spool_bytes": max_spool_bytes,
             "config_file": _config_file,
             "profiler": self.profiler._json() if self.profiler is not None else None,
+            "defer_device_reads": self.defer_device_reads or None,
         }
         # Mistakes in the options are the user's, and surface here, before
         # training starts (ValueError), even in non-strict mode.
@@ -536,6 +558,23 @@ class Hook:
             handle.remove()
         self._step_handles = []
         self._hooked_plan = None
+
+    def fence_device(self):
+        """With defer_device_reads: the training stream waits (on the GPU,
+        the host does not) for the statistics of the CUDA tensors saved so
+        far. Call it before overwriting a saved tensor other than through a
+        torch.optim optimizer's step or the next step."""
+        self._native_call("fence_device")
+
+    def _after_optimizer_step(self, optimizer, args, kwargs):
+        h = self._native
+        if h is None or self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            h.fence_device()
+            self._device_fences += 1
+        except Exception as e:  # noqa: BLE001
+            self._fail("fencing device reads after an optimizer step", e)
 
     def _unhook_all(self):
         """Removes every hook Sonde put on the models, losses and parameters.
