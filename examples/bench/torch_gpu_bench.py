@@ -11,7 +11,9 @@ train side by side in one process, taking turns in rounds of --steps
 steps, starting with a different copy each round, after a warm-up round:
 one without a hook (the baseline) and one per mode with its own hook and
 job: `stats` (statistics of every weight and gradient every step, no
-values), `values100` and `values10` (raw values every 100 and 10 steps).
+values), `stats_deferred` (the same with defer_device_reads: the statistics
+overlap training rather than the stream waiting after each save; torch
+2.0+), `values100` and `values10` (raw values every 100 and 10 steps).
 
 Printed: median and mean step time of each copy and their ratios to the
 baseline; the hook's counters (statistics batches a step, waits for the
@@ -36,7 +38,9 @@ import sonde.torch as smd
 from sonde.testing import Collector, find_collector_binary
 from sonde.v1 import query_pb2, query_pb2_grpc
 
-MODES = {"stats": (1, False), "values100": (100, True), "values10": (10, True)}
+# name: (save interval, values, defer_device_reads)
+MODES = {"stats": (1, False, False), "stats_deferred": (1, False, True),
+         "values100": (100, True, False), "values10": (10, True, False)}
 
 
 def mlp(width, layers):
@@ -58,7 +62,7 @@ class Copy:
         self.times = []
         self.hook = None
         if name != "none":
-            interval, values = MODES[name]
+            interval, values, deferred = MODES[name]
             self.interval = interval
             self.hook = smd.Hook(
                 collector=address, job="torch-gpu-" + name, strict=False,
@@ -66,7 +70,7 @@ class Copy:
                 reduction_config=None if values else smd.ReductionConfig(
                     reductions=["min", "max", "mean", "std"], norms=["l2"]),
                 include_collections=["weights", "biases", "gradients"],
-                close_timeout_seconds=600)
+                close_timeout_seconds=600, defer_device_reads=deferred)
             self.hook.register_module(self.model)
             self.hook.register_loss(self.loss_fn)
 
@@ -114,7 +118,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=20, help="steps of one copy in a round")
-    p.add_argument("--modes", default="stats,values100,values10")
+    p.add_argument("--modes", default="stats,stats_deferred,values100,values10")
     p.add_argument("--collector_binary", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)

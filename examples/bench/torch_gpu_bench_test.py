@@ -13,16 +13,18 @@ def test_the_gpu_benchmark_runs_and_checks_on_the_cpu():
     p = subprocess.run(
         ["/usr/bin/python3", runfile("examples/bench/torch_gpu_bench.py"), "--device", "cpu",
          "--width", "128", "--layers", "3", "--batch", "32", "--rounds", "2", "--steps", "10",
-         "--modes", "stats,values100,values10",
+         "--modes", "stats,stats_deferred,values100,values10",
          "--collector_binary", runfile("server/sonde-collector")],
         capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "checks passed" in p.stdout, p.stdout
     rows = {line.split()[0]: line.split() for line in p.stdout.splitlines()
-            if line.split() and line.split()[0] in ("none", "stats", "values100", "values10")}
-    assert set(rows) == {"none", "stats", "values100", "values10"}, p.stdout
+            if line.split() and line.split()[0] in ("none", "stats", "stats_deferred",
+                                                    "values100", "values10")}
+    assert set(rows) == {"none", "stats", "stats_deferred", "values100", "values10"}, p.stdout
     # values10 over 3 rounds of 10 steps (the first a warm-up): steps 0..29,
     # saved at 0, 10, 20, all complete.
     assert rows["values10"][-2:] == ["3", "3"], p.stdout
     assert rows["stats"][-2:] == ["30", "30"], p.stdout
+    assert rows["stats_deferred"][-2:] == ["30", "30"], p.stdout
     assert rows["stats"][7] == "0/0", p.stdout
