@@ -67,6 +67,13 @@ else
   tar -cJf .gpu.tar.xz .gpu
 fi
 du -h .gpu.tar.xz
+# What travels is the archive plus the tracked and unignored files: keep it
+# under the device tool's 64 MiB.
+tracked=$(git ls-files -z --cached --others --exclude-standard |
+  xargs -0 -r stat -c %s 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')
+total=$(( $(stat -c %s .gpu.tar.xz) + ${tracked:-0} ))
+echo "gpu-pack: $(( total >> 20 )) MiB travel with the working tree (limit 64 MiB)"
+[ "$total" -lt $(( 64 << 20 )) ] || { echo "gpu-pack: too big to travel" >&2; exit 1; }
 echo 'gpu-pack: run(command="tar -xJf .gpu.tar.xz && bash .gpu/run.sh", carry=[".gpu.tar.xz"])'
 [ "$torch" = 1 ] && echo 'gpu-pack: run(command="tar -xJf .gpu.tar.xz && bash .gpu-torch/run.sh", carry=[".gpu.tar.xz"])'
 exit 0
