@@ -39,6 +39,9 @@ struct JobRegistry::LiveJob {
   // were gone by then), with no hello since: the worker-end timeout counts
   // from then, and ends it (rules included) if no worker comes back.
   std::optional<absl::Time> dormant_since ABSL_GUARDED_BY(mu);
+  // Handed to the dormant thread to be ended (EndDormant replays its
+  // steps, which may take long): the ticker leaves it alone meanwhile.
+  bool ending_dormant ABSL_GUARDED_BY(mu) = false;
   StepAssembler steps ABSL_GUARDED_BY(mu);  // between the workers' commits and the rules
   std::unique_ptr<RuleActions> sink ABSL_GUARDED_BY(mu);
   std::unique_ptr<rules::RuleRunner> runner ABSL_GUARDED_BY(mu);
@@ -67,6 +70,7 @@ JobRegistry::JobRegistry(storage::Store* store, ThreadPool* rule_pool,
       step_wait_(step_wait),
       webhooks_(webhooks) {
   ticker_ = std::thread([this] { TickLoop(); });
+  dormant_ender_ = std::thread([this] { DormantLoop(); });
 }
 
 JobRegistry::~JobRegistry() {
@@ -75,6 +79,7 @@ JobRegistry::~JobRegistry() {
     stopping_ = true;
   }
   ticker_.join();
+  dormant_ender_.join();
   DrainRules();
 }
 
@@ -87,19 +92,24 @@ void JobRegistry::TickLoop() {
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), tick)) return;
-      for (auto& [name, job] : jobs_) jobs.push_back(job.get());
+      for (auto& [name, job] : jobs_) {
+        job->AssertHeld();
+        // Being ended on the dormant thread, which holds its commit_mu for
+        // as long as its replay takes: skipped, so other jobs keep ticking.
+        if (!job->ending_dormant) jobs.push_back(job.get());
+      }
     }
     const absl::Time now = absl::Now();
     std::vector<std::string> ended;
-    std::vector<LiveJob*> dormant_overdue;  // ended below, without these locks
     for (LiveJob* job : jobs) {
       absl::MutexLock commit(&job->commit_mu);
       absl::MutexLock lock(&mu_);
       job->AssertHeld();
       if (job->runner == nullptr) {
         if (job->dormant_since.has_value() && worker_end_timeout_ > absl::ZeroDuration() &&
-            now - *job->dormant_since >= worker_end_timeout_) {
-          dormant_overdue.push_back(job);
+            now - *job->dormant_since >= worker_end_timeout_ && !job->ending_dormant) {
+          job->ending_dormant = true;
+          dormant_queue_.push_back(job);
         }
         continue;
       }
@@ -119,8 +129,31 @@ void JobRegistry::TickLoop() {
       if (job->info.status() == v1::JOB_STATUS_RUNNING) job->runner->Tick(now);
       job->steps.DeliverOverdue(now, step_wait_, DeliverTo(*job));
     }
-    for (LiveJob* job : dormant_overdue) EndDormant(*job, &ended);
     for (const std::string& job : ended) PublishIfEnded(job);
+  }
+}
+
+void JobRegistry::DormantLoop() {
+  while (true) {
+    LiveJob* job = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !dormant_queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      job = dormant_queue_.front();
+      dormant_queue_.pop_front();
+    }
+    std::vector<std::string> ended;
+    EndDormant(*job, &ended);
+    {
+      absl::MutexLock lock(&mu_);
+      job->AssertHeld();
+      job->ending_dormant = false;
+    }
+    for (const std::string& name : ended) PublishIfEnded(name);
   }
 }
 

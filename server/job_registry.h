@@ -7,6 +7,7 @@
 #define SONDE_SERVER_JOB_REGISTRY_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -207,6 +208,7 @@ class JobRegistry {
   StepAssembler::Deliver DeliverTo(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step-wait clock: hands overdue steps to the rules.
   void TickLoop();
+  void DormantLoop();
   void MaybeEndJobLocked(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leave and EndJob without telling watchers (they do, after).
   void RemoveStream(const std::string& job, int32_t worker, StreamHandle* stream)
@@ -236,6 +238,11 @@ class JobRegistry {
   absl::Duration worker_lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(60);
   std::function<bool(const std::string&, const v1::Action&)> webhook_gate_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
+  // Jobs found unfinished at startup whose worker-end timeout passed, for
+  // dormant_ender_ to end one at a time (their replay may take long; the
+  // ticker must not wait for it).
+  std::deque<LiveJob*> dormant_queue_ ABSL_GUARDED_BY(mu_);
+  std::thread dormant_ender_;
 
   // Serialises PostExternalResult's read-modify-write.
   absl::Mutex external_mu_ ABSL_ACQUIRED_BEFORE(mu_);
