@@ -276,7 +276,9 @@ bool DeviceCapture::PumpOnce() {
     }
   }
   GrantDownloadsLocked();
-  ++generation_;
+  // Room (a batch slot, snapshot memory) comes back only with a completion:
+  // waiters in WithRoom wake then, not on every poll of a busy device.
+  if (!done.empty()) ++generation_;
   return DeviceBusyLocked();
 }
 
@@ -357,6 +359,7 @@ void DeviceCapture::AbandonLocked(const std::shared_ptr<PendingDeviceTensor>& pe
     if (it->second == pending) {
       engine_->Discard(it->first);
       snapshots_.erase(it);
+      ++generation_;  // its snapshot memory came back
       return;
     }
   }

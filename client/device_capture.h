@@ -197,7 +197,9 @@ class DeviceCapture {
   // backlog costs training one max_block, not one per step.
   bool stats_stalled_ ABSL_GUARDED_BY(mu_) = false;
   bool snapshots_stalled_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped whenever the pump delivers
+  // Bumped when device room may have come back (a completion collected, a
+  // snapshot discarded, the pump ending): what WithRoom waits for.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::thread pump_;
 };
