@@ -62,12 +62,16 @@ absl::StatusOr<T> DeviceCapture::WithRoom(F attempt, absl::Time deadline, bool* 
   const absl::Time start = absl::Now();
   ++counters_.waits;
   while (!result.ok() && result.status().code() == absl::StatusCode::kResourceExhausted) {
-    // Room comes back when the pump delivers finished work.
+    // Room comes back when the pump delivers finished work or a snapshot
+    // is discarded (generation_), and device memory also when training
+    // frees some, which nothing signals: retried every millisecond too.
     const uint64_t seen = generation_;
     auto delivered = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return generation_ != seen || stop_;
     };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&delivered), deadline) || stop_) {
+    mu_.AwaitWithDeadline(absl::Condition(&delivered),
+                          std::min(deadline, absl::Now() + absl::Milliseconds(1)));
+    if (stop_ || absl::Now() >= deadline) {
       result = attempt();
       if (!result.ok()) *stalled = true;
       break;
@@ -204,6 +208,11 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
   return out;
 }
 
+void DeviceCapture::SnapshotMemoryFreedLocked() {
+  snapshots_stalled_ = false;
+  ++generation_;  // wakes saves waiting for room
+}
+
 void DeviceCapture::GrantDownloadsLocked() {
   // Oldest first while the host budget has room; past the first refusal,
   // only the tensors the sender waits for (which always go).
@@ -228,6 +237,7 @@ void DeviceCapture::GrantDownloadsLocked() {
     } else {
       engine_->Discard(it->first);
       LoseValuesLocked(*p, s);
+      SnapshotMemoryFreedLocked();
     }
     it = snapshots_.erase(it);
   }
@@ -359,7 +369,7 @@ void DeviceCapture::AbandonLocked(const std::shared_ptr<PendingDeviceTensor>& pe
     if (it->second == pending) {
       engine_->Discard(it->first);
       snapshots_.erase(it);
-      ++generation_;  // its snapshot memory came back
+      SnapshotMemoryFreedLocked();
       return;
     }
   }

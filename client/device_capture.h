@@ -156,6 +156,8 @@ class DeviceCapture {
   bool PumpOnce() ABSL_LOCKS_EXCLUDED(mu_);
   void GrantDownloadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FenceLocked(void* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A snapshot was discarded: its memory is free for the next ones.
+  void SnapshotMemoryFreedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Work on the device (batches, downloads), and snapshots waiting for the
   // host budget.
   bool DeviceBusyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -892,17 +892,21 @@ bool Sender::WriteEntry(Stream* stream, Unacked* entry, size_t from) {
       if (m.has_step_end()) {
         v1::StepEnd* end = m.mutable_step_end();
         *end->mutable_counters() = WireCounters();
-        // A step end written before may be stored already (its ack lost,
-        // after the hello's resume step was read): the collector then
-        // acknowledges the resend as a duplicate and ignores its count, so
-        // new drops wait for the next step end or the job end instead.
-        if (!entry->written) {
+        // A step end written before may be stored already when the hello
+        // vouched for nothing (resume step -1: another or no client id);
+        // the collector then acknowledges the resend as a duplicate and
+        // ignores its count, so new drops wait for the next step end or the
+        // job end. With a resume step, what was not dropped as stored is
+        // not stored: the resend carries them.
+        if (!entry->written || resume_step_ >= 0) {
           end->set_steps_dropped(end->steps_dropped() + steps_dropped_pending_);
           entry->carried_steps_dropped += steps_dropped_pending_;
           steps_dropped_pending_ = 0;
         }
       } else {
         // The job end is the last message: what is pending goes with it.
+        // (A resent job end the collector stored already is ignored, its
+        // count with it: the same race as above, with nothing after it.)
         v1::JobEnd* end = m.mutable_job_end();
         *end->mutable_counters() = WireCounters();
         end->set_steps_dropped(end->steps_dropped() + steps_dropped_pending_);

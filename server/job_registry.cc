@@ -96,7 +96,8 @@ void JobRegistry::TickLoop() {
         job->AssertHeld();
         // Being ended on the dormant thread, which holds its commit_mu for
         // as long as its replay takes: skipped, so other jobs keep ticking.
-        if (!job->ending_dormant) jobs.push_back(job.get());
+        // (Unless a hello revived it meanwhile: then it ticks as any job.)
+        if (!job->ending_dormant || job->runner != nullptr) jobs.push_back(job.get());
       }
     }
     const absl::Time now = absl::Now();
