@@ -88,6 +88,15 @@ absl::Status DeviceCapture::Fence(void* stream) {
   return FenceLocked(stream);
 }
 
+absl::Status DeviceCapture::FenceAll() {
+  if (!options_.engine.defer_producer_wait) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  absl::Status status;
+  const std::vector<void*> streams = unfenced_;
+  for (void* stream : streams) status.Update(FenceLocked(stream));
+  return status;
+}
+
 absl::Status DeviceCapture::FenceLocked(void* stream) {
   auto it = std::find(unfenced_.begin(), unfenced_.end(), stream);
   if (it == unfenced_.end()) return absl::OkStatus();  // no deferred read of its tensors

@@ -125,6 +125,8 @@ class DeviceCapture {
   // the host waits for the device instead (correct, not overlapped) and
   // the error is returned. OK and nothing done without deferral.
   absl::Status Fence(void* stream);
+  // Fence for every stream with unfenced reads (the first error, if any).
+  absl::Status FenceAll();
 
   // Waits until `pending` is complete (statistics in, and values in or
   // lost), up to `timeout`; the pump downloads it ahead of others.

@@ -80,10 +80,15 @@ TEST(DeviceCaptureTest, ABatchLargerThanASlotIsSplitNotDropped) {
   }
 }
 
+// A capture whose statistics reads do not make the producer wait.
+absl::StatusOr<std::unique_ptr<DeviceCapture>> Deferred(Rig& rig) {
+  rig.options.engine.defer_producer_wait = true;
+  return DeviceCapture::Create(std::move(rig.options));
+}
+
 TEST(DeviceCaptureTest, DeferredReadsAreFencedAtTheNextSaveOrWhenAsked) {
   Rig rig;
-  rig.options.engine.defer_producer_wait = true;
-  auto capture = DeviceCapture::Create(std::move(rig.options));
+  auto capture = Deferred(rig);
   SONDE_ASSERT_OK(capture);
   std::vector<std::vector<float>> tensors = {std::vector<float>(1000, 1.0f)};
   int stream = 0;  // any pointer names the producer's stream here
@@ -104,8 +109,7 @@ TEST(DeviceCaptureTest, DeferredReadsAreFencedAtTheNextSaveOrWhenAsked) {
 
 TEST(DeviceCaptureTest, EachStreamIsFencedForItself) {
   Rig rig;
-  rig.options.engine.defer_producer_wait = true;
-  auto capture = DeviceCapture::Create(std::move(rig.options));
+  auto capture = Deferred(rig);
   SONDE_ASSERT_OK(capture);
   std::vector<std::vector<float>> tensors = {std::vector<float>(100, 1.0f)};
   int a = 0, b = 0;  // two producer streams
@@ -121,6 +125,14 @@ TEST(DeviceCaptureTest, EachStreamIsFencedForItself) {
   SONDE_EXPECT_OK((*capture)->Fence(&b));
   EXPECT_EQ(rig.engine->unfenced_batches(&b), 0u);
   EXPECT_EQ(rig.engine->fences(), 2u);
+  // FenceAll fences every stream with reads left, and only those.
+  (*capture)->Enqueue(Requests(tensors, false), &a);
+  (*capture)->Enqueue(Requests(tensors, false), &b);  // fences nothing: b had none left
+  EXPECT_EQ(rig.engine->fences(), 2u);
+  SONDE_EXPECT_OK((*capture)->FenceAll());
+  EXPECT_EQ(rig.engine->unfenced_batches(&a), 0u);
+  EXPECT_EQ(rig.engine->unfenced_batches(&b), 0u);
+  EXPECT_EQ(rig.engine->fences(), 4u);
 }
 
 TEST(DeviceCaptureTest, WithoutDeferralNothingIsLeftToFence) {

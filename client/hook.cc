@@ -210,18 +210,22 @@ void Hook::FenceDevice() {
   FenceDeviceLocked();
 }
 
+// The capture knows which streams have unfenced reads; the hook only says
+// when to fence, and logs a failure once.
 void Hook::FenceDeviceLocked() {
-  const std::vector<void*> streams = fence_streams_;
-  for (void* stream : streams) FenceStreamLocked(stream);
+  if (!options_.device.defer_producer_wait) return;
+  std::shared_ptr<DeviceCapture> capture = Capture();
+  if (capture != nullptr) LogFenceLocked(capture->FenceAll());
 }
 
 void Hook::FenceStreamLocked(void* stream) {
-  auto it = std::find(fence_streams_.begin(), fence_streams_.end(), stream);
-  if (it == fence_streams_.end()) return;
+  if (!options_.device.defer_producer_wait) return;
   std::shared_ptr<DeviceCapture> capture = Capture();
-  const absl::Status s = capture == nullptr ? absl::OkStatus() : capture->Fence(stream);
+  if (capture != nullptr) LogFenceLocked(capture->Fence(stream));
+}
+
+void Hook::LogFenceLocked(const absl::Status& s) {
   if (absl::IsFailedPrecondition(s)) return;  // a CUDA graph capture: fenced later
-  fence_streams_.erase(it);
   if (!s.ok() && std::find(logged_.begin(), logged_.end(), "device-fence") == logged_.end()) {
     logged_.push_back("device-fence");
     LOG(WARNING) << "sonde: cannot order the training stream after the deferred device "
@@ -519,11 +523,6 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
         }
       });
   for (const auto& pending : abandoned) capture->Abandon(pending);
-  if (options_.device.defer_producer_wait &&
-      std::find(fence_streams_.begin(), fence_streams_.end(), tensors[0]->tensor.stream) ==
-          fence_streams_.end()) {
-    fence_streams_.push_back(tensors[0]->tensor.stream);
-  }
   std::string first_dropped;
   for (size_t i = 0; i < queued.size() && first_dropped.empty(); ++i) {
     if (e.pending[i] == nullptr) first_dropped = queued[i].name;

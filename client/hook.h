@@ -310,6 +310,7 @@ class Hook {
   void EndStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceDeviceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceStreamLocked(void* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogFenceLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyHelloAck(const v1::HelloAck& ack);
   void StartStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t CurrentOrNextModeStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -363,8 +364,6 @@ class Hook {
   absl::Status capture_status_ ABSL_GUARDED_BY(mu_);
   bool capture_tried_ ABSL_GUARDED_BY(mu_) = false;
   int capture_device_ ABSL_GUARDED_BY(mu_) = 0;  // the device of the first device tensor
-  // Streams whose device reads are deferred and not yet fenced.
-  std::vector<void*> fence_streams_ ABSL_GUARDED_BY(mu_);
   // The profiler; null while off.
   std::unique_ptr<HookProfiler> profiler_;
 };
