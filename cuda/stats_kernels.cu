@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "math/chunk_math.h"
 #include "math/float16_math.h"
@@ -114,9 +115,6 @@ template <>
 struct SourceOf<BFloat> {
   using type = Source16<BFloatFormat>;
 };
-template <typename T> struct Storage { using type = T; };
-template <> struct Storage<Half> { using type = uint16_t; };
-template <> struct Storage<BFloat> { using type = uint16_t; };
 
 __device__ inline uint32_t Bin(const HistogramParams& p, float x) { return HistogramBinF32(p, x); }
 __device__ inline uint32_t Bin(const HistogramParams& p, double x) { return HistogramBinF64(p, x); }
@@ -188,12 +186,13 @@ __device__ void ChunkStats(const KernelTensor& t, const KernelChunk& c, const Hi
                            unsigned long long* counters, StatsAccumulator* partial) {
   using S = typename SourceOf<T>::type;
   using Acc = typename S::Acc;
-  const S src{static_cast<const typename Storage<T>::type*>(t.data) + c.begin};
+  using Element = std::remove_const_t<std::remove_pointer_t<decltype(S::p)>>;
+  const S src{static_cast<const Element*>(t.data) + c.begin};
   ChunkPartial<Acc> s;
   s.Reset();
   const double shift = ChunkShift(src.Load(0));
   const uint64_t head =
-      ChunkHead(reinterpret_cast<uintptr_t>(src.p), sizeof(typename Storage<T>::type), c.count);
+      ChunkHead(reinterpret_cast<uintptr_t>(src.p), sizeof(Element), c.count);
   // Two instantiations, so that a tensor without a histogram pays nothing
   // per element for it.
   if (t.histogram != 0 && hp.count > 0 && histogram_mode == kHistogramWarpAggregated) {
