@@ -3,7 +3,9 @@
 // histograms, through the engine the hook uses (collecting every batch),
 // against a read-only sum over the same bytes and a device-to-device copy,
 // for 1 MiB to 1 GiB of F32, BF16 and F16 and for one training step's
-// batch of 300 tensors (413 MB); and counts the kernel launches of a step.
+// batch of 300 tensors (413 MB); sweeps the chunk size (elements a block
+// reads) over 64 MiB, 256 MiB and the step batch, so that one run says
+// which default to keep; and counts the kernel launches of a step.
 //
 //   bazel run -c opt //cuda:gpu_check [-- --device=N --repeats=R]
 //
@@ -25,9 +27,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cuda/conformance.h"
 #include "cuda/device_stats.h"
+#include "cuda/multi_tensor.h"
 #include "cuda/stats_kernels.h"
 #include "stats/histogram.h"
 #include "stats/statistics.h"
@@ -49,6 +53,8 @@ struct Flags {
   std::vector<v1::DType> dtypes = {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_F16};
   bool conformance = true;
   bool step = true;
+  // Chunk sizes (elements) the sweep times; empty: no sweep.
+  std::vector<uint64_t> chunk_sweep = {4096, 8192, 16384, 32768, 65536};
 };
 
 // The conformance cases in one batch, each tensor `offset` elements into its
@@ -194,117 +200,214 @@ class StatsTimer {
   int* problems_;
 };
 
-// Statistics (and with histograms) against a read-only sum over the same
-// bytes, and a device-to-device copy with its bytes counted once and as
-// read + write traffic. Returns the refusals and errors seen.
-int Bandwidth(const Flags& flags, int sms) {
-  int problems = 0;
-  cudaStream_t stream;
-  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  DeviceStatsOptions options;
-  options.device = flags.device;
-  options.slot_bytes = 16u << 20;
-  absl::StatusOr<std::unique_ptr<DeviceStats>> engine = DeviceStats::Create(options);
-  if (!engine.ok()) {
-    std::printf("bandwidth: cannot create the engine: %s\n", engine.status().ToString().c_str());
-    return 1;
+// What the timed sections share: a stream, a 1 GiB source filled with
+// pseudo-normal values (sd 0.02, like weights) of the dtype timed, a copy
+// destination, and the read-only sum that is every ratio's baseline.
+class Bench {
+ public:
+  static constexpr uint64_t kLargest = uint64_t{1} << 30;
+
+  Bench(const Flags& flags, int sms, int* problems)
+      : flags_(flags), sms_(sms), problems_(problems) {
+    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    ok_ = cudaMalloc(&src_, kLargest) == cudaSuccess &&
+          cudaMalloc(&dst_, kLargest) == cudaSuccess &&
+          cudaMalloc(reinterpret_cast<void**>(&sum_), sizeof(float)) == cudaSuccess;
+    if (!ok_) {
+      ++*problems_;
+      std::printf("ERROR cannot allocate 2 GiB\n");
+    }
   }
-  options.warp_aggregated_histograms = true;
-  absl::StatusOr<std::unique_ptr<DeviceStats>> aggregating = DeviceStats::Create(options);
-  if (!aggregating.ok()) {
-    std::printf("bandwidth: cannot create the engine: %s\n",
-                aggregating.status().ToString().c_str());
-    return 1;
+  ~Bench() {
+    if (src_ != nullptr) cudaFree(src_);
+    if (dst_ != nullptr) cudaFree(dst_);
+    if (sum_ != nullptr) cudaFree(sum_);
+    cudaStreamDestroy(stream_);
   }
-  StatsTimer timer(**engine, stream, flags.repeats, &problems);
-  StatsTimer timer_aggregating(**aggregating, stream, flags.repeats, &problems);
-  const uint64_t largest = uint64_t{1} << 30;
-  void* src = nullptr;
-  void* dst = nullptr;
-  float* sum = nullptr;
-  if (cudaMalloc(&src, largest) != cudaSuccess || cudaMalloc(&dst, largest) != cudaSuccess ||
-      cudaMalloc(reinterpret_cast<void**>(&sum), sizeof(float)) != cudaSuccess) {
-    std::printf("bandwidth: cannot allocate 2 GiB\n");
-    return 1;
+  Bench(const Bench&) = delete;
+  Bench& operator=(const Bench&) = delete;
+
+  bool ok() const { return ok_; }
+
+  // An engine as the hook makes one, with slots that hold the step batch's
+  // tables at any chunk size timed (under 2 MiB at 4 Ki elements) and
+  // little snapshot memory, which nothing here uses; nullptr (counted as a
+  // problem) if it fails.
+  std::unique_ptr<DeviceStats> Engine(uint64_t chunk_elements, bool aggregated) {
+    DeviceStatsOptions options;
+    options.device = flags_.device;
+    options.chunk_elements = chunk_elements;
+    options.slot_bytes = 16u << 20;
+    options.snapshot_bytes = 16u << 20;
+    options.warp_aggregated_histograms = aggregated;
+    absl::StatusOr<std::unique_ptr<DeviceStats>> engine = DeviceStats::Create(options);
+    if (!engine.ok()) {
+      ++*problems_;
+      std::printf("ERROR cannot create the engine: %s\n", engine.status().ToString().c_str());
+      return nullptr;
+    }
+    return *std::move(engine);
   }
-  // Pseudo-normal values (sd 0.02, like weights) in the dtype timed.
-  auto fill = [&](v1::DType dtype) {
-    const uint64_t count = largest / (dtype == v1::DTYPE_F32 ? 4 : 2);
-    if (LaunchFill(src, count, static_cast<int32_t>(dtype), 20261126, stream) != 0) ++problems;
-    cudaStreamSynchronize(stream);
-  };
-  auto read_ms = [&](const void* p, uint64_t bytes, v1::DType dtype) {
-    return TimeOnStream(
-        stream, flags.repeats,
-        [&] {
-          if (LaunchReadSum(p, bytes, static_cast<int32_t>(dtype), sms, sum, stream) != 0) {
-            ++problems;
-          }
-        },
-        [] {});
-  };
+
+  void Fill(v1::DType dtype) {
+    if (LaunchFill(src_, kLargest / DTypeBytes(dtype), static_cast<int32_t>(dtype), 20261126,
+                   stream_) != 0) {
+      ++*problems_;
+    }
+    cudaStreamSynchronize(stream_);
+  }
+
+  // GB/s of the source's first `bytes`: the read-only sum, the copy
+  // (counted once), and statistics batches of `refs` through `engine`.
+  double ReadGBs(uint64_t bytes, v1::DType dtype) {
+    return bytes / TimeOnStream(stream_, flags_.repeats, [&] {
+      if (LaunchReadSum(src_, bytes, static_cast<int32_t>(dtype), sms_, sum_, stream_) != 0) {
+        ++*problems_;
+      }
+    }, [] {}) / 1e6;
+  }
+  double CopyGBs(uint64_t bytes) {
+    return bytes / TimeOnStream(stream_, flags_.repeats, [&] {
+      cudaMemcpyAsync(dst_, src_, bytes, cudaMemcpyDeviceToDevice, stream_);
+    }, [] {}) / 1e6;
+  }
+  double StatsGBs(DeviceStats& engine, const std::vector<DeviceTensorRef>& refs, uint64_t bytes) {
+    return bytes / StatsTimer(engine, stream_, flags_.repeats, problems_).Time(refs) / 1e6;
+  }
+
+  // The first `bytes` of the source as one tensor of `dtype`.
+  std::vector<DeviceTensorRef> Tensor(uint64_t bytes, v1::DType dtype, bool histogram) const {
+    return {{src_, dtype, bytes / DTypeBytes(dtype), histogram}};
+  }
+
+  // One training step's batch: 150 weights [672, 1024] and 150 biases
+  // [1024] of F32 (300 tensors, 413 MB) carved from the source, which must
+  // hold F32. Returns its bytes.
+  uint64_t StepBatch(bool histograms, std::vector<DeviceTensorRef>* refs) const {
+    uint64_t offset = 0;
+    for (int layer = 0; layer < 150; ++layer) {
+      for (uint64_t n : {uint64_t{672} * 1024, uint64_t{1024}}) {
+        refs->push_back(
+            {static_cast<const char*>(src_) + offset * 4, v1::DTYPE_F32, n, histograms});
+        offset += n;
+      }
+    }
+    return offset * 4;
+  }
+
+  static uint64_t DTypeBytes(v1::DType dtype) { return dtype == v1::DTYPE_F32 ? 4 : 2; }
+
+ private:
+  const Flags& flags_;
+  const int sms_;
+  int* problems_;
+  bool ok_ = false;
+  cudaStream_t stream_ = nullptr;
+  void* src_ = nullptr;
+  void* dst_ = nullptr;
+  float* sum_ = nullptr;
+};
+
+// Statistics (and with histograms, both countings) against a read-only sum
+// over the same bytes, and a device-to-device copy with its bytes counted
+// once and as read + write traffic; then the step batch.
+void Bandwidth(const Flags& flags, Bench& bench) {
+  std::unique_ptr<DeviceStats> engine = bench.Engine(kDefaultChunkElements, false);
+  std::unique_ptr<DeviceStats> aggregating = bench.Engine(kDefaultChunkElements, true);
+  if (engine == nullptr || aggregating == nullptr) return;
   std::printf("\nbandwidth (GB/s of the tensor's bytes, pseudo-normal data; ratios to the "
               "read-only sum in the same run; hist: histograms counted per element, hist/w: "
               "warp-aggregated; the copy counted once and as read + write traffic)\n");
   std::printf("%9s %5s %9s %9s %9s %9s %7s %7s %7s %9s %9s\n", "size", "dtype", "stats", "+hist",
               "+hist/w", "read sum", "s/read", "h/read", "hw/read", "copy 1x", "copy r+w");
   for (v1::DType dtype : flags.dtypes) {
-    fill(dtype);
+    bench.Fill(dtype);
     for (uint64_t mib : flags.sizes_mib) {
-      if (mib == 0 || mib > (largest >> 20)) continue;
+      if (mib == 0 || mib > (Bench::kLargest >> 20)) continue;
       const uint64_t bytes = mib << 20;
-      const uint64_t count = bytes / (dtype == v1::DTYPE_F32 ? 4 : 2);
-      DeviceTensorRef plain{src, dtype, count, false};
-      DeviceTensorRef hist{src, dtype, count, true};
-      const double stats = bytes / timer.Time({plain}) / 1e6;
-      const double with_hist = bytes / timer.Time({hist}) / 1e6;
-      const double aggregated = bytes / timer_aggregating.Time({hist}) / 1e6;
-      const double read = bytes / read_ms(src, bytes, dtype) / 1e6;
-      const double copy = bytes / TimeOnStream(stream, flags.repeats, [&] {
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
-      }, [] {}) / 1e6;
+      const double stats = bench.StatsGBs(*engine, bench.Tensor(bytes, dtype, false), bytes);
+      const double hist = bench.StatsGBs(*engine, bench.Tensor(bytes, dtype, true), bytes);
+      const double aggregated =
+          bench.StatsGBs(*aggregating, bench.Tensor(bytes, dtype, true), bytes);
+      const double read = bench.ReadGBs(bytes, dtype);
+      const double copy = bench.CopyGBs(bytes);
       std::printf("%5llu MiB %5s %9.1f %9.1f %9.1f %9.1f %7.2f %7.2f %7.2f %9.1f %9.1f\n",
-                  static_cast<unsigned long long>(mib), DTypeLabel(dtype), stats, with_hist,
-                  aggregated, read, stats / read, with_hist / read, aggregated / read, copy,
+                  static_cast<unsigned long long>(mib), DTypeLabel(dtype), stats, hist,
+                  aggregated, read, stats / read, hist / read, aggregated / read, copy,
                   2 * copy);
     }
   }
-  // One training step's batch: 150 weights [672, 1024] and 150 biases [1024]
-  // of F32 (300 tensors, 413 MB) carved from one buffer, whose read-only sum
-  // is the baseline.
-  if (!flags.step) {
-    cudaFree(src);
-    cudaFree(dst);
-    cudaFree(sum);
-    cudaStreamDestroy(stream);
-    return problems;
-  }
-  fill(v1::DTYPE_F32);
+  if (!flags.step) return;
+  bench.Fill(v1::DTYPE_F32);
   std::vector<DeviceTensorRef> step, step_hist;
-  uint64_t offset = 0;
-  for (int layer = 0; layer < 150; ++layer) {
-    for (uint64_t n : {uint64_t{672} * 1024, uint64_t{1024}}) {
-      const void* p = static_cast<const char*>(src) + offset * 4;
-      step.push_back({p, v1::DTYPE_F32, n, false});
-      step_hist.push_back({p, v1::DTYPE_F32, n, true});
-      offset += n;
-    }
-  }
-  const uint64_t step_bytes = offset * 4;
-  const double stats = step_bytes / timer.Time(step) / 1e6;
-  const double with_hist = step_bytes / timer.Time(step_hist) / 1e6;
-  const double aggregated = step_bytes / timer_aggregating.Time(step_hist) / 1e6;
-  const double read = step_bytes / read_ms(src, step_bytes, v1::DTYPE_F32) / 1e6;
+  const uint64_t bytes = bench.StepBatch(false, &step);
+  bench.StepBatch(true, &step_hist);
+  const double stats = bench.StatsGBs(*engine, step, bytes);
+  const double hist = bench.StatsGBs(*engine, step_hist, bytes);
+  const double aggregated = bench.StatsGBs(*aggregating, step_hist, bytes);
+  const double read = bench.ReadGBs(bytes, v1::DTYPE_F32);
   std::printf("step batch: %zu F32 tensors, %.0f MB: statistics %.1f GB/s, with histograms %.1f "
               "GB/s (warp-aggregated %.1f), read sum %.1f GB/s: s/read %.2f, h/read %.2f, "
               "hw/read %.2f\n",
-              step.size(), step_bytes / 1e6, stats, with_hist, aggregated, read, stats / read,
-              with_hist / read, aggregated / read);
-  cudaFree(src);
-  cudaFree(dst);
-  cudaFree(sum);
-  cudaStreamDestroy(stream);
-  if (problems > 0) std::printf("bandwidth: %d enqueues refused or device errors\n", problems);
+              step.size(), bytes / 1e6, stats, hist, aggregated, read, stats / read, hist / read,
+              aggregated / read);
+}
+
+// Chunk sizes (DeviceStatsOptions::chunk_elements) side by side on F32, so
+// that one run on a GPU says which default to keep: a 64 MiB and a 256 MiB
+// tensor, and the step batch, each as statistics and with histograms, as
+// ratios to the read-only sum over the same bytes.
+void ChunkSweep(const Flags& flags, Bench& bench) {
+  if (flags.chunk_sweep.empty()) return;
+  bench.Fill(v1::DTYPE_F32);
+  struct Workload {
+    std::string name;
+    uint64_t bytes;
+    std::vector<DeviceTensorRef> plain, hist;
+    double read;
+  };
+  std::vector<Workload> loads;
+  for (uint64_t mib : {64, 256}) {
+    const uint64_t bytes = uint64_t{mib} << 20;
+    loads.push_back({absl::StrCat(mib, " MiB"), bytes, bench.Tensor(bytes, v1::DTYPE_F32, false),
+                     bench.Tensor(bytes, v1::DTYPE_F32, true), 0});
+  }
+  if (flags.step) {
+    Workload step{"step batch", 0, {}, {}, 0};
+    step.bytes = bench.StepBatch(false, &step.plain);
+    bench.StepBatch(true, &step.hist);
+    loads.push_back(std::move(step));
+  }
+  for (Workload& w : loads) w.read = bench.ReadGBs(w.bytes, v1::DTYPE_F32);
+  std::printf("\nchunk sweep (F32; statistics and with histograms as ratios to the read-only sum "
+              "over the same bytes; the default is %llu elements)\n",
+              static_cast<unsigned long long>(kDefaultChunkElements));
+  std::printf("%10s", "chunk");
+  for (const Workload& w : loads) std::printf(" %11s s/read h/read", w.name.c_str());
+  std::printf("\n");
+  for (uint64_t chunk : flags.chunk_sweep) {
+    std::unique_ptr<DeviceStats> engine = bench.Engine(chunk, false);
+    if (engine == nullptr) continue;
+    std::printf("%10llu", static_cast<unsigned long long>(chunk));
+    for (const Workload& w : loads) {
+      const double stats = bench.StatsGBs(*engine, w.plain, w.bytes);
+      const double hist = bench.StatsGBs(*engine, w.hist, w.bytes);
+      std::printf(" %11s %6.2f %6.2f", "", stats / w.read, hist / w.read);
+    }
+    std::printf("\n");
+  }
+}
+
+int TimedSections(const Flags& flags, int sms) {
+  int problems = 0;
+  {
+    Bench bench(flags, sms, &problems);
+    if (bench.ok()) {
+      Bandwidth(flags, bench);
+      ChunkSweep(flags, bench);
+    }
+  }
+  if (problems > 0) std::printf("timed sections: %d enqueues refused or device errors\n", problems);
   return problems;
 }
 
@@ -358,6 +461,12 @@ int main(int argc, char** argv) {
         if (s == "bf16") flags.dtypes.push_back(sonde::v1::DTYPE_BF16);
         if (s == "f16") flags.dtypes.push_back(sonde::v1::DTYPE_F16);
       }
+    } else if (absl::StartsWith(arg, "--chunk_sweep=")) {
+      flags.chunk_sweep.clear();
+      for (absl::string_view s : absl::StrSplit(arg.substr(14), ',', absl::SkipEmpty())) {
+        uint64_t chunk = 0;
+        if (absl::SimpleAtoi(s, &chunk) && chunk > 0) flags.chunk_sweep.push_back(chunk);
+      }
     } else if (arg == "--no_conformance") {
       flags.conformance = false;
     } else if (arg == "--no_step") {
@@ -365,7 +474,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: gpu_check [--device=N] [--repeats=R] [--sizes=MIB,...] "
-                   "[--dtypes=f32,bf16,f16] [--no_conformance] [--no_step]\n");
+                   "[--dtypes=f32,bf16,f16] [--chunk_sweep=ELEMENTS,...] [--no_conformance] "
+                   "[--no_step]\n");
       return 2;
     }
   }
@@ -389,7 +499,7 @@ int main(int argc, char** argv) {
                 100.0 * threads / prop.maxThreadsPerMultiProcessor);
   }
   const int conformance = flags.conformance ? sonde::Conformance(flags) : 0;
-  const int problems = sonde::Bandwidth(flags, prop.multiProcessorCount);
+  const int problems = sonde::TimedSections(flags, prop.multiProcessorCount);
   sonde::Launches(flags);
   return conformance != 0 || problems != 0 ? 1 : 0;
 }
