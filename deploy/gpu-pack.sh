@@ -4,17 +4,17 @@
 # Debian's libraries, no Bazel and no network:
 #   - .gpu/: gpu_check, the GPU tests and the GPU training benchmark with
 #     their shared libraries (../shared/tools/gpu-bundle.sh), and
-#   - .gpu-torch/: the sonde wheel for CPython 3.12 with the grpcio and
-#     protobuf wheels it needs, and run.sh, which installs them into a
-#     scratch folder and runs examples/bench/torch_gpu_bench.py (tracked,
-#     so it travels with the working tree) on the machine's torch.
+#   - .gpu-torch/wheels: the sonde wheel for CPython 3.12 with the grpcio,
+#     protobuf and typing_extensions wheels it needs (the machine's own
+#     versions may differ), which deploy/gpu-session.sh installs into a
+#     scratch folder to run examples/bench/torch_gpu_bench.py there.
 #
 #   bash deploy/gpu-pack.sh [--no-torch]
-#   # then, with the device tool, one call each (10 minutes a call):
-#   #   run(command="tar -xJf .gpu.tar.xz && bash .gpu/run.sh", carry=[".gpu.tar.xz"])
-#   #   run(command="tar -xJf .gpu.tar.xz && bash .gpu-torch/run.sh", carry=[".gpu.tar.xz"])
-#   # or one binary: cd .gpu && LD_LIBRARY_PATH=$PWD/lib ./gpu_check
-#   # outputs come back as $OUT/<name>.txt, nvidia-smi -L first
+#   # then, with the device tool, everything in one call (a lease is 15
+#   # minutes, the machine's start included; deploy/gpu-session.sh says how
+#   # the parts share the time):
+#   #   run(command="bash deploy/gpu-session.sh", carry=[".gpu.tar.xz"], timeout_s=480)
+#   # or one binary: tar -xJf .gpu.tar.xz && cd .gpu && LD_LIBRARY_PATH=$PWD/lib ./gpu_check
 #
 # Unpacked, .gpu/ is about 61 MiB, which with the tracked files passes the
 # device tool's 64 MiB limit on what travels; so both folders travel as one
@@ -46,22 +46,6 @@ if [ "$torch" = 1 ]; then
   # (grpcio needs typing_extensions, which torch needs too: carried anyway).
   "$py" -m pip download -q --only-binary=:all: --no-deps -d .gpu-torch/wheels \
     'grpcio>=1.51' 'protobuf>=4.21' typing_extensions
-  cat > .gpu-torch/run.sh <<'RUN'
-#!/usr/bin/env bash
-# On the GPU machine, from the repository root: installs the carried wheels
-# into a scratch folder (no network needed) and runs the PyTorch GPU
-# benchmark on the machine's own torch. Output: $OUT/torch_gpu_bench.txt.
-set -uo pipefail
-out=${OUT:-/tmp}
-site=$(mktemp -d)/site
-python3 -m pip install -q --no-deps --no-index --no-compile --no-cache-dir --upgrade \
-  --target "$site" .gpu-torch/wheels/*.whl || exit 1
-export PYTHONPATH=$site PYTHONUNBUFFERED=1
-{ nvidia-smi -L; python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no cuda")'; } 2>&1 | tee "$out/torch_env.txt"
-python3 examples/bench/torch_gpu_bench.py "$@" 2>&1 | tee "$out/torch_gpu_bench.txt" | tail -60
-exit "${PIPESTATUS[0]}"
-RUN
-  chmod +x .gpu-torch/run.sh
   tar -cJf .gpu.tar.xz .gpu .gpu-torch
 else
   tar -cJf .gpu.tar.xz .gpu
@@ -74,6 +58,5 @@ tracked=$(git ls-files -z --cached --others --exclude-standard |
 total=$(( $(stat -c %s .gpu.tar.xz) + ${tracked:-0} ))
 echo "gpu-pack: $(( total >> 20 )) MiB travel with the working tree (limit 64 MiB)"
 [ "$total" -lt $(( 64 << 20 )) ] || { echo "gpu-pack: too big to travel" >&2; exit 1; }
-echo 'gpu-pack: run(command="tar -xJf .gpu.tar.xz && bash .gpu/run.sh", carry=[".gpu.tar.xz"])'
-[ "$torch" = 1 ] && echo 'gpu-pack: run(command="tar -xJf .gpu.tar.xz && bash .gpu-torch/run.sh", carry=[".gpu.tar.xz"])'
+echo 'gpu-pack: run(command="bash deploy/gpu-session.sh", carry=[".gpu.tar.xz"], timeout_s=480)'
 exit 0
