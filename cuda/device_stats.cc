@@ -16,7 +16,11 @@ uint64_t AlignUp(uint64_t n) { return (n + 255) & ~uint64_t{255}; }
 }  // namespace
 
 absl::Status ValidateDeviceStatsOptions(const DeviceStatsOptions& o) {
-  if (o.chunk_elements == 0) return absl::InvalidArgumentError("chunk_elements must be positive");
+  // A chunk's elements are counted in 32 bits inside the kernel.
+  if (o.chunk_elements == 0 || o.chunk_elements > kMaxChunkElements) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_elements is ", o.chunk_elements,
+                                                   "; it must be in 1..", kMaxChunkElements));
+  }
   if (o.batch_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("batch_slots is ", o.batch_slots,
                                                    "; at least 1 is needed"));

@@ -45,10 +45,13 @@ struct DeviceTensorRef {
   bool histogram = false;      // also fill a histogram with the engine's spec
 };
 
+// The largest DeviceStatsOptions::chunk_elements.
+inline constexpr uint64_t kMaxChunkElements = uint64_t{1} << 30;
+
 struct DeviceStatsOptions {
   int device = 0;
-  // Elements per block of the statistics kernel (a tensor with more than
-  // 2,048 chunks gets larger ones: multi_tensor.h).
+  // Elements per block of the statistics kernel, at most kMaxChunkElements
+  // (a tensor with more than 2,048 chunks gets larger ones: multi_tensor.h).
   uint64_t chunk_elements = uint64_t{1} << 14;
   // Statistics batches in flight, and the pinned memory of each (its tables
   // go up, its records and histogram counters come back). A batch that does

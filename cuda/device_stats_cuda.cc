@@ -2,13 +2,23 @@
 // loads the driver when first called, so a machine without one gets an
 // error status here rather than a failure to start).
 //
-// Two streams of the engine's own: `work_` runs what the producer waits for
-// (statistics kernels, snapshots: device-speed work), `copy_` runs the
-// downloads of snapshots through the pinned ring (PCIe-speed work the
-// producer never waits for). Device memory comes from a pool of the
-// engine's own, so the process's default pool keeps its settings, and the
-// pool never inserts a dependency of `work_` on `copy_` to reuse memory
-// (that would make training wait for PCIe).
+// Three streams of the engine's own: `work_` runs what the producer waits
+// for (statistics kernels, snapshots: device-speed work); `results_` copies
+// each statistics batch's records back to pinned memory once its kernels
+// are done, and `copy_` runs the downloads of snapshots through the pinned
+// ring (PCIe-speed work the producer never waits for: a later batch's
+// kernels, which the producer may wait for, never queue behind a copy to
+// the host). Device memory comes from a pool of the engine's own, so the
+// process's default pool keeps its settings, and the pool never inserts a
+// dependency of `work_` on another stream to reuse memory (that would make
+// training wait for PCIe).
+//
+// Graph captures: work is refused while the producer's stream is captured
+// (it would become part of the user's graph), and the calls made on
+// Sonde's own threads (Collect, Download, Discard, Drain) switch the
+// thread to cudaStreamCaptureModeThreadLocal, so that a capture in global
+// mode on a training thread (torch.cuda.graph's default) neither refuses
+// them nor is invalidated by them.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -62,21 +72,99 @@ void UseDevice(int device) {
   if (cudaGetDevice(&current) != cudaSuccess || current != device) cudaSetDevice(device);
 }
 
+// Whether `device`'s primary context exists, asked of the driver (the
+// runtime has no such call): making a device current creates its context
+// (CUDA 12 on). True when the driver cannot say.
+bool HasPrimaryContext(int device) {
+  using DeviceGet = int (*)(int*, int);
+  using PrimaryCtxGetState = int (*)(int, unsigned int*, int*);
+  struct Driver {
+    DeviceGet device_get = nullptr;
+    PrimaryCtxGetState get_state = nullptr;
+  };
+  static const Driver driver = [] {
+    Driver d;
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &p, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      d.device_get = reinterpret_cast<DeviceGet>(p);
+    }
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &p, 12000,
+                                         cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      d.get_state = reinterpret_cast<PrimaryCtxGetState>(p);
+    }
+    cudaGetLastError();
+    return d;
+  }();
+  if (driver.device_get == nullptr || driver.get_state == nullptr) return true;
+  int handle = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (driver.device_get(&handle, device) != 0 || driver.get_state(handle, &flags, &active) != 0) {
+    return true;
+  }
+  return active != 0;
+}
+
 // Makes `device` current for the scope and restores the caller's device:
 // for calls from training code's threads, whose current device is theirs.
+// A thread that never chose a device reads as device 0 without a context
+// there: it is left on `device` rather than given a context on GPU 0.
 class DeviceScope {
  public:
   explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) cudaSetDevice(device);
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
+    previous_ = current;  // -1: unknown, nothing to restore
+    cudaSetDevice(device);
   }
   ~DeviceScope() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+    if (previous_ >= 0 && HasPrimaryContext(previous_)) cudaSetDevice(previous_);
   }
 
  private:
   int previous_ = -1;
 };
+
+// For calls on Sonde's own threads: a CUDA graph being captured in global
+// mode on another thread (torch.cuda.graph's default) would refuse this
+// thread's event queries and copies and be invalidated by them; in
+// thread-local mode only this thread's own captures (it has none) count.
+class ThreadLocalCaptureMode {
+ public:
+  ThreadLocalCaptureMode() : previous_(cudaStreamCaptureModeThreadLocal) {
+    changed_ = cudaThreadExchangeStreamCaptureMode(&previous_) == cudaSuccess;
+  }
+  ~ThreadLocalCaptureMode() {
+    if (changed_) cudaThreadExchangeStreamCaptureMode(&previous_);
+  }
+
+ private:
+  cudaStreamCaptureMode previous_;
+  bool changed_ = false;
+};
+
+// An event query's answer that says "not yet": not ready, or a refusal
+// because of a graph capture (not sticky; cleared), which says nothing of
+// the work behind the event.
+bool StillPending(cudaError_t e) {
+  switch (e) {
+    case cudaErrorNotReady:
+      return true;
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorStreamCaptureWrongThread:
+    case cudaErrorCapturedEvent:
+      cudaGetLastError();
+      return true;
+    default:
+      return false;
+  }
+}
 
 struct StatsJob {
   bool busy = false;
@@ -114,8 +202,10 @@ class CudaDeviceStats final : public DeviceStats {
   explicit CudaDeviceStats(const DeviceStatsOptions& options) : options_(options) {}
 
   ~CudaDeviceStats() override {
+    ThreadLocalCaptureMode capture_mode;  // first: before any CUDA call
     DeviceScope scope(options_.device);
     if (work_) cudaStreamSynchronize(work_);
+    if (results_) cudaStreamSynchronize(results_);
     if (copy_) cudaStreamSynchronize(copy_);
     absl::MutexLock lock(&mu_);
     for (auto& [ticket, s] : snapshots_) {
@@ -134,6 +224,7 @@ class CudaDeviceStats final : public DeviceStats {
     if (taken_) cudaEventDestroy(taken_);
     if (read_) cudaEventDestroy(read_);
     if (work_) cudaStreamDestroy(work_);
+    if (results_) cudaStreamDestroy(results_);
     if (copy_) cudaStreamDestroy(copy_);
     if (pool_) cudaMemPoolDestroy(pool_);
   }
@@ -153,6 +244,8 @@ class CudaDeviceStats final : public DeviceStats {
     }
     SONDE_CUDA_RETURN(cudaStreamCreateWithFlags(&work_, cudaStreamNonBlocking),
                       "cudaStreamCreateWithFlags");
+    SONDE_CUDA_RETURN(cudaStreamCreateWithFlags(&results_, cudaStreamNonBlocking),
+                      "cudaStreamCreateWithFlags");
     SONDE_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking),
                       "cudaStreamCreateWithFlags");
     cudaMemPoolProps props = {};
@@ -162,7 +255,7 @@ class CudaDeviceStats final : public DeviceStats {
     SONDE_CUDA_RETURN(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
     // Keep what snapshots used (at most their budget) instead of returning
     // it to the driver at every synchronization; never make `work_` wait
-    // for `copy_` to reuse memory.
+    // for `copy_` or `results_` to reuse memory.
     uint64_t threshold = capacity_;
     SONDE_CUDA_RETURN(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
                       "cudaMemPoolSetAttribute (release threshold)");
@@ -261,8 +354,12 @@ class CudaDeviceStats final : public DeviceStats {
     const cudaError_t allocated =
         cudaMallocFromPoolAsync(reinterpret_cast<void**>(&dev), dev_bytes, pool_, work_);
     if (allocated != cudaSuccess) {
+      // Not sticky: device memory is short now, as for a snapshot, and the
+      // caller's backpressure decides (wait for room, or drop and count).
       cudaGetLastError();
-      return CudaError(allocated, "cudaMallocFromPoolAsync (statistics tables)");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no device memory for the tables of a statistics batch (", dev_bytes, " bytes, ",
+          cudaGetErrorName(allocated), ")"));
     }
     // Past here work that reads the slot and the tensors is on the stream:
     // a failure waits for it before the slot can be used again and before
@@ -272,6 +369,11 @@ class CudaDeviceStats final : public DeviceStats {
       cudaStreamSynchronize(work_);
       cudaGetLastError();
       return CudaError(e, what);
+    };
+    // Past the results' stream's wait, it may copy from `dev` too.
+    auto fail_both = [&](cudaError_t e, absl::string_view what) {
+      cudaStreamSynchronize(results_);
+      return fail(e, what);
     };
     cudaError_t e = cudaMemcpyAsync(dev, pinned, upload, cudaMemcpyHostToDevice, work_);
     if (e != cudaSuccess) return fail(e, "cudaMemcpyAsync (tables)");
@@ -298,12 +400,18 @@ class CudaDeviceStats final : public DeviceStats {
       e = cudaStreamWaitEvent(producer, read_, 0);
     }
     if (e != cudaSuccess) return fail(e, "ordering the producer after the statistics");
+    // The records go back on a stream of their own, so that the next
+    // batch's kernels (and so the producer) never wait for this copy, which
+    // may queue behind download pieces on a copy engine.
+    e = cudaStreamWaitEvent(results_, read_, 0);
+    if (e != cudaSuccess) return fail(e, "ordering the results after the statistics");
     e = cudaMemcpyAsync(pinned + upload, dev + upload, out_bytes + counters_bytes,
-                        cudaMemcpyDeviceToHost, work_);
-    if (e != cudaSuccess) return fail(e, "cudaMemcpyAsync (results)");
-    e = cudaFreeAsync(dev, work_);
-    if (e == cudaSuccess) e = cudaEventRecord(job->done, work_);
+                        cudaMemcpyDeviceToHost, results_);
+    if (e != cudaSuccess) return fail_both(e, "cudaMemcpyAsync (results)");
+    e = cudaFreeAsync(dev, results_);
+    if (e == cudaSuccess) e = cudaEventRecord(job->done, results_);
     if (e != cudaSuccess) {
+      cudaStreamSynchronize(results_);
       cudaStreamSynchronize(work_);
       cudaGetLastError();
       return CudaError(e, "finishing the statistics batch");
@@ -388,7 +496,8 @@ class CudaDeviceStats final : public DeviceStats {
   }
 
   absl::Status Download(uint64_t ticket, char* destination) override {
-    UseDevice(options_.device);  // the pump's thread
+    ThreadLocalCaptureMode capture_mode;  // first: before any CUDA call
+    UseDevice(options_.device);           // the pump's thread
     absl::MutexLock lock(&mu_);
     auto it = snapshots_.find(ticket);
     if (it == snapshots_.end() || it->second.downloading) {
@@ -405,6 +514,7 @@ class CudaDeviceStats final : public DeviceStats {
   }
 
   void Discard(uint64_t ticket) override {
+    ThreadLocalCaptureMode capture_mode;  // first: before any CUDA call
     DeviceScope scope(options_.device);
     absl::MutexLock lock(&mu_);
     auto it = snapshots_.find(ticket);
@@ -422,7 +532,8 @@ class CudaDeviceStats final : public DeviceStats {
 
   std::vector<DeviceCompletion> Collect() override {
     absl::MutexLock collecting(&collect_mu_);
-    UseDevice(options_.device);  // the pump's thread
+    ThreadLocalCaptureMode capture_mode;  // first: before any CUDA call
+    UseDevice(options_.device);           // the pump's thread
     std::vector<DeviceCompletion> done;
     struct Copy {
       int buffer;
@@ -434,14 +545,14 @@ class CudaDeviceStats final : public DeviceStats {
       for (StatsJob& job : jobs_) {
         if (!job.busy) continue;
         const cudaError_t e = cudaEventQuery(job.done);
-        if (e == cudaErrorNotReady) continue;
+        if (StillPending(e)) continue;
         done.push_back(FinishStats(job, e));
       }
       for (size_t b = 0; b < ring_.size(); ++b) {
         RingBuffer& r = ring_[b];
         if (r.state != RingBuffer::kInFlight) continue;
         const cudaError_t e = cudaEventQuery(r.done);
-        if (e == cudaErrorNotReady) continue;
+        if (StillPending(e)) continue;
         Snapshot& s = snapshots_[r.ticket];
         if (e != cudaSuccess) {
           s.status.Update(CudaError(e, "download"));
@@ -500,9 +611,11 @@ class CudaDeviceStats final : public DeviceStats {
   }
 
   absl::Status Drain() override {
+    ThreadLocalCaptureMode capture_mode;  // first: before any CUDA call
     DeviceScope scope(options_.device);
     if (work_ == nullptr) return absl::OkStatus();
     cudaError_t e = cudaStreamSynchronize(work_);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(results_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(copy_);
     return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "cudaStreamSynchronize");
   }
@@ -563,7 +676,7 @@ class CudaDeviceStats final : public DeviceStats {
         // Freed in stream order before the last piece's event, so once the
         // event has passed the memory is reusable without any dependency.
         e = cudaFreeAsync(s.device, copy_);
-        s.device = nullptr;
+        if (e == cudaSuccess) s.device = nullptr;
       }
       if (e == cudaSuccess) e = cudaEventRecord(r.done, copy_);
       if (e != cudaSuccess) {
@@ -616,6 +729,14 @@ class CudaDeviceStats final : public DeviceStats {
   static absl::Status RefuseGraphCapture(cudaStream_t producer) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     const cudaError_t e = cudaStreamIsCapturing(producer, &capture);
+    if (e == cudaErrorStreamCaptureImplicit) {
+      // The legacy default stream while a blocking stream is captured: it
+      // may be neither waited on nor synchronized until the capture ends.
+      cudaGetLastError();
+      return absl::FailedPreconditionError(
+          "the legacy default stream cannot be used while another stream is captured into a "
+          "CUDA graph; tensors are not saved during a capture");
+    }
     if (e != cudaSuccess) {
       cudaGetLastError();
       return CudaError(e, "cudaStreamIsCapturing");
@@ -632,6 +753,7 @@ class CudaDeviceStats final : public DeviceStats {
   HistogramParams params_;
   std::string name_;
   cudaStream_t work_ = nullptr;
+  cudaStream_t results_ = nullptr;
   cudaStream_t copy_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
   // Serializes Collect calls (the pump's), so pieces are copied out once.

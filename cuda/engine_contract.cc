@@ -372,4 +372,31 @@ void ContractUnknownTicketsAndDiscards(const ContractTarget& target) {
   ASSERT_TRUE(engine->Drain().ok());
 }
 
+void ContractOptionsOutOfRangeAreRefused(const ContractTarget& target) {
+  struct Case {
+    const char* option;
+    void (*set)(DeviceStatsOptions&);
+  };
+  const Case cases[] = {
+      {"chunk_elements", [](DeviceStatsOptions& o) { o.chunk_elements = 0; }},
+      {"chunk_elements", [](DeviceStatsOptions& o) { o.chunk_elements = kMaxChunkElements + 1; }},
+      {"batch_slots", [](DeviceStatsOptions& o) { o.batch_slots = 0; }},
+      {"slot_bytes", [](DeviceStatsOptions& o) { o.slot_bytes = 100; }},
+      {"ring_buffers", [](DeviceStatsOptions& o) { o.ring_buffers = 0; }},
+      {"ring_buffer_bytes", [](DeviceStatsOptions& o) { o.ring_buffer_bytes = 100; }},
+  };
+  for (const Case& c : cases) {
+    DeviceStatsOptions options;
+    c.set(options);
+    absl::StatusOr<std::unique_ptr<DeviceStats>> engine = target.engine(options);
+    ASSERT_FALSE(engine.ok()) << c.option;
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+    EXPECT_NE(engine.status().message().find(c.option), absl::string_view::npos)
+        << engine.status();
+  }
+  DeviceStatsOptions largest;
+  largest.chunk_elements = kMaxChunkElements;
+  EXPECT_NE(MakeEngine(target, largest), nullptr);
+}
+
 }  // namespace sonde

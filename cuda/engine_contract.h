@@ -45,6 +45,7 @@ void ContractSnapshotMemoryIsBoundedAndComesBack(const ContractTarget& target);
 void ContractDeferredReadsFinishBeforeAFencedWrite(const ContractTarget& target);
 void ContractFullSlotsRefuseRatherThanBlock(const ContractTarget& target);
 void ContractUnknownTicketsAndDiscards(const ContractTarget& target);
+void ContractOptionsOutOfRangeAreRefused(const ContractTarget& target);
 
 // Collects until `want` completions of `kind` have arrived or `timeout`
 // has passed; every completion collected is returned.
@@ -77,6 +78,9 @@ std::vector<DeviceCompletion> CollectUntil(DeviceStats& engine, DeviceCompletion
   }                                                                                              \
   TEST_F(Fixture, UnknownTicketsAndDiscards) {                                                   \
     ::sonde::ContractUnknownTicketsAndDiscards(target());                                        \
+  }                                                                                              \
+  TEST_F(Fixture, OptionsOutOfRangeAreRefused) {                                                 \
+    ::sonde::ContractOptionsOutOfRangeAreRefused(target());                                      \
   }
 
 #endif  // SONDE_CUDA_ENGINE_CONTRACT_H_
