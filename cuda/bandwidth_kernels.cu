@@ -1,7 +1,9 @@
 // The baseline gpu_check compares the statistics kernels with: a plain
 // read-only reduction (a sum) over the same bytes, with 16-byte loads,
 // several in flight per thread and a grid of a few waves, as a good
-// memory-bound kernel reads. Launchers return the launch's cudaError_t.
+// memory-bound kernel reads; with the data it reads and a delay that lets
+// the host queue a timed region before it starts. Launchers return the
+// launch's cudaError_t.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -93,7 +95,22 @@ __global__ void FillKernel(void* p, uint64_t count, int32_t dtype, uint64_t seed
   }
 }
 
+// Holds its stream for `ns` nanoseconds of the device's clock, so that the
+// host can queue what is timed next before the start event is reached.
+__global__ void DelayKernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 }  // namespace
+
+int LaunchDelay(uint64_t ns, void* stream) {
+  DelayKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(ns);
+  return static_cast<int>(cudaGetLastError());
+}
 
 int LaunchFill(void* data, uint64_t count, int32_t dtype, uint64_t seed, void* stream) {
   if (count == 0) return 0;

@@ -4,7 +4,7 @@
 // against a read-only sum over the same bytes and a device-to-device copy,
 // for 1 MiB to 1 GiB of F32, BF16 and F16 and for one training step's
 // batch of 300 tensors (413 MB); sweeps the chunk size (elements a block
-// reads) over 64 MiB, 256 MiB and the step batch, so that one run says
+// reads) over 32 MiB, 256 MiB and the step batch, so that one run says
 // which default to keep; and counts the kernel launches of a step.
 //
 //   bazel run -c opt //cuda:gpu_check [-- --device=N --repeats=R]
@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -41,6 +42,7 @@ namespace sonde {
 int LaunchReadSum(const void* data, uint64_t bytes, int32_t dtype, int sms, float* out,
                   void* stream);
 int LaunchFill(void* data, uint64_t count, int32_t dtype, uint64_t seed, void* stream);
+int LaunchDelay(uint64_t ns, void* stream);
 
 namespace {
 
@@ -77,9 +79,15 @@ int ConformanceOnce(const Flags& flags, int offset, bool aggregated) {
     void* p = nullptr;
     const size_t skip = c.count > 0 ? offset * (c.bytes.size() / c.count) : 0;
     if (!c.bytes.empty()) {
-      cudaMalloc(&p, c.bytes.size() + skip);
-      cudaMemcpy(static_cast<char*>(p) + skip, c.bytes.data(), c.bytes.size(),
-                 cudaMemcpyHostToDevice);
+      if (cudaMalloc(&p, c.bytes.size() + skip) != cudaSuccess ||
+          cudaMemcpy(static_cast<char*>(p) + skip, c.bytes.data(), c.bytes.size(),
+                     cudaMemcpyHostToDevice) != cudaSuccess) {
+        std::printf("conformance: cannot place case %s on the device: %s\n", c.name.c_str(),
+                    cudaGetErrorString(cudaGetLastError()));
+        for (void* b : buffers) cudaFree(b);
+        if (p != nullptr) cudaFree(p);
+        return static_cast<int>(cases.size());
+      }
     }
     buffers.push_back(p);
     refs.push_back({p == nullptr ? nullptr : static_cast<char*>(p) + skip, c.dtype, c.count, true});
@@ -129,29 +137,46 @@ int Conformance(const Flags& flags) {
   return failures == 0 ? 0 : 1;
 }
 
+// Not a number if any repeat failed (or there were none).
 double Median(std::vector<double> v) {
+  if (v.empty() || std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); })) {
+    return std::nan("");
+  }
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
 // Milliseconds of `work` on `stream`, by events, median of `repeats`;
-// `after` runs after each repeat, untimed (the engine's Collect).
+// `after` runs after each repeat, untimed (the engine's Collect). Each
+// repeat's start event waits behind a 2 ms delay kernel, so the region
+// holds the device's work only, not the host's time to queue it (the
+// engine plans and uploads a batch's tables: tens to hundreds of
+// microseconds, against 20 us to read 64 MiB). A failed event counts as
+// a problem and the time as not a number.
 template <typename Work, typename After>
-double TimeOnStream(cudaStream_t stream, int repeats, Work work, After after) {
+double TimeOnStream(cudaStream_t stream, int repeats, int* problems, Work work, After after) {
   cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    ++*problems;
+    std::printf("ERROR cudaEventCreate: %s\n", cudaGetErrorString(cudaGetLastError()));
+    return std::nan("");
+  }
   work();  // warm-up
   cudaStreamSynchronize(stream);
   after();
   std::vector<double> ms;
   for (int r = 0; r < repeats; ++r) {
+    if (LaunchDelay(2000000, stream) != 0) ++*problems;
     cudaEventRecord(start, stream);
     work();
     cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
+    const cudaError_t e = cudaEventSynchronize(stop);
     float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
+    if (e != cudaSuccess || cudaEventElapsedTime(&t, start, stop) != cudaSuccess) {
+      ++*problems;
+      std::printf("ERROR timing: %s\n", cudaGetErrorString(e != cudaSuccess ? e : cudaGetLastError()));
+      t = std::nanf("");
+    }
     ms.push_back(t);
     after();
   }
@@ -174,7 +199,7 @@ class StatsTimer {
 
   double Time(const std::vector<DeviceTensorRef>& refs) {
     return TimeOnStream(
-        stream_, repeats_,
+        stream_, repeats_, problems_,
         [&] {
           absl::StatusOr<uint64_t> t = engine_.EnqueueStats(refs, stream_);
           if (!t.ok()) {
@@ -260,14 +285,14 @@ class Bench {
   // GB/s of the source's first `bytes`: the read-only sum, the copy
   // (counted once), and statistics batches of `refs` through `engine`.
   double ReadGBs(uint64_t bytes, v1::DType dtype) {
-    return bytes / TimeOnStream(stream_, flags_.repeats, [&] {
+    return bytes / TimeOnStream(stream_, flags_.repeats, problems_, [&] {
       if (LaunchReadSum(src_, bytes, static_cast<int32_t>(dtype), sms_, sum_, stream_) != 0) {
         ++*problems_;
       }
     }, [] {}) / 1e6;
   }
   double CopyGBs(uint64_t bytes) {
-    return bytes / TimeOnStream(stream_, flags_.repeats, [&] {
+    return bytes / TimeOnStream(stream_, flags_.repeats, problems_, [&] {
       cudaMemcpyAsync(dst_, src_, bytes, cudaMemcpyDeviceToDevice, stream_);
     }, [] {}) / 1e6;
   }
@@ -354,9 +379,11 @@ void Bandwidth(const Flags& flags, Bench& bench) {
 }
 
 // Chunk sizes (DeviceStatsOptions::chunk_elements) side by side on F32, so
-// that one run on a GPU says which default to keep: a 64 MiB and a 256 MiB
-// tensor, and the step batch, each as statistics and with histograms, as
-// ratios to the read-only sum over the same bytes.
+// that one run on a GPU says which default to keep: a 32 MiB tensor (at
+// most 2,048 chunks a tensor, so every size swept takes effect there), a
+// 256 MiB one (whose chunks cannot be under 32 Ki elements: the size it
+// gets is printed) and the step batch, each as statistics and with
+// histograms, as ratios to the read-only sum over the same bytes.
 void ChunkSweep(const Flags& flags, Bench& bench) {
   if (flags.chunk_sweep.empty()) return;
   bench.Fill(v1::DTYPE_F32);
@@ -367,7 +394,7 @@ void ChunkSweep(const Flags& flags, Bench& bench) {
     double read;
   };
   std::vector<Workload> loads;
-  for (uint64_t mib : {64, 256}) {
+  for (uint64_t mib : {32, 256}) {
     const uint64_t bytes = uint64_t{mib} << 20;
     loads.push_back({absl::StrCat(mib, " MiB"), bytes, bench.Tensor(bytes, v1::DTYPE_F32, false),
                      bench.Tensor(bytes, v1::DTYPE_F32, true), 0});
@@ -380,10 +407,11 @@ void ChunkSweep(const Flags& flags, Bench& bench) {
   }
   for (Workload& w : loads) w.read = bench.ReadGBs(w.bytes, v1::DTYPE_F32);
   std::printf("\nchunk sweep (F32; statistics and with histograms as ratios to the read-only sum "
-              "over the same bytes; the default is %llu elements)\n",
+              "over the same bytes; [N]: the chunk a tensor that large gets instead; the default "
+              "is %llu elements)\n",
               static_cast<unsigned long long>(kDefaultChunkElements));
   std::printf("%10s", "chunk");
-  for (const Workload& w : loads) std::printf(" %11s s/read h/read", w.name.c_str());
+  for (const Workload& w : loads) std::printf(" %20s", (w.name + " s/read h/read").c_str());
   std::printf("\n");
   for (uint64_t chunk : flags.chunk_sweep) {
     std::unique_ptr<DeviceStats> engine = bench.Engine(chunk, false);
@@ -392,7 +420,10 @@ void ChunkSweep(const Flags& flags, Bench& bench) {
     for (const Workload& w : loads) {
       const double stats = bench.StatsGBs(*engine, w.plain, w.bytes);
       const double hist = bench.StatsGBs(*engine, w.hist, w.bytes);
-      std::printf(" %11s %6.2f %6.2f", "", stats / w.read, hist / w.read);
+      const uint64_t effective = TensorChunkElements(w.plain[0].count, chunk);
+      const std::string note =
+          effective == chunk ? "" : absl::StrCat("[", effective, "]");
+      std::printf(" %8s %5.2f %5.2f", note.c_str(), stats / w.read, hist / w.read);
     }
     std::printf("\n");
   }
@@ -419,8 +450,12 @@ void Launches(const Flags& flags) {
     const uint64_t n = 1024ull << (layer % 8);
     for (int g = 0; g < 2; ++g) {
       void* p = nullptr;
-      cudaMalloc(&p, n * 4);
-      cudaMemset(p, 0, n * 4);
+      if (cudaMalloc(&p, n * 4) != cudaSuccess || cudaMemset(p, 0, n * 4) != cudaSuccess) {
+        std::printf("launches: cannot allocate: %s\n", cudaGetErrorString(cudaGetLastError()));
+        if (p != nullptr) cudaFree(p);
+        for (void* b : buffers) cudaFree(b);
+        return;
+      }
       buffers.push_back(p);
       refs.push_back({p, v1::DTYPE_F32, n, g == 1});
     }
