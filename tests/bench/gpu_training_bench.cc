@@ -67,6 +67,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.modes = *modes;
+  // The timings first, as soon as they exist: closing the hooks and
+  // checking the collector can take long (a run stopped then keeps them).
+  o.on_timings = [](const std::string& timings) {
+    std::printf("%s\n", timings.c_str());
+    std::fflush(stdout);
+  };
   auto report = sonde::bench::RunTrainingBench(o);
   if (!report.ok()) {
     std::printf("gpu_training_bench: %s\n", report.status().ToString().c_str());

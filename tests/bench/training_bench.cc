@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -110,7 +111,9 @@ HookOptions MakeHookOptions(const BenchOptions& o, const BenchMode& mode,
   }
   h.backpressure.policy = o.policy;
   h.device.defer_producer_wait = mode.deferred;
-  h.close_timeout = absl::Minutes(10);
+  // A close that cannot finish in a minute is a finding (reported), not a
+  // reason to hold a GPU lease.
+  h.close_timeout = absl::Minutes(1);
   if (o.emulate) {
     EmulatedDeviceOptions e;
     e.stats_latency = absl::Microseconds(o.emulated_batch_us);
@@ -309,11 +312,16 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
     hooks[i]->SetMode(v1::MODE_TRAIN);
   }
   std::vector<int64_t> steps(o.modes.size(), 0);
-  // Modes take turns, a round of steps each, starting with a different
-  // mode every round; the first round warms up and is not counted.
+  // Modes take turns, a round of steps each, in a new order every round
+  // (shuffled with a fixed seed: a mode that leaves work behind, downloads
+  // or the collector's ingest, is not always followed by the same one);
+  // the first round warms up and is not counted.
+  std::vector<size_t> order(o.modes.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::mt19937 shuffle(20261127);
   for (int round = 0; round <= o.rounds; ++round) {
-    for (size_t k = 0; k < o.modes.size(); ++k) {
-      const size_t i = (k + static_cast<size_t>(round)) % o.modes.size();
+    std::shuffle(order.begin(), order.end(), shuffle);
+    for (const size_t i : order) {
       for (int s = 0; s < o.steps_per_round; ++s) {
         const Clock::time_point start = Clock::now();
         Step(o, *device, m, hooks[i].get(), steps[i]++);
@@ -322,17 +330,20 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
       }
     }
   }
+  for (ModeResult& r : report.modes) {
+    r.median_ms = Percentile(r.step_ms, 0.5);
+    r.p90_ms = Percentile(r.step_ms, 0.9);
+    r.mean_ms = r.step_ms.empty() ? 0
+                                  : std::accumulate(r.step_ms.begin(), r.step_ms.end(), 0.0) /
+                                        r.step_ms.size();
+  }
+  if (o.on_timings) o.on_timings(FormatTimings(report));
   // One verification step per hook, a saving one, with device memory
   // copied to the host right after each save.
   std::vector<float> weights(m.parameters), grads(m.parameters);
   auto query = QueryClient::Connect((*collector)->address());
   for (size_t i = 0; i < o.modes.size(); ++i) {
     ModeResult& r = report.modes[i];
-    r.median_ms = Percentile(r.step_ms, 0.5);
-    r.p90_ms = Percentile(r.step_ms, 0.9);
-    r.mean_ms = r.step_ms.empty() ? 0
-                                  : std::accumulate(r.step_ms.begin(), r.step_ms.end(), 0.0) /
-                                        r.step_ms.size();
     Hook* hook = hooks[i].get();
     if (hook == nullptr) continue;
     while (steps[i] % r.mode.interval != 0) Step(o, *device, m, hook, steps[i]++);
@@ -355,13 +366,28 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
   return report;
 }
 
+std::string FormatTimings(const BenchReport& report) {
+  std::string out = absl::StrFormat("timings (%s, %.1fM parameters; before any check):\n",
+                                    report.device, report.parameters / 1e6);
+  const ModeResult* base = report.modes.empty() ? nullptr : &report.modes[0];
+  absl::StrAppend(&out, absl::StrFormat("%-14s %9s %9s %9s %9s %9s\n", "mode", "median ms",
+                                        "mean ms", "p90 ms", "x median", "x mean"));
+  for (const ModeResult& r : report.modes) {
+    const double xm = base != nullptr && base->median_ms > 0 ? r.median_ms / base->median_ms : 0;
+    const double xa = base != nullptr && base->mean_ms > 0 ? r.mean_ms / base->mean_ms : 0;
+    absl::StrAppend(&out, absl::StrFormat("%-14s %9.3f %9.3f %9.3f %9.4f %9.4f\n", r.mode.name,
+                                          r.median_ms, r.mean_ms, r.p90_ms, xm, xa));
+  }
+  return out;
+}
+
 std::string FormatReport(const BenchReport& report) {
   std::string out = absl::StrFormat(
       "device: %s\nmodel: %d weights and biases (and as many gradients), %.1fM parameters "
       "(%.0f MB of F32 each)\n\n",
       report.device, report.tensors, report.parameters / 1e6, report.parameters * 4 / 1e6);
   const ModeResult* base = report.modes.empty() ? nullptr : &report.modes[0];
-  absl::StrAppend(&out, absl::StrFormat("%-11s %9s %9s %9s %9s %9s %7s %10s %14s %15s %8s\n",
+  absl::StrAppend(&out, absl::StrFormat("%-14s %9s %9s %9s %9s %9s %7s %10s %14s %15s %8s\n",
                                         "mode", "median ms", "mean ms", "p90 ms", "x median",
                                         "x mean", "waits", "waited ms", "saved/complete",
                                         "dropped t/v", "verified"));
@@ -370,7 +396,7 @@ std::string FormatReport(const BenchReport& report) {
     const double xa = base != nullptr && base->mean_ms > 0 ? r.mean_ms / base->mean_ms : 0;
     absl::StrAppend(
         &out,
-        absl::StrFormat("%-11s %9.3f %9.3f %9.3f %9.4f %9.4f %7d %10.1f %14s %15s %8d\n",
+        absl::StrFormat("%-14s %9.3f %9.3f %9.3f %9.4f %9.4f %7d %10.1f %14s %15s %8d\n",
                         r.mode.name, r.median_ms, r.mean_ms, r.p90_ms, xm, xa, r.device_waits,
                         r.device_waited_ms,
                         r.mode.hook ? absl::StrCat(r.saved_steps_present, "/",

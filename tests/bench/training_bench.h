@@ -7,6 +7,7 @@
 #define SONDE_TESTS_BENCH_TRAINING_BENCH_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ struct BenchOptions {
   double emulated_piece_us = 80;
   double emulated_batch_us = 200;
   std::string data_dir;       // collector data; empty: a temporary directory
+  // Called with the timings as soon as the measured rounds end (before the
+  // hooks close and the collector is checked, which can take long), with
+  // FormatTimings' text.
+  std::function<void(const std::string&)> on_timings;
 };
 
 struct ModeResult {
@@ -77,8 +82,10 @@ struct BenchReport {
 
 absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& options);
 
-// The report as the benchmark prints it.
+// The report as the benchmark prints it: the timings (also alone, as
+// on_timings gets them), then what the collector stored.
 std::string FormatReport(const BenchReport& report);
+std::string FormatTimings(const BenchReport& report);
 
 }  // namespace sonde::bench
 
