@@ -8,7 +8,7 @@ The model is the MLP the first GPU run measured (issue 14): 12 x
 Linear(2048, 2048) + ReLU, 50.4M parameters in 26 tensors, batch 512, SGD,
 `loss.item()` every step (the sync a real loop makes). Copies of the model
 train side by side in one process, taking turns in rounds of --steps
-steps, starting with a different copy each round, after a warm-up round:
+steps, in an order shuffled anew each round, after a warm-up round:
 one without a hook (the baseline) and one per mode with its own hook and
 job: `stats` (statistics of every weight and gradient every step, no
 values), `stats_deferred` (the same with defer_device_reads: the statistics
@@ -18,14 +18,18 @@ overlap training rather than the stream waiting after each save; torch
 Printed: median and mean step time of each copy and their ratios to the
 baseline; the hook's counters (statistics batches a step, waits for the
 device, tensors and values dropped); and what the collector stored: every
-saved step present and complete, and the hook's drop counters equal to
-the collector's (StepInfo). Exit status 1 if a check fails.
+saved step of the steps run present and complete, the hook's drop
+counters equal to the collector's (StepInfo), and, for the copies saving
+values, the weights and gradients stored at one more saving step equal,
+bit for bit, the model's (cloned on the device around that step). Exit
+status 1 if a check fails.
 
 On a machine without a GPU, --device cpu with a smaller --width runs the
 same loop on the CPU path (tests/ run it that way; its times mean little).
 """
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -36,6 +40,7 @@ import torch.nn as nn
 
 import sonde.torch as smd
 from sonde.testing import Collector, find_collector_binary
+from sonde.trials import create_trial
 from sonde.v1 import query_pb2, query_pb2_grpc
 
 # name: (save interval, values, defer_device_reads)
@@ -60,6 +65,10 @@ class Copy:
         self.loss_fn = nn.CrossEntropyLoss()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
         self.times = []
+        self.steps_run = 0
+        self.verify_step = None
+        self.verify_tensors = {}  # stored name -> what the model held
+        self.verified = 0
         self.hook = None
         if name != "none":
             interval, values, deferred = MODES[name]
@@ -81,18 +90,32 @@ class Copy:
         loss.backward()
         self.opt.step()
         loss.item()
+        self.steps_run += 1
         if timed:
             self.times.append(time.perf_counter() - start)
 
+    def verification_step(self, x, y):
+        """One more saving step, untimed, with the weights the hook saves at
+        its start and the gradients it saves at the end of backward cloned
+        (SGD without momentum leaves the gradients as backward wrote them)."""
+        while self.steps_run % self.interval != 0:
+            self.step(x, y, timed=False)
+        self.verify_step = self.steps_run
+        top = self.model._get_name()
+        params = list(self.model.named_parameters())
+        weights = {"%s_%s" % (top, n): p.detach().clone() for n, p in params}
+        self.step(x, y, timed=False)
+        grads = {"gradient/%s_%s" % (top, n): p.grad.detach().clone() for n, p in params}
+        self.verify_tensors = {k: v.cpu().numpy() for k, v in {**weights, **grads}.items()}
 
-def check(copy, stub, failures):
+
+def check(copy, stub, address, failures):
     """What the collector stored for a hooked copy."""
     job = copy.hook._options["job"]
     counters = copy.hook.counters()
     steps = stub.ListSteps(query_pb2.ListStepsRequest(job=job), timeout=60).steps
     by_step = {s.step: s for s in steps}
-    last = max(by_step) if by_step else -1
-    expected = [s for s in range(last + 1) if s % copy.interval == 0]
+    expected = [s for s in range(copy.steps_run) if s % copy.interval == 0]
     missing = [s for s in expected if s not in by_step]
     complete = sum(1 for s in expected if s in by_step and by_step[s].complete)
     dropped_t = sum(s.tensors_dropped for s in steps)
@@ -107,6 +130,22 @@ def check(copy, stub, failures):
         failures.append("%s: the hook counted %s/%s dropped, the collector shows %d/%d" % (
             copy.name, counters.get("tensors_dropped"), counters.get("values_dropped"),
             dropped_t, dropped_v))
+    if copy.verify_tensors:
+        differ = []
+        with create_trial(address, job) as trial:
+            for name, want in sorted(copy.verify_tensors.items()):
+                try:
+                    got = trial.tensor(name).value(copy.verify_step)
+                except Exception as e:  # noqa: BLE001 -- reported as a failed check
+                    differ.append("%s (%s)" % (name, e))
+                    continue
+                if got.shape != want.shape or got.tobytes() != want.tobytes():
+                    differ.append(name)
+        if differ:
+            failures.append("%s: at step %d, %d of %d stored tensors differ from the model's: %s" % (
+                copy.name, copy.verify_step, len(differ), len(copy.verify_tensors),
+                ", ".join(differ[:5])))
+        copy.verified = len(copy.verify_tensors) - len(differ)
     return counters, len(expected), complete
 
 
@@ -138,32 +177,39 @@ def main(argv=None):
         g = torch.Generator(device="cpu").manual_seed(1)
         x = torch.randn(args.batch, args.width, generator=g).to(device)
         y = torch.randint(0, args.width, (args.batch,), generator=g).to(device)
+        # A new order every round (fixed seed), so that no copy always runs
+        # right after the one whose downloads and ingest it would absorb.
+        order, rng = list(range(len(copies))), random.Random(20261127)
         for r in range(args.rounds + 1):
-            for k in range(len(copies)):
-                c = copies[(k + r) % len(copies)]
+            rng.shuffle(order)
+            for k in order:
                 for _ in range(args.steps):
-                    c.step(x, y, timed=r > 0)
+                    copies[k].step(x, y, timed=r > 0)
+        for c in copies:
+            if c.hook is not None and MODES[c.name][1]:
+                c.verification_step(x, y)
         channel = grpc.insecure_channel(collector.address)
         stub = query_pb2_grpc.QueryStub(channel)
         base = copies[0]
         base_median = statistics.median(base.times)
         base_mean = statistics.mean(base.times)
-        print("\n%-10s %10s %10s %9s %9s %8s %7s %10s %12s %14s" % (
+        print("\n%-14s %10s %10s %9s %9s %8s %7s %10s %12s %9s %9s" % (
             "copy", "median ms", "mean ms", "x median", "x mean", "batches", "waits",
-            "dropped t/v", "saved steps", "complete"))
+            "dropped t/v", "saved steps", "complete", "verified"))
         for c in copies:
             med, mean = statistics.median(c.times), statistics.mean(c.times)
-            row = "%-10s %10.3f %10.3f %9.4f %9.4f" % (
+            row = "%-14s %10.3f %10.3f %9.4f %9.4f" % (
                 c.name, med * 1e3, mean * 1e3, med / base_median, mean / base_mean)
             if c.hook is not None:
                 c.hook.close()
-                counters, expected, complete = check(c, stub, failures)
+                counters, expected, complete = check(c, stub, collector.address, failures)
                 steps = max(1, counters.get("steps", 1))
-                row += " %8.2f %7d %10s %12d %14d" % (
+                row += " %8.2f %7d %10s %12d %9d %9s" % (
                     counters.get("device_batches", 0) / steps, counters.get("device_waits", 0),
                     "%d/%d" % (counters.get("tensors_dropped", 0),
                                counters.get("values_dropped", 0)),
-                    expected, complete)
+                    expected, complete,
+                    "%d/%d" % (c.verified, len(c.verify_tensors)) if c.verify_tensors else "-")
             print(row)
         channel.close()
     for f in failures:

@@ -1,6 +1,7 @@
 """torch_gpu_bench.py runs end to end on the CPU path with a small MLP:
 every copy trains, every hooked copy's saved steps are stored and complete,
-and the drop counters agree with the collector (its times mean nothing)."""
+the drop counters agree with the collector, and the values stored at the
+verification step equal the model's (its times mean nothing)."""
 
 import os
 import subprocess
@@ -23,8 +24,11 @@ def test_the_gpu_benchmark_runs_and_checks_on_the_cpu():
                                                     "values100", "values10")}
     assert set(rows) == {"none", "stats", "stats_deferred", "values100", "values10"}, p.stdout
     # values10 over 3 rounds of 10 steps (the first a warm-up): steps 0..29,
-    # saved at 0, 10, 20, all complete.
-    assert rows["values10"][-2:] == ["3", "3"], p.stdout
-    assert rows["stats"][-2:] == ["30", "30"], p.stdout
-    assert rows["stats_deferred"][-2:] == ["30", "30"], p.stdout
+    # saved at 0, 10, 20, then the verification step 30: all complete, and
+    # the 6 weights and 6 gradients stored there equal the model's. values100
+    # runs on untimed to its verification step 100.
+    assert rows["values10"][-3:] == ["4", "4", "12/12"], p.stdout
+    assert rows["values100"][-3:] == ["2", "2", "12/12"], p.stdout
+    assert rows["stats"][-3:] == ["30", "30", "-"], p.stdout
+    assert rows["stats_deferred"][-3:] == ["30", "30", "-"], p.stdout
     assert rows["stats"][7] == "0/0", p.stdout
