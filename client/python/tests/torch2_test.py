@@ -240,10 +240,11 @@ def test_deferred_device_reads_fence_after_every_optimizer_step_until_close(coll
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
-    assert hook._device_fences == 3  # one after each step, the first included
-    hook.fence_device()              # on demand: nothing deferred on the CPU, still fine
+    assert hook._device_fences == 3    # one after each step, the first included
+    assert hook._gradient_fences == 3  # and one at the end of each backward pass
+    hook.fence_device()                # on demand: nothing deferred on the CPU, still fine
     hook.close()
-    opt.step()                       # the global step hook went with the hook
+    opt.step()                         # the global step hook went with the hook
     assert hook._device_fences == 3
     trial = create_trial(collector.address, "deferred")
     assert trial.tensor("Mlp_fc1.weight").steps() == [0, 1, 2]

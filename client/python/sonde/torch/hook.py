@@ -171,13 +171,15 @@ class Hook:
         process ends (a collector down, kill -9) can be uploaded later with
         `sonde sync` (default $SONDE_SPOOL_DIR, else ~/.cache/sonde/spool;
         False: no spool). max_spool_bytes: its limit (default 4 GiB).
-      defer_device_reads: let the GPU statistics of CUDA tensors overlap
-        training instead of making the training stream wait for them right
-        after each save: it waits at the next save, at the next step, and
-        after every torch.optim optimizer's step (so the optimizer's
-        writes, zero_grad and the allocator's reuse of freed gradients come
-        after the reads). Needs torch >= 2.0; a loop that updates or zeroes
-        parameters or gradients without a torch.optim optimizer must call
+      defer_device_reads: let the GPU statistics of CUDA weights and
+        activations overlap training instead of making the training stream
+        wait for them right after each save: it waits at the next save, at
+        the end of each backward pass (gradients are often changed in place
+        before the optimizer runs: clip_grad_norm_, GradScaler.unscale_),
+        at the next step, and after every torch.optim optimizer's step (so
+        the optimizer's writes, zero_grad and the allocator's reuse of
+        freed memory come after the reads). Needs torch >= 2.0; a loop
+        that updates parameters without a torch.optim optimizer must call
         fence_device() first. Default False.
     """
 
@@ -244,6 +246,7 @@ class Hook:
         self._tops = set()          # ids of registered top-level modules
         self._losses = []           # registered loss modules
         self._device_fences = 0     # fences after optimizer steps (defer_device_reads)
+        self._gradient_fences = 0   # fences at the end of backward (defer_device_reads)
         self.defer_device_reads = bool(defer_device_reads)
         if self.defer_device_reads:
             # torch.optim's package may not keep its submodule as an attribute.
@@ -760,6 +763,12 @@ class Hook:
                         streams[i[6]] = torch.cuda.current_stream(i[6]).cuda_stream
                 items = [i[:7] + (streams[i[6]],) if i[5] else i for i in items]
             self._save_items(items)
+            if self.defer_device_reads:
+                # Gradients are not left to deferred reads: loops change them
+                # in place between backward and the optimizer's step
+                # (clipping, AMP's unscaling), which no hook announces.
+                self._native.fence_device()
+                self._gradient_fences += 1
         except SondeError:
             raise
         except Exception as e:  # noqa: BLE001
