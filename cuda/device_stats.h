@@ -63,6 +63,12 @@ struct DeviceStatsOptions {
   // 0: an eighth of the device's free memory when the engine is created,
   // at most 4 GiB.
   uint64_t snapshot_bytes = 0;
+  // Snapshots in the tensor's own dtype are taken by a copy kernel (on the
+  // SMs, 16-byte words) rather than cudaMemcpyAsync, which a copy engine
+  // may run, possibly behind the download pieces that engines carry to the
+  // host while training waits for the snapshot. gpu_check times both, with
+  // and without downloads in flight; off until a GPU has said which wins.
+  bool snapshot_copy_kernel = false;
   // The pinned ring that downloads travel through, piece by piece.
   int ring_buffers = 8;
   uint64_t ring_buffer_bytes = uint64_t{4} << 20;

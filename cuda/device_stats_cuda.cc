@@ -477,6 +477,9 @@ class CudaDeviceStats final : public DeviceStats {
       e = static_cast<cudaError_t>(LaunchConvert(tensor.data, KernelDTypeOf(tensor.dtype), dev,
                                                  KernelDTypeOf(transfer), tensor.count, work_));
       if (e != cudaSuccess) return fail(e, "conversion kernel launch");
+    } else if (bytes > 0 && options_.snapshot_copy_kernel) {
+      e = static_cast<cudaError_t>(LaunchCopy(tensor.data, dev, bytes, work_));
+      if (e != cudaSuccess) return fail(e, "copy kernel launch (snapshot)");
     } else if (bytes > 0) {
       e = cudaMemcpyAsync(dev, tensor.data, bytes, cudaMemcpyDeviceToDevice, work_);
       if (e != cudaSuccess) return fail(e, "cudaMemcpyAsync (snapshot)");

@@ -69,6 +69,8 @@ std::vector<DeviceCompletion> CollectUntil(DeviceStats& engine, DeviceCompletion
 
 void ContractStatisticsMatchTheCpuOnce(const ContractTarget& target, bool offset,
                                        bool aggregated);
+void ContractSnapshotIsTakenBeforeTheProducerGoesOnOnce(const ContractTarget& target,
+                                                        bool copy_kernel);
 
 void ContractStatisticsMatchTheCpu(const ContractTarget& target) {
   // Data where allocations put it (16-byte aligned: the kernel's vector
@@ -166,16 +168,24 @@ void ContractSnapshotsConvertLikeTheCpu(const ContractTarget& target) {
             absl::StatusCode::kInvalidArgument);
 }
 
-void ContractLargeTensorsTravelInPieces(const ContractTarget& target) {
+namespace {
+
+// `offset` floats into the allocation (a view: 4-byte aligned, not 16),
+// snapshots copied by cudaMemcpyAsync or by the copy kernel.
+void LargeTensorsTravelInPiecesOnce(const ContractTarget& target, bool copy_kernel,
+                                    int offset) {
   // 1,000,003 floats through a ring of three 64 KiB buffers: 62 pieces, the
   // last one short.
   const std::vector<float> values = Ramp(1000003, 1e-3f);
   std::unique_ptr<ContractMemory> memory = target.memory();
-  const void* data = memory->Upload(Bytes(values));
+  const void* data = static_cast<const char*>(memory->Upload(
+                         std::string(offset * sizeof(float), '\0') + Bytes(values))) +
+                     offset * sizeof(float);
   DeviceStatsOptions options;
   options.ring_buffers = 3;
   options.ring_buffer_bytes = 64 << 10;
   options.snapshot_bytes = 16 << 20;
+  options.snapshot_copy_kernel = copy_kernel;
   std::unique_ptr<DeviceStats> engine = MakeEngine(target, options);
   ASSERT_NE(engine, nullptr);
   // Two snapshots of it, downloaded one after the other.
@@ -205,12 +215,34 @@ void ContractLargeTensorsTravelInPieces(const ContractTarget& target) {
   EXPECT_EQ(engine->snapshot_bytes_used(), 0u);
 }
 
+}  // namespace
+
+void ContractLargeTensorsTravelInPieces(const ContractTarget& target) {
+  for (const bool copy_kernel : {false, true}) {
+    for (const int offset : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat(copy_kernel ? "copy kernel" : "cudaMemcpyAsync",
+                                offset ? ", one element in" : ", as allocated"));
+      LargeTensorsTravelInPiecesOnce(target, copy_kernel, offset);
+    }
+  }
+}
+
 void ContractSnapshotIsTakenBeforeTheProducerGoesOn(const ContractTarget& target) {
+  for (const bool copy_kernel : {false, true}) {
+    SCOPED_TRACE(copy_kernel ? "copy kernel" : "cudaMemcpyAsync");
+    ContractSnapshotIsTakenBeforeTheProducerGoesOnOnce(target, copy_kernel);
+  }
+}
+
+void ContractSnapshotIsTakenBeforeTheProducerGoesOnOnce(const ContractTarget& target,
+                                                        bool copy_kernel) {
   const std::vector<float> before(1 << 20, 2.0f);
   const std::vector<float> after(1 << 20, 3.0f);
   std::unique_ptr<ContractMemory> memory = target.memory();
   const void* data = memory->Upload(Bytes(before));
-  std::unique_ptr<DeviceStats> engine = MakeEngine(target, DeviceStatsOptions());
+  DeviceStatsOptions options;
+  options.snapshot_copy_kernel = copy_kernel;
+  std::unique_ptr<DeviceStats> engine = MakeEngine(target, options);
   ASSERT_NE(engine, nullptr);
   DeviceTensorRef ref{data, v1::DTYPE_F32, before.size(), false};
   absl::StatusOr<uint64_t> stats = engine->EnqueueStats({&ref, 1}, memory->producer_stream());

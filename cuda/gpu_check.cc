@@ -5,7 +5,10 @@
 // for 1 MiB to 1 GiB of F32, BF16 and F16 and for one training step's
 // batch of 300 tensors (413 MB); sweeps the chunk size (elements a block
 // reads) over 32 MiB, 256 MiB and the step batch, so that one run says
-// which default to keep; and counts the kernel launches of a step.
+// which default to keep; times what training waits for when it saves
+// values (a snapshot), idle and with downloads in flight, by
+// cudaMemcpyAsync and by a copy kernel; and counts the kernel launches of
+// a step.
 //
 //   bazel run -c opt //cuda:gpu_check [-- --device=N --repeats=R]
 //
@@ -23,13 +26,17 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "cuda/conformance.h"
 #include "cuda/device_stats.h"
 #include "cuda/multi_tensor.h"
@@ -57,6 +64,8 @@ struct Flags {
   bool step = true;
   // Chunk sizes (elements) the sweep times; empty: no sweep.
   std::vector<uint64_t> chunk_sweep = {4096, 8192, 16384, 32768, 65536};
+  // The snapshot section (what training waits for when it saves values).
+  bool snapshots = true;
 };
 
 // The conformance cases in one batch, each tensor `offset` elements into its
@@ -253,6 +262,9 @@ class Bench {
   Bench& operator=(const Bench&) = delete;
 
   bool ok() const { return ok_; }
+  cudaStream_t stream() const { return stream_; }
+  int* problems() const { return problems_; }
+  const Flags& flags() const { return flags_; }
 
   // An engine as the hook makes one, with slots that hold the step batch's
   // tables at any chunk size timed (under 2 MiB at 4 Ki elements) and
@@ -429,6 +441,112 @@ void ChunkSweep(const Flags& flags, Bench& bench) {
   }
 }
 
+// What training waits for when it saves values: the snapshot. A 256 MiB
+// F32 snapshot timed on the producer's stream (from before EnqueueSnapshot
+// to after the producer's wait for it, behind a delay kernel as above),
+// idle and while a 1 GiB snapshot is downloaded through the ring (a pump
+// thread collecting, as the hook's does), taken by cudaMemcpyAsync and by
+// the copy kernel (DeviceStatsOptions::snapshot_copy_kernel), against a
+// plain device-to-device copy of the same bytes. A snapshot that slows
+// down while downloads are in flight waits for a copy engine's PCIe work.
+void Snapshots(const Flags& flags, Bench& bench) {
+  if (!flags.snapshots) return;
+  bench.Fill(v1::DTYPE_F32);
+  const uint64_t small = uint64_t{256} << 20;
+  const DeviceTensorRef timed = bench.Tensor(small, v1::DTYPE_F32, false)[0];
+  const DeviceTensorRef big = bench.Tensor(Bench::kLargest, v1::DTYPE_F32, false)[0];
+  std::vector<char> host(Bench::kLargest);
+  const int repeats = std::max(1, std::min(flags.repeats, 5));
+  cudaStream_t stream = bench.stream();
+  int* problems = bench.problems();
+  const double copy_ms = small / bench.CopyGBs(small) / 1e6;
+  std::printf("\nsnapshots (256 MiB of F32: ms the producer waits, median of %d; idle, then "
+              "while a 1 GiB snapshot downloads through the ring; a D2D copy alone takes "
+              "%.3f ms)\n", repeats, copy_ms);
+  for (const bool kernel : {false, true}) {
+    DeviceStatsOptions options;
+    options.device = flags.device;
+    options.snapshot_bytes = Bench::kLargest + small + (uint64_t{64} << 20);
+    options.snapshot_copy_kernel = kernel;
+    absl::StatusOr<std::unique_ptr<DeviceStats>> created = DeviceStats::Create(options);
+    if (!created.ok()) {
+      ++*problems;
+      std::printf("ERROR cannot create the engine: %s\n", created.status().ToString().c_str());
+      return;
+    }
+    DeviceStats& engine = **created;
+    // The hook's pump: collects while downloads are in flight.
+    absl::Mutex mu;
+    std::set<uint64_t> landed;
+    bool stop = false;
+    std::thread pump([&] {
+      for (;;) {
+        std::vector<DeviceCompletion> done = engine.Collect();
+        absl::MutexLock lock(&mu);
+        for (const DeviceCompletion& c : done) {
+          if (!c.status.ok()) {
+            ++*problems;
+            std::printf("ERROR device: %s\n", c.status.ToString().c_str());
+          }
+          landed.insert(c.ticket);
+        }
+        if (stop) return;
+        mu.AwaitWithTimeout(absl::Condition(&stop), absl::Microseconds(20));
+      }
+    });
+    // A warm-up and one timed snapshot, each discarded after it (untimed).
+    auto snapshot_ms = [&] {
+      uint64_t ticket = 0;
+      return TimeOnStream(
+          stream, 1, problems,
+          [&] {
+            absl::StatusOr<uint64_t> t =
+                engine.EnqueueSnapshot(timed, v1::DTYPE_UNSPECIFIED, stream);
+            if (t.ok()) {
+              ticket = *t;
+            } else {
+              ++*problems;
+              std::printf("ERROR snapshot refused: %s\n", t.status().ToString().c_str());
+            }
+          },
+          [&] {
+            if (ticket != 0) engine.Discard(ticket);
+            ticket = 0;
+          });
+    };
+    std::vector<double> idle, busy;
+    for (int r = 0; r < repeats; ++r) {
+      idle.push_back(snapshot_ms());
+      absl::StatusOr<uint64_t> download = engine.EnqueueSnapshot(big, v1::DTYPE_UNSPECIFIED, stream);
+      if (!download.ok() || !engine.Download(*download, host.data()).ok()) {
+        ++*problems;
+        std::printf("ERROR the 1 GiB download did not start\n");
+        break;
+      }
+      cudaStreamSynchronize(stream);
+      absl::SleepFor(absl::Milliseconds(2));  // the ring's pieces are under way
+      busy.push_back(snapshot_ms());
+      absl::MutexLock lock(&mu);
+      const uint64_t want = *download;
+      auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return landed.count(want) > 0; };
+      if (!mu.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(30))) {
+        ++*problems;
+        std::printf("ERROR the 1 GiB download did not land in 30 s\n");
+        break;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu);
+      stop = true;
+    }
+    pump.join();
+    const double idle_ms = Median(idle), busy_ms = Median(busy);
+    std::printf("%-16s idle %8.3f ms (%.2f x the copy), downloads in flight %8.3f ms (x %.2f)\n",
+                kernel ? "copy kernel" : "cudaMemcpyAsync", idle_ms, idle_ms / copy_ms, busy_ms,
+                busy_ms / idle_ms);
+  }
+}
+
 int TimedSections(const Flags& flags, int sms) {
   int problems = 0;
   {
@@ -436,6 +554,7 @@ int TimedSections(const Flags& flags, int sms) {
     if (bench.ok()) {
       Bandwidth(flags, bench);
       ChunkSweep(flags, bench);
+      Snapshots(flags, bench);
     }
   }
   if (problems > 0) std::printf("timed sections: %d enqueues refused or device errors\n", problems);
@@ -506,11 +625,13 @@ int main(int argc, char** argv) {
       flags.conformance = false;
     } else if (arg == "--no_step") {
       flags.step = false;
+    } else if (arg == "--no_snapshots") {
+      flags.snapshots = false;
     } else {
       std::fprintf(stderr,
                    "usage: gpu_check [--device=N] [--repeats=R] [--sizes=MIB,...] "
                    "[--dtypes=f32,bf16,f16] [--chunk_sweep=ELEMENTS,...] [--no_conformance] "
-                   "[--no_step]\n");
+                   "[--no_step] [--no_snapshots]\n");
       return 2;
     }
   }

@@ -272,6 +272,40 @@ __global__ void __launch_bounds__(kMergeThreads)
   if (threadIdx.x == 0) out[blockIdx.x] = acc[0];
 }
 
+// `words` words of W from src to dst, grid-stride, four loads in flight a
+// thread; then the `tail` bytes after them, by the first thread.
+template <typename W>
+__global__ void CopyKernel(const W* src, W* dst, uint64_t words, const uint8_t* tail_src,
+                           uint8_t* tail_dst, uint32_t tail) {
+  const uint64_t threads = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const uint64_t first = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  uint64_t i = first;
+  for (; i + 3 * threads < words; i += 4 * threads) {
+    W v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = src[i + k * threads];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dst[i + k * threads] = v[k];
+  }
+  for (; i < words; i += threads) dst[i] = src[i];
+  if (first == 0) {
+    for (uint32_t b = 0; b < tail; ++b) tail_dst[b] = tail_src[b];
+  }
+}
+
+template <typename W>
+int LaunchCopyAs(const void* src, void* dst, uint64_t bytes, cudaStream_t stream) {
+  const uint64_t words = bytes / sizeof(W);
+  const uint64_t done = words * sizeof(W);
+  const uint64_t blocks64 = (words / 4 + 255) / 256 + 1;
+  const unsigned blocks = static_cast<unsigned>(blocks64 < 8192 ? blocks64 : 8192);
+  CopyKernel<W><<<blocks, 256, 0, stream>>>(
+      static_cast<const W*>(src), static_cast<W*>(dst), words,
+      static_cast<const uint8_t*>(src) + done, static_cast<uint8_t*>(dst) + done,
+      static_cast<uint32_t>(bytes - done));
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <typename Src>
 __device__ float LoadAsFloat(const void* p, uint64_t i) {
   return static_cast<float>(static_cast<const Src*>(p)[i]);
@@ -325,6 +359,15 @@ int QueryStatsKernel(StatsKernelInfo* info) {
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info->blocks_per_sm, StatsPartialsKernel,
                                                      kThreads, 0);
   return static_cast<int>(e);
+}
+
+int LaunchCopy(const void* src, void* dst, uint64_t bytes, void* stream) {
+  if (bytes == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const uintptr_t both = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
+  if (both % 16 == 0) return LaunchCopyAs<uint4>(src, dst, bytes, s);
+  if (both % 4 == 0) return LaunchCopyAs<uint32_t>(src, dst, bytes, s);
+  return LaunchCopyAs<uint8_t>(src, dst, bytes, s);
 }
 
 int LaunchConvert(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,

@@ -33,6 +33,11 @@ int LaunchStatsBatch(const KernelTensor* tensors, uint32_t tensor_count,
                      StatsAccumulator* partials, unsigned long long* counters,
                      StatsAccumulator* out, void* stream);
 
+// Copies `bytes` bytes from `src` to `dst` (device memory, not
+// overlapping) with a kernel, one launch: 16-byte words where both are
+// 16-byte aligned, else 4-byte words where both allow, else bytes.
+int LaunchCopy(const void* src, void* dst, uint64_t bytes, void* stream);
+
 // Converts `count` elements of `src` (F32 or F64) to `dst_dtype` (F32, F16
 // or BF16; rounding to nearest even) into `dst`, one launch.
 int LaunchConvert(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,

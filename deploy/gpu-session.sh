@@ -149,7 +149,7 @@ ncu_part() {
     --kernel-name regex:'Stats(Partials|Merge)Kernel' --launch-count 24 \
     --section SpeedOfLight --section Occupancy --section LaunchStats \
     --section MemoryWorkloadAnalysis \
-    .gpu/gpu_check --no_conformance --no_step --chunk_sweep= --sizes=64,256 \
+    .gpu/gpu_check --no_conformance --no_step --no_snapshots --chunk_sweep= --sizes=64,256 \
     --dtypes=f32 --repeats=1
 }
 
@@ -172,7 +172,7 @@ done
   echo "######## summary (whole outputs in \$OUT) ########"
   f=$out/env.txt; [ -f "$f" ] && head -c 1200 "$f"
   f=$out/tests.txt; [ -f "$f" ] && grep -E '^=== |^\[  PASSED  \] [0-9]+ tests?|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests?,|^\[==========\] [0-9]+ tests? from .* ran' "$f" | head -40
-  f=$out/gpu_check.txt; [ -f "$f" ] && grep -v -E '^FAIL ' "$f" | head -c 4500
+  f=$out/gpu_check.txt; [ -f "$f" ] && grep -v -E '^FAIL ' "$f" | head -c 5000
   f=$out/training.txt; [ -f "$f" ] && tail -c 2500 "$f"
   f=$out/torch.txt; [ -f "$f" ] && grep -E '^(=== |device:|model:|copy|none|stats|values|FAILED|checks)' "$f" | head -c 2000
   # ncu: a line a kernel profiled.
