@@ -97,12 +97,15 @@ __global__ void FillKernel(void* p, uint64_t count, int32_t dtype, uint64_t seed
 
 // Holds its stream for `ns` nanoseconds of the device's clock, so that the
 // host can queue what is timed next before the start event is reached.
+// Bounded by the SM's cycle counter too (about 2^33 cycles, seconds at any
+// clock), should the global timer not advance.
 __global__ void DelayKernel(uint64_t ns) {
   uint64_t start, now;
+  const long long cycles = clock64();
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
+  } while (now - start < ns && clock64() - cycles < (1ll << 33));
 }
 
 }  // namespace

@@ -409,11 +409,13 @@ class CudaDeviceStats final : public DeviceStats {
                         cudaMemcpyDeviceToHost, results_);
     if (e != cudaSuccess) return fail_both(e, "cudaMemcpyAsync (results)");
     e = cudaFreeAsync(dev, results_);
+    const bool freed = e == cudaSuccess;
     if (e == cudaSuccess) e = cudaEventRecord(job->done, results_);
     if (e != cudaSuccess) {
       cudaStreamSynchronize(results_);
       cudaStreamSynchronize(work_);
       cudaGetLastError();
+      if (!freed) cudaFreeAsync(dev, work_);
       return CudaError(e, "finishing the statistics batch");
     }
 

@@ -479,13 +479,14 @@ void Snapshots(const Flags& flags, Bench& bench) {
     absl::Mutex mu;
     std::set<uint64_t> landed;
     bool stop = false;
+    int pump_problems = 0;  // added to the run's after the pump stops
     std::thread pump([&] {
       for (;;) {
         std::vector<DeviceCompletion> done = engine.Collect();
         absl::MutexLock lock(&mu);
         for (const DeviceCompletion& c : done) {
           if (!c.status.ok()) {
-            ++*problems;
+            ++pump_problems;
             std::printf("ERROR device: %s\n", c.status.ToString().c_str());
           }
           landed.insert(c.ticket);
@@ -514,16 +515,17 @@ void Snapshots(const Flags& flags, Bench& bench) {
             ticket = 0;
           });
     };
-    std::vector<double> idle, busy;
+    std::vector<double> idle, busy, download_gbs;
     for (int r = 0; r < repeats; ++r) {
       idle.push_back(snapshot_ms());
       absl::StatusOr<uint64_t> download = engine.EnqueueSnapshot(big, v1::DTYPE_UNSPECIFIED, stream);
+      cudaStreamSynchronize(stream);
+      const absl::Time started = absl::Now();
       if (!download.ok() || !engine.Download(*download, host.data()).ok()) {
         ++*problems;
         std::printf("ERROR the 1 GiB download did not start\n");
         break;
       }
-      cudaStreamSynchronize(stream);
       absl::SleepFor(absl::Milliseconds(2));  // the ring's pieces are under way
       busy.push_back(snapshot_ms());
       absl::MutexLock lock(&mu);
@@ -534,16 +536,21 @@ void Snapshots(const Flags& flags, Bench& bench) {
         std::printf("ERROR the 1 GiB download did not land in 30 s\n");
         break;
       }
+      download_gbs.push_back(Bench::kLargest / absl::ToDoubleSeconds(absl::Now() - started) / 1e9);
     }
     {
       absl::MutexLock lock(&mu);
       stop = true;
     }
     pump.join();
+    *problems += pump_problems;
+    // The download's rate says how busy the copy engines were (the ring
+    // waits for the pump's copies out of it).
     const double idle_ms = Median(idle), busy_ms = Median(busy);
-    std::printf("%-16s idle %8.3f ms (%.2f x the copy), downloads in flight %8.3f ms (x %.2f)\n",
+    std::printf("%-16s idle %8.3f ms (%.2f x the copy), downloads in flight %8.3f ms (x %.2f); "
+                "the 1 GiB download ran at %.1f GB/s\n",
                 kernel ? "copy kernel" : "cudaMemcpyAsync", idle_ms, idle_ms / copy_ms, busy_ms,
-                busy_ms / idle_ms);
+                busy_ms / idle_ms, Median(download_gbs));
   }
 }
 

@@ -367,6 +367,7 @@ int LaunchCopy(const void* src, void* dst, uint64_t bytes, void* stream) {
   const uintptr_t both = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
   if (both % 16 == 0) return LaunchCopyAs<uint4>(src, dst, bytes, s);
   if (both % 4 == 0) return LaunchCopyAs<uint32_t>(src, dst, bytes, s);
+  if (both % 2 == 0) return LaunchCopyAs<uint16_t>(src, dst, bytes, s);  // F16/BF16 views
   return LaunchCopyAs<uint8_t>(src, dst, bytes, s);
 }
 

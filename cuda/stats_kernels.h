@@ -35,7 +35,7 @@ int LaunchStatsBatch(const KernelTensor* tensors, uint32_t tensor_count,
 
 // Copies `bytes` bytes from `src` to `dst` (device memory, not
 // overlapping) with a kernel, one launch: 16-byte words where both are
-// 16-byte aligned, else 4-byte words where both allow, else bytes.
+// 16-byte aligned, else the widest of 4-, 2- or 1-byte words both allow.
 int LaunchCopy(const void* src, void* dst, uint64_t bytes, void* stream);
 
 // Converts `count` elements of `src` (F32 or F64) to `dst_dtype` (F32, F16

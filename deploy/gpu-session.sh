@@ -29,6 +29,7 @@ budget=${SONDE_GPU_BUDGET:-400}
 parts=${SONDE_GPU_PARTS:-"env tests gpu_check training torch ncu"}
 start=$SECONDS
 summary=$out/summary.txt
+parts_log=$(mktemp)  # each part's line; the summary ends with them
 : > "$summary"
 
 # The carried archive is the newest build: a warm machine may still hold
@@ -38,13 +39,14 @@ if [ -f .gpu.tar.xz ]; then
   tar -xJf .gpu.tar.xz || { echo "gpu-session: cannot unpack .gpu.tar.xz" | tee -a "$summary"; exit 2; }
 fi
 [ -d .gpu ] || { echo "gpu-session: no .gpu/ (run deploy/gpu-pack.sh here and carry .gpu.tar.xz)" | tee -a "$summary"; exit 2; }
-# The bundle's libraries (Debian's) go only to the bundle's binaries,
-# after the machine's own paths (where the driver's libraries may be found):
-# nvidia-smi, python and ncu keep the machine's.
+# The bundle's libraries (Debian's) go only to the bundle's binaries (and
+# to ncu, which starts one), ahead of the machine's own paths, which stay
+# for what the bundle lacks (the driver's libraries); nvidia-smi and
+# python keep the machine's alone.
 gpu_libs=$root/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export TEST_TMPDIR=/tmp/sonde-gpu-tests PYTHONUNBUFFERED=1
 mkdir -p "$TEST_TMPDIR"
-echo "gpu-session: budget ${budget} s, parts: $parts" | tee -a "$summary"
+echo "gpu-session: budget ${budget} s, parts: $parts" | tee -a "$parts_log"
 
 # part NAME CAP COMMAND...: runs COMMAND (a function of this script) with
 # its output in $out/NAME.txt, for at most CAP seconds or what is left of
@@ -57,7 +59,7 @@ part() {
   local left=$((budget - (SECONDS - start)))
   local limit=$((cap < left ? cap : left))
   if [ "$limit" -lt 15 ]; then
-    echo "== $name: skipped, ${left} s of the budget left" | tee -a "$summary"
+    echo "== $name: skipped, ${left} s of the budget left" | tee -a "$parts_log"
     return
   fi
   local t0=$SECONDS rc
@@ -67,7 +69,8 @@ part() {
   [ "$rc" -eq 0 ] || { failed=1; failed_parts="$failed_parts $name"; }
   local note=""
   [ "$rc" -eq 124 ] && note=" (stopped at its ${limit} s limit)"
-  echo "== $name: exit ${rc} after $((SECONDS - t0)) s${note}" | tee -a "$summary"
+  echo "== $name: exit ${rc} after $((SECONDS - t0)) s${note}" | tee -a "$parts_log"
+  write_summary
 }
 
 # A binary of the bundle, with the bundle's libraries.
@@ -94,7 +97,10 @@ tests_part() {
     echo "=== $t"
     run_gpu .gpu/$t > "/tmp/sonde-$t.txt" 2>&1 || rc=1
     cat "/tmp/sonde-$t.txt"
-    if nvidia-smi -L > /dev/null 2>&1 && grep -q '^\[  SKIPPED \]' "/tmp/sonde-$t.txt"; then
+    # The skips that say no GPU was usable (a case for machines without one
+    # skips, rightly, where there is one).
+    if nvidia-smi -L > /dev/null 2>&1 &&
+        grep -q -E 'no GPU: |has no CUDA support' "/tmp/sonde-$t.txt"; then
       echo "=== $t skipped cases on a machine with a GPU: the binary found no usable device"
       rc=1
     fi
@@ -153,6 +159,44 @@ ncu_part() {
     --dtypes=f32 --repeats=1
 }
 
+# The figures, in the reply's tail (about 12,000 characters): each part's
+# lines that carry results (the whole files are in $out). Written again
+# after every part, so that a call cut short still brings back what ran.
+write_summary() {
+  {
+    echo
+    echo "######## summary (whole outputs in \$OUT) ########"
+    local f
+    f=$out/env.txt; [ -f "$f" ] && head -c 1200 "$f"
+    f=$out/tests.txt; [ -f "$f" ] && grep -E '^=== |^\[  PASSED  \] [0-9]+ tests?|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests?,|^\[==========\] [0-9]+ tests? from .* ran' "$f" | head -40
+    f=$out/gpu_check.txt; [ -f "$f" ] && grep -v -E '^FAIL ' "$f" | head -c 5000
+    f=$out/training.txt; [ -f "$f" ] && tail -c 2500 "$f"
+    f=$out/torch.txt; [ -f "$f" ] && grep -E '^(=== |device:|model:|copy|none|stats|values|FAILED|checks)' "$f" | head -c 2000
+    # ncu: a line a kernel profiled.
+    f=$out/ncu.txt; [ -f "$f" ] && awk '
+      function flush() { if (k != "") printf "%-8s grid %-9s %10s %-4s DRAM %6s%%  occupancy %6s%%  registers %s\n", k, g, d, du, dram, occ, regs }
+      /Stats(Partials|Merge)Kernel/ && /\)x\(/ {
+        flush(); k = ($0 ~ /StatsMerge/) ? "merge" : "partials"; g = "?"
+        if (match($0, /\([0-9]+, [0-9]+, [0-9]+\)x/)) { g = substr($0, RSTART + 1); sub(/,.*/, "", g) }
+        d = du = dram = occ = regs = "?"
+      }
+      $1 == "Duration" { du = $2; d = $NF }
+      $1 == "DRAM" && $2 == "Throughput" { dram = $NF }
+      $1 == "Achieved" && $2 == "Occupancy" { occ = $NF }
+      $1 == "Registers" && $2 == "Per" { regs = $NF }
+      END { flush() }' "$f"
+    # The end of what each failed part printed (its reason, usually).
+    local p
+    for p in $failed_parts; do
+      echo "-- end of $p.txt"
+      tail -n 8 "$out/$p.txt" | cut -c 1-300
+    done
+    echo
+    cat "$parts_log"
+  } > "$summary.new"
+  mv "$summary.new" "$summary"
+}
+
 for p in $parts; do
   case $p in
     env) part env 30 env_part ;;
@@ -161,41 +205,10 @@ for p in $parts; do
     training) part training 150 training_part ;;
     torch) part torch 150 torch_part ;;
     ncu) part ncu 90 ncu_part ;;
-    *) echo "== $p: unknown part" | tee -a "$summary"; failed=1 ;;
+    *) echo "== $p: unknown part" | tee -a "$parts_log"; failed=1 ;;
   esac
 done
 
-# The figures, in the reply's tail (about 12,000 characters): each part's
-# lines that carry results, the whole files are in $out.
-{
-  echo
-  echo "######## summary (whole outputs in \$OUT) ########"
-  f=$out/env.txt; [ -f "$f" ] && head -c 1200 "$f"
-  f=$out/tests.txt; [ -f "$f" ] && grep -E '^=== |^\[  PASSED  \] [0-9]+ tests?|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests?,|^\[==========\] [0-9]+ tests? from .* ran' "$f" | head -40
-  f=$out/gpu_check.txt; [ -f "$f" ] && grep -v -E '^FAIL ' "$f" | head -c 5000
-  f=$out/training.txt; [ -f "$f" ] && tail -c 2500 "$f"
-  f=$out/torch.txt; [ -f "$f" ] && grep -E '^(=== |device:|model:|copy|none|stats|values|FAILED|checks)' "$f" | head -c 2000
-  # ncu: a line a kernel profiled.
-  f=$out/ncu.txt; [ -f "$f" ] && awk '
-    function flush() { if (k != "") printf "%-8s grid %-9s %10s %-4s DRAM %6s%%  occupancy %6s%%  registers %s\n", k, g, d, du, dram, occ, regs }
-    /Stats(Partials|Merge)Kernel/ && /\)x\(/ {
-      flush(); k = ($0 ~ /StatsMerge/) ? "merge" : "partials"; g = "?"
-      if (match($0, /\([0-9]+, [0-9]+, [0-9]+\)x/)) { g = substr($0, RSTART + 1); sub(/,.*/, "", g) }
-      d = du = dram = occ = regs = "?"
-    }
-    $1 == "Duration" { du = $2; d = $NF }
-    $1 == "DRAM" && $2 == "Throughput" { dram = $NF }
-    $1 == "Achieved" && $2 == "Occupancy" { occ = $NF }
-    $1 == "Registers" && $2 == "Per" { regs = $NF }
-    END { flush() }' "$f"
-  # The end of what each failed part printed (its reason, usually).
-  for p in $failed_parts; do
-    echo "-- end of $p.txt"
-    tail -n 8 "$out/$p.txt" | cut -c 1-300
-  done
-  echo
-  cat "$summary"
-} > "$out/summary.full.txt"
-mv "$out/summary.full.txt" "$summary"
+write_summary
 cat "$summary"
 exit $failed
