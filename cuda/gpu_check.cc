@@ -264,19 +264,24 @@ class Bench {
   bool ok() const { return ok_; }
   cudaStream_t stream() const { return stream_; }
   int* problems() const { return problems_; }
-  const Flags& flags() const { return flags_; }
 
-  // An engine as the hook makes one, with slots that hold the step batch's
-  // tables at any chunk size timed (under 2 MiB at 4 Ki elements) and
-  // little snapshot memory, which nothing here uses; nullptr (counted as a
-  // problem) if it fails.
-  std::unique_ptr<DeviceStats> Engine(uint64_t chunk_elements, bool aggregated) {
+  // The engine statistics are timed through: as the hook makes one, with
+  // slots that hold the step batch's tables at any chunk size timed (under
+  // 2 MiB at 4 Ki elements) and little snapshot memory, which statistics
+  // do not use.
+  std::unique_ptr<DeviceStats> StatsEngine(uint64_t chunk_elements, bool aggregated) {
     DeviceStatsOptions options;
-    options.device = flags_.device;
     options.chunk_elements = chunk_elements;
     options.slot_bytes = 16u << 20;
     options.snapshot_bytes = 16u << 20;
     options.warp_aggregated_histograms = aggregated;
+    return Engine(options);
+  }
+
+  // An engine with `options` on the device checked; nullptr (counted as a
+  // problem) if it cannot be made.
+  std::unique_ptr<DeviceStats> Engine(DeviceStatsOptions options) {
+    options.device = flags_.device;
     absl::StatusOr<std::unique_ptr<DeviceStats>> engine = DeviceStats::Create(options);
     if (!engine.ok()) {
       ++*problems_;
@@ -349,8 +354,8 @@ class Bench {
 // over the same bytes, and a device-to-device copy with its bytes counted
 // once and as read + write traffic; then the step batch.
 void Bandwidth(const Flags& flags, Bench& bench) {
-  std::unique_ptr<DeviceStats> engine = bench.Engine(kDefaultChunkElements, false);
-  std::unique_ptr<DeviceStats> aggregating = bench.Engine(kDefaultChunkElements, true);
+  std::unique_ptr<DeviceStats> engine = bench.StatsEngine(kDefaultChunkElements, false);
+  std::unique_ptr<DeviceStats> aggregating = bench.StatsEngine(kDefaultChunkElements, true);
   if (engine == nullptr || aggregating == nullptr) return;
   std::printf("\nbandwidth (GB/s of the tensor's bytes, pseudo-normal data; ratios to the "
               "read-only sum in the same run; hist: histograms counted per element, hist/w: "
@@ -426,7 +431,7 @@ void ChunkSweep(const Flags& flags, Bench& bench) {
   for (const Workload& w : loads) std::printf(" %20s", (w.name + " s/read h/read").c_str());
   std::printf("\n");
   for (uint64_t chunk : flags.chunk_sweep) {
-    std::unique_ptr<DeviceStats> engine = bench.Engine(chunk, false);
+    std::unique_ptr<DeviceStats> engine = bench.StatsEngine(chunk, false);
     if (engine == nullptr) continue;
     std::printf("%10llu", static_cast<unsigned long long>(chunk));
     for (const Workload& w : loads) {
@@ -465,16 +470,11 @@ void Snapshots(const Flags& flags, Bench& bench) {
               "%.3f ms)\n", repeats, copy_ms);
   for (const bool kernel : {false, true}) {
     DeviceStatsOptions options;
-    options.device = flags.device;
     options.snapshot_bytes = Bench::kLargest + small + (uint64_t{64} << 20);
     options.snapshot_copy_kernel = kernel;
-    absl::StatusOr<std::unique_ptr<DeviceStats>> created = DeviceStats::Create(options);
-    if (!created.ok()) {
-      ++*problems;
-      std::printf("ERROR cannot create the engine: %s\n", created.status().ToString().c_str());
-      return;
-    }
-    DeviceStats& engine = **created;
+    std::unique_ptr<DeviceStats> created = bench.Engine(options);
+    if (created == nullptr) return;
+    DeviceStats& engine = *created;
     // The hook's pump: collects while downloads are in flight.
     absl::Mutex mu;
     std::set<uint64_t> landed;

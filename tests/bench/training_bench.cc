@@ -366,18 +366,27 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
   return report;
 }
 
+namespace {
+
+// A mode's timing columns: median, mean and p90 ms, and the median's and
+// mean's ratios to the baseline (the first mode).
+std::string TimingColumns(const BenchReport& report, const ModeResult& r) {
+  const ModeResult& base = report.modes.front();
+  const double xm = base.median_ms > 0 ? r.median_ms / base.median_ms : 0;
+  const double xa = base.mean_ms > 0 ? r.mean_ms / base.mean_ms : 0;
+  return absl::StrFormat("%-14s %9.3f %9.3f %9.3f %9.4f %9.4f", r.mode.name, r.median_ms,
+                         r.mean_ms, r.p90_ms, xm, xa);
+}
+
+constexpr char kTimingHeader[] =
+    "mode           median ms   mean ms    p90 ms  x median    x mean";
+
+}  // namespace
+
 std::string FormatTimings(const BenchReport& report) {
-  std::string out = absl::StrFormat("timings (%s, %.1fM parameters; before any check):\n",
-                                    report.device, report.parameters / 1e6);
-  const ModeResult* base = report.modes.empty() ? nullptr : &report.modes[0];
-  absl::StrAppend(&out, absl::StrFormat("%-14s %9s %9s %9s %9s %9s\n", "mode", "median ms",
-                                        "mean ms", "p90 ms", "x median", "x mean"));
-  for (const ModeResult& r : report.modes) {
-    const double xm = base != nullptr && base->median_ms > 0 ? r.median_ms / base->median_ms : 0;
-    const double xa = base != nullptr && base->mean_ms > 0 ? r.mean_ms / base->mean_ms : 0;
-    absl::StrAppend(&out, absl::StrFormat("%-14s %9.3f %9.3f %9.3f %9.4f %9.4f\n", r.mode.name,
-                                          r.median_ms, r.mean_ms, r.p90_ms, xm, xa));
-  }
+  std::string out = absl::StrFormat("timings (%s, %.1fM parameters; before any check):\n%s\n",
+                                    report.device, report.parameters / 1e6, kTimingHeader);
+  for (const ModeResult& r : report.modes) absl::StrAppend(&out, TimingColumns(report, r), "\n");
   return out;
 }
 
@@ -386,19 +395,13 @@ std::string FormatReport(const BenchReport& report) {
       "device: %s\nmodel: %d weights and biases (and as many gradients), %.1fM parameters "
       "(%.0f MB of F32 each)\n\n",
       report.device, report.tensors, report.parameters / 1e6, report.parameters * 4 / 1e6);
-  const ModeResult* base = report.modes.empty() ? nullptr : &report.modes[0];
-  absl::StrAppend(&out, absl::StrFormat("%-14s %9s %9s %9s %9s %9s %7s %10s %14s %15s %8s\n",
-                                        "mode", "median ms", "mean ms", "p90 ms", "x median",
-                                        "x mean", "waits", "waited ms", "saved/complete",
-                                        "dropped t/v", "verified"));
+  absl::StrAppend(&out, kTimingHeader,
+                  absl::StrFormat(" %7s %10s %14s %15s %8s\n", "waits", "waited ms",
+                                  "saved/complete", "dropped t/v", "verified"));
   for (const ModeResult& r : report.modes) {
-    const double xm = base != nullptr && base->median_ms > 0 ? r.median_ms / base->median_ms : 0;
-    const double xa = base != nullptr && base->mean_ms > 0 ? r.mean_ms / base->mean_ms : 0;
     absl::StrAppend(
-        &out,
-        absl::StrFormat("%-14s %9.3f %9.3f %9.3f %9.4f %9.4f %7d %10.1f %14s %15s %8d\n",
-                        r.mode.name, r.median_ms, r.mean_ms, r.p90_ms, xm, xa, r.device_waits,
-                        r.device_waited_ms,
+        &out, TimingColumns(report, r),
+        absl::StrFormat(" %7d %10.1f %14s %15s %8d\n", r.device_waits, r.device_waited_ms,
                         r.mode.hook ? absl::StrCat(r.saved_steps_present, "/",
                                                    r.saved_steps_complete, " of ",
                                                    r.saved_steps_expected)
