@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A GPU session's measurements in one call of the device tool: the GPU
 # tests, gpu_check, the GPU training benchmark, the PyTorch GPU benchmark
-# and an Nsight Compute profile of the statistics kernel, most important
+# and an Nsight Compute profile of the statistics kernels, most important
 # first, each under a time cap and all under one budget, so that a lease of
 # 15 minutes (the machine's start included) brings back every figure it has
 # time for, and what it had no time for is said, not lost.
@@ -12,7 +12,8 @@
 #
 # Outputs, in $OUT (at most 8 files come back): env.txt, tests.txt,
 # gpu_check.txt, training.txt, torch.txt, ncu.txt and summary.txt; the
-# summary is printed last, so the reply's tail holds it. Each part's exit
+# summary is rewritten after every part (a call cut short keeps what ran)
+# and printed last, so the reply's tail holds it. Each part's exit
 # status and seconds are in the summary; a part with too little time left
 # is skipped and says so.
 #
