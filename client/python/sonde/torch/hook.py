@@ -172,15 +172,15 @@ class Hook:
         `sonde sync` (default $SONDE_SPOOL_DIR, else ~/.cache/sonde/spool;
         False: no spool). max_spool_bytes: its limit (default 4 GiB).
       defer_device_reads: let the GPU statistics of CUDA weights and
-        activations overlap training instead of making the training stream
-        wait for them right after each save: it waits at the next save, at
-        the end of each backward pass (gradients are often changed in place
-        before the optimizer runs: clip_grad_norm_, GradScaler.unscale_),
-        at the next step, and after every torch.optim optimizer's step (so
-        the optimizer's writes, zero_grad and the allocator's reuse of
-        freed memory come after the reads). Needs torch >= 2.0; a loop
-        that updates parameters without a torch.optim optimizer must call
-        fence_device() first. Default False.
+        activations overlap training instead of making the training stream wait
+        for them right after each save: it waits at the next save, at the end
+        of each backward pass that saves gradients (they are often changed in
+        place before the optimizer runs: clip_grad_norm_, GradScaler.unscale_),
+        at the next step, and after every torch.optim optimizer's step (so the
+        optimizer's writes, zero_grad and the allocator's reuse of freed memory
+        come after the reads). Needs torch >= 2.0; a loop that updates
+        parameters without a torch.optim optimizer must call fence_device()
+        first. Default False.
     """
 
     def __init__(self, collector=None, job=None, save_config=None, reduction_config=None,
