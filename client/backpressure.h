@@ -4,6 +4,7 @@
 #define SONDE_CLIENT_BACKPRESSURE_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "absl/time/time.h"
@@ -27,6 +28,13 @@ struct BackpressureOptions {
   // kBlock: longest a save waits for room. Default 1 s.
   absl::Duration max_block = absl::Seconds(1);
 };
+
+// The directory spill files go to: `configured`, else $TMPDIR, else /tmp.
+inline std::string SpillDirOrTemp(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+}
 
 }  // namespace sonde
 

@@ -53,12 +53,6 @@ uint64_t MessageCost(const v1::ClientMessage& m) {
   return kItemOverhead + (m.has_chunk() ? m.chunk().payload().size() : 0);
 }
 
-std::string SpillDir(const std::string& configured) {
-  if (!configured.empty()) return configured;
-  const char* tmp = std::getenv("TMPDIR");
-  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
-}
-
 }  // namespace
 
 Sender::Sender(SenderOptions options) : options_(WithClientId(std::move(options))) {
@@ -118,7 +112,7 @@ void Sender::DropLocked(const std::string& name) {
 bool Sender::SpillLocked(const SpillRecord& record) {
   if (spill_failed_) return false;
   if (spill_ == nullptr) {
-    auto file = SpillFile::Create(SpillDir(options_.backpressure.spill_dir),
+    auto file = SpillFile::Create(SpillDirOrTemp(options_.backpressure.spill_dir),
                                   options_.backpressure.max_spill_bytes);
     if (!file.ok()) {
       spill_failed_ = true;

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "client/positional_io.h"
 #include "common/crc32c.h"
 
 namespace sonde {
@@ -123,31 +124,6 @@ absl::StatusOr<SpillRecord> Decode(const std::string& body) {
   return r;
 }
 
-absl::Status PWriteAll(int fd, const char* data, size_t n, uint64_t offset) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = pwrite(fd, data + done, n - done, static_cast<off_t>(offset + done));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return absl::InternalError(absl::StrCat("spill write: ", std::strerror(errno)));
-    done += static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PReadAll(int fd, char* data, size_t n, uint64_t offset) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t r = pread(fd, data + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      return absl::DataLossError(absl::StrCat("spill read: ", r == 0 ? "short file"
-                                                                     : std::strerror(errno)));
-    }
-    done += static_cast<size_t>(r);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SpillFile>> SpillFile::Create(const std::string& dir,
@@ -178,8 +154,8 @@ absl::Status SpillFile::Append(const SpillRecord& record) {
   PutU32(header, kMagic);
   PutU32(header, static_cast<uint32_t>(body.size()));
   PutU32(header, Crc32c(body));
-  absl::Status s = PWriteAll(fd_, header.data(), header.size(), end_);
-  if (s.ok()) s = PWriteAll(fd_, body.data(), body.size(), end_ + kHeader);
+  absl::Status s = PWriteAll(fd_, header.data(), header.size(), end_, "spill write");
+  if (s.ok()) s = PWriteAll(fd_, body.data(), body.size(), end_ + kHeader, "spill write");
   if (!s.ok()) return s;  // end_ unchanged: the partial record is overwritten next time
   end_ += kHeader + body.size();
   sizes_.push_back(kHeader + body.size());
@@ -209,7 +185,7 @@ absl::StatusOr<SpillRecord> SpillFile::ReadNext() {
 
 absl::StatusOr<SpillRecord> SpillFile::ReadAt(uint64_t at, uint64_t size) const {
   std::string header(kHeader, '\0');
-  absl::Status s = PReadAll(fd_, header.data(), kHeader, at);
+  absl::Status s = PReadAll(fd_, header.data(), kHeader, at, "spill read");
   if (!s.ok()) return s;
   uint32_t magic, length, crc;
   std::memcpy(&magic, header.data(), 4);
@@ -219,7 +195,7 @@ absl::StatusOr<SpillRecord> SpillFile::ReadAt(uint64_t at, uint64_t size) const 
     return absl::DataLossError("spill record header is corrupt");
   }
   std::string body(length, '\0');
-  s = PReadAll(fd_, body.data(), length, at + kHeader);
+  s = PReadAll(fd_, body.data(), length, at + kHeader, "spill read");
   if (!s.ok()) return s;
   if (Crc32c(body) != crc) return absl::DataLossError("spill record fails its CRC");
   return Decode(body);

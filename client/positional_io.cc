@@ -1,0 +1,41 @@
+#include "client/positional_io.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace sonde {
+
+absl::Status PWriteAll(int fd, const char* data, size_t n, uint64_t offset,
+                       absl::string_view what) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = pwrite(fd, data + done, n - done, static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      return absl::InternalError(
+          absl::StrCat(what, ": ", w == 0 ? "no progress" : std::strerror(errno)));
+    }
+    done += static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PReadAll(int fd, char* data, size_t n, uint64_t offset, absl::string_view what) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = pread(fd, data + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": ", r == 0 ? "short file" : std::strerror(errno)));
+    }
+    done += static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sonde

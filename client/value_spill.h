@@ -1,0 +1,64 @@
+// Device values on local disk: where the capture pipeline keeps downloaded
+// values that the sender's memory budget has no room for (backpressure
+// policy "spill"), so that snapshot memory on the device comes back and
+// training does not wait for the collector. Unlike the sender's FIFO spill
+// file, records are read in any order, each once: the sender takes device
+// tensors in save order, while the newest snapshots are the ones spilled.
+// The file is created in a directory and unlinked at once; once no record
+// is left it is truncated, so the disk space comes back. Each record's
+// CRC-32C is checked when it is read back (DataLoss, never wrong values).
+// Thread-safe: writes and releases are serialized, reads of distinct
+// records run concurrently with them.
+#ifndef SONDE_CLIENT_VALUE_SPILL_H_
+#define SONDE_CLIENT_VALUE_SPILL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace sonde {
+
+class ValueSpill {
+ public:
+  struct Record {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+  };
+
+  // Creates the (unlinked) file in `dir`; Unavailable if it cannot.
+  static absl::StatusOr<std::unique_ptr<ValueSpill>> Create(const std::string& dir,
+                                                            uint64_t max_bytes);
+  ~ValueSpill();
+  ValueSpill(const ValueSpill&) = delete;
+  ValueSpill& operator=(const ValueSpill&) = delete;
+
+  // Appends `bytes` bytes. ResourceExhausted when the file would pass
+  // max_bytes, Internal when the write fails (the disk is full).
+  absl::StatusOr<Record> Write(const char* data, uint64_t bytes);
+  // Reads a live record into `out` (record.bytes long). DataLoss if it
+  // does not read back intact.
+  absl::Status Read(const Record& record, char* out) const;
+  // The record will not be read again.
+  void Release(const Record& record);
+
+  uint64_t live_records() const;
+  uint64_t file_bytes() const;
+
+ private:
+  ValueSpill(int fd, uint64_t max_bytes) : fd_(fd), max_bytes_(max_bytes) {}
+
+  const int fd_;
+  const uint64_t max_bytes_;
+  mutable absl::Mutex mu_;
+  uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;   // append offset
+  uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // records written and not released
+};
+
+}  // namespace sonde
+
+#endif  // SONDE_CLIENT_VALUE_SPILL_H_
