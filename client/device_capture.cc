@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "glog/logging.h"
 
 namespace sonde {
 namespace {
@@ -13,6 +14,9 @@ constexpr absl::Duration kStopGrace = absl::Seconds(10);
 // How often the pump looks again when only snapshots waiting for the host
 // budget are left (the sender frees budget as the collector acknowledges).
 constexpr absl::Duration kBudgetPoll = absl::Milliseconds(1);
+// Most bytes of spilled values on their way to disk at once (one tensor
+// may pass it): host memory held beyond the budget's while spilling.
+constexpr uint64_t kSpillInFlight = 64 << 20;
 
 }  // namespace
 
@@ -21,11 +25,24 @@ absl::StatusOr<std::unique_ptr<DeviceCapture>> DeviceCapture::Create(
   absl::StatusOr<std::unique_ptr<DeviceStats>> engine =
       options.factory ? options.factory(options.engine) : DeviceStats::Create(options.engine);
   if (!engine.ok()) return engine.status();
-  return std::unique_ptr<DeviceCapture>(new DeviceCapture(std::move(options), std::move(*engine)));
+  std::unique_ptr<ValueSpill> spill;
+  if (options.policy == BackpressurePolicy::kSpill) {
+    absl::StatusOr<std::unique_ptr<ValueSpill>> made =
+        ValueSpill::Create(SpillDirOrTemp(options.spill_dir), options.max_spill_bytes);
+    if (made.ok()) {
+      spill = std::move(*made);
+    } else {
+      LOG(WARNING) << "sonde: " << made.status().message()
+                   << "; device values wait on the device instead (logged once)";
+    }
+  }
+  return std::unique_ptr<DeviceCapture>(
+      new DeviceCapture(std::move(options), std::move(*engine), std::move(spill)));
 }
 
-DeviceCapture::DeviceCapture(DeviceCaptureOptions options, std::unique_ptr<DeviceStats> engine)
-    : options_(std::move(options)), engine_(std::move(engine)) {
+DeviceCapture::DeviceCapture(DeviceCaptureOptions options, std::unique_ptr<DeviceStats> engine,
+                             std::unique_ptr<ValueSpill> spill)
+    : options_(std::move(options)), engine_(std::move(engine)), spill_(std::move(spill)) {
   pump_ = std::thread([this] { Pump(); });
 }
 
@@ -200,9 +217,16 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
                               engine_->snapshot_capacity(),
                               " bytes; raise HookOptions::device.snapshot_bytes)")));
     } else {
+      // While this save waits, the pump spills snapshots to make room.
+      bool waiting = false;
       absl::StatusOr<uint64_t> ticket = WithRoom<uint64_t>(
           [&]() { return engine_->EnqueueSnapshot(r.ref, transfer, stream); }, deadline,
-          &snapshots_stalled_, hand_over);
+          &snapshots_stalled_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            hand_over();
+            waiting = true;
+            ++snapshot_waiters_;
+          });
+      if (waiting) --snapshot_waiters_;
       if (ticket.ok()) {
         snapshots_.emplace_back(*ticket, out.pending[k]);
       } else {
@@ -250,11 +274,106 @@ void DeviceCapture::GrantDownloadsLocked() {
     }
     it = snapshots_.erase(it);
   }
+  if (spill_ != nullptr) GrantSpillsLocked();
+}
+
+void DeviceCapture::GrantSpillsLocked() {
+  if (spill_full_ || spill_broken_) return;
+  const uint64_t capacity = engine_->snapshot_capacity();
+  // Newest first: the sender takes the oldest next, and those download
+  // straight to memory as the budget frees up.
+  while (!snapshots_.empty()) {
+    const uint64_t used = engine_->snapshot_bytes_used();
+    const uint64_t staying = used - std::min(used, spill_in_flight_);
+    if (snapshot_waiters_ == 0 && staying <= capacity / 2) return;
+    auto& [ticket, pending] = snapshots_.back();
+    PendingDeviceTensor& p = *pending;
+    if (spill_in_flight_ > 0 && spill_in_flight_ + p.values_bytes > kSpillInFlight) return;
+    // Charged past the budget while in memory, so the sender's memory
+    // figure stays true; given back once on disk.
+    if (options_.reserve_host) {
+      options_.reserve_host(p.values_bytes, /*force=*/true);
+      p.host_reserved = p.values_bytes;
+    }
+    p.values.reset(new char[std::max<uint64_t>(p.values_bytes, 1)]);
+    absl::Status s = engine_->Download(ticket, p.values.get());
+    if (s.ok()) {
+      p.spilling = true;
+      spill_in_flight_ += p.values_bytes;
+      downloading_[ticket] = std::move(pending);
+    } else {
+      engine_->Discard(ticket);
+      if (options_.release_host) options_.release_host(p.host_reserved);
+      p.host_reserved = 0;
+      LoseValuesLocked(p, s);
+      SnapshotMemoryFreedLocked();
+    }
+    snapshots_.pop_back();
+  }
+}
+
+void DeviceCapture::WriteSpills(const std::vector<std::shared_ptr<PendingDeviceTensor>>& spilled) {
+  for (const std::shared_ptr<PendingDeviceTensor>& pending : spilled) {
+    PendingDeviceTensor& p = *pending;
+    // Until values_done, only this thread touches the buffer.
+    absl::StatusOr<ValueSpill::Record> record = spill_->Write(p.values.get(), p.values_bytes);
+    absl::MutexLock lock(&mu_);
+    --spill_writes_;
+    spill_in_flight_ -= std::min(spill_in_flight_, p.values_bytes);
+    p.spilling = false;
+    if (record.ok() || p.abandoned) {
+      if (options_.release_host && p.host_reserved > 0) options_.release_host(p.host_reserved);
+      p.host_reserved = 0;
+      p.values.reset();
+    }
+    if (record.ok()) {
+      if (p.abandoned) {
+        spill_->Release(*record);
+      } else {
+        p.values_on_disk = true;
+        p.spilled = *record;
+        ++counters_.values_spilled;
+        counters_.bytes_spilled += p.values_bytes;
+      }
+    } else {
+      // The values stay in memory (charged): nothing is lost. No more
+      // spilling until a record is read back, or for good after an error.
+      if (absl::IsResourceExhausted(record.status())) {
+        spill_full_ = true;
+      } else if (!spill_broken_) {
+        spill_broken_ = true;
+        LOG(WARNING) << "sonde: " << record.status().message()
+                     << "; device values wait on the device instead (logged once)";
+      }
+    }
+    p.values_done = true;
+  }
+}
+
+void DeviceCapture::ReadBackLocked(PendingDeviceTensor& p) {
+  const ValueSpill::Record record = p.spilled;
+  p.values_on_disk = false;
+  mu_.Unlock();
+  std::unique_ptr<char[]> values(new char[std::max<uint64_t>(record.bytes, 1)]);
+  absl::Status s = spill_->Read(record, values.get());
+  spill_->Release(record);
+  mu_.Lock();
+  spill_full_ = false;  // a record is gone: there may be room again
+  if (!s.ok()) {
+    LoseValuesLocked(p, s);
+    return;
+  }
+  if (options_.reserve_host) {
+    options_.reserve_host(record.bytes, /*force=*/true);  // the sender takes them now
+    p.host_reserved = record.bytes;
+  }
+  p.values = std::move(values);
 }
 
 bool DeviceCapture::PumpOnce() {
   std::vector<DeviceCompletion> done = engine_->Collect();
-  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<PendingDeviceTensor>> to_spill;
+  mu_.Lock();
   for (DeviceCompletion& c : done) {
     if (c.kind == DeviceCompletion::kStats) {
       auto it = stats_waiters_.find(c.ticket);
@@ -280,25 +399,36 @@ bool DeviceCapture::PumpOnce() {
       auto it = downloading_.find(c.ticket);
       if (it == downloading_.end()) continue;
       PendingDeviceTensor& p = *it->second;
-      if (p.abandoned) {
+      if (c.status.ok()) counters_.bytes_downloaded += p.values_bytes;
+      if (p.spilling && c.status.ok() && !p.abandoned) {
+        ++spill_writes_;  // written below, without the lock
+        to_spill.push_back(it->second);
+      } else if (p.abandoned || !c.status.ok()) {
+        if (p.spilling) spill_in_flight_ -= std::min(spill_in_flight_, p.values_bytes);
+        p.spilling = false;
         if (options_.release_host && p.host_reserved > 0) options_.release_host(p.host_reserved);
         p.host_reserved = 0;
         p.values.reset();
-      } else if (c.status.ok()) {
-        p.values_done = true;
-        counters_.bytes_downloaded += p.values_bytes;
+        if (!p.abandoned) LoseValuesLocked(p, c.status);
       } else {
-        LoseValuesLocked(p, c.status);
+        p.values_done = true;
       }
       downloading_.erase(it);
       snapshots_stalled_ = false;  // snapshot memory came back
     }
   }
+  if (!to_spill.empty()) {
+    mu_.Unlock();
+    WriteSpills(to_spill);
+    mu_.Lock();
+  }
   GrantDownloadsLocked();
   // Room (a batch slot, snapshot memory) comes back only with a completion:
   // waiters in WithRoom wake then, not on every poll of a busy device.
   if (!done.empty()) ++generation_;
-  return DeviceBusyLocked();
+  const bool busy = DeviceBusyLocked();
+  mu_.Unlock();
+  return busy;
 }
 
 void DeviceCapture::Pump() {
@@ -336,8 +466,10 @@ void DeviceCapture::Pump() {
         // Only snapshots waiting for the host budget: look again when the
         // sender starts waiting for one, or a little later.
         const size_t awaited = awaited_.size();
-        auto changed = [this, awaited]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || awaited_.size() != awaited || DeviceBusyLocked();
+        const int waiters = snapshot_waiters_;
+        auto changed = [this, awaited, waiters]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || awaited_.size() != awaited || snapshot_waiters_ != waiters ||
+                 DeviceBusyLocked();
         };
         mu_.AwaitWithTimeout(absl::Condition(&changed), kBudgetPoll);
       }
@@ -364,6 +496,7 @@ absl::Status DeviceCapture::Await(const std::shared_ptr<PendingDeviceTensor>& pe
                                                     absl::FormatDuration(timeout)));
   }
   if (!p->stats_done) return absl::UnavailableError("the device capture stopped");
+  if (p->values_on_disk) ReadBackLocked(*p);
   return p->status;
 }
 
@@ -374,6 +507,12 @@ void DeviceCapture::Abandon(const std::shared_ptr<PendingDeviceTensor>& pending)
 
 void DeviceCapture::AbandonLocked(const std::shared_ptr<PendingDeviceTensor>& pending) {
   pending->abandoned = true;
+  if (pending->values_on_disk) {
+    spill_->Release(pending->spilled);
+    pending->values_on_disk = false;
+    spill_full_ = false;
+    return;
+  }
   for (auto it = snapshots_.begin(); it != snapshots_.end(); ++it) {
     if (it->second == pending) {
       engine_->Discard(it->first);

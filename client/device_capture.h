@@ -12,8 +12,13 @@
 //   pump thread       collects finished work, and downloads snapshots to
 //                     host memory through the engine's pinned ring, oldest
 //                     first, while the sender's memory budget has room (the
-//                     tensor the sender waits for always goes).
-//   sender thread     Await: blocks until a tensor's results are in.
+//                     tensor the sender waits for always goes). Under the
+//                     policy kSpill, once snapshot memory is half full or a
+//                     save waits for it, it also downloads the newest
+//                     snapshots past the budget and writes them to a local
+//                     file (ValueSpill), so that device memory comes back.
+//   sender thread     Await: blocks until a tensor's results are in (and
+//                     reads spilled values back from disk).
 //
 // Nothing is lost silently: a tensor whose statistics cannot be taken is
 // reported back to the caller as dropped; a tensor whose values cannot be
@@ -38,6 +43,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/backpressure.h"
+#include "client/value_spill.h"
 #include "cuda/device_stats.h"
 
 namespace sonde {
@@ -64,6 +70,11 @@ struct PendingDeviceTensor {
   // gives them back when it has taken the values).
   uint64_t host_reserved = 0;
   bool abandoned = false;  // DeviceCapture::Abandon
+  // Spilled (policy kSpill, host budget full): downloading to be written to
+  // disk, then on disk in `spilled` until Await reads the values back.
+  bool spilling = false;
+  bool values_on_disk = false;
+  ValueSpill::Record spilled;
 
   bool values_ok() const { return want_values && values_done && values_status.ok(); }
 };
@@ -74,9 +85,14 @@ struct DeviceCaptureOptions {
   std::function<absl::StatusOr<std::unique_ptr<DeviceStats>>(const DeviceStatsOptions&)> factory;
   // What happens when batch slots or snapshot memory are all in use:
   // kDrop gives up at once; kBlock and kSpill wait up to max_block for the
-  // device to finish work, then give up (counted).
+  // device to finish work, then give up (counted). kSpill first moves
+  // values the host budget has no room for to a file in spill_dir (empty:
+  // $TMPDIR, else /tmp) of at most max_spill_bytes, once snapshot memory
+  // is half full or a save waits for it.
   BackpressurePolicy policy = BackpressurePolicy::kSpill;
   absl::Duration max_block = absl::Seconds(1);
+  std::string spill_dir;
+  uint64_t max_spill_bytes = uint64_t{4} << 30;
   // Charges `bytes` of downloaded values to the sender's memory budget:
   // true if charged. `force`: charge even past the budget (the sender is
   // waiting for this tensor). Unset: always charged. release_host gives
@@ -145,18 +161,31 @@ class DeviceCapture {
     absl::Duration waited;         // their total time
     uint64_t snapshot_bytes_peak = 0;
     uint64_t bytes_downloaded = 0;
+    uint64_t values_spilled = 0;   // tensors whose values went to the local file
+    uint64_t bytes_spilled = 0;
   };
   Counters counters() const;
   int last_batch_launches() const { return engine_->LastBatchLaunches(); }
   uint64_t snapshot_capacity() const { return engine_->snapshot_capacity(); }
 
  private:
-  DeviceCapture(DeviceCaptureOptions options, std::unique_ptr<DeviceStats> engine);
+  DeviceCapture(DeviceCaptureOptions options, std::unique_ptr<DeviceStats> engine,
+                std::unique_ptr<ValueSpill> spill);
   void Pump();
   // One round of the pump: collect, deliver, grant downloads. True while
   // work is in flight.
   bool PumpOnce() ABSL_LOCKS_EXCLUDED(mu_);
   void GrantDownloadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kSpill: downloads the newest snapshots past the host budget, to be
+  // written to disk, while snapshot memory is under pressure.
+  void GrantSpillsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes downloaded values to the spill file (without the lock: the disk
+  // may be slow and training must not wait for it).
+  void WriteSpills(const std::vector<std::shared_ptr<PendingDeviceTensor>>& spilled)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads a spilled tensor's values back into memory; releases the lock
+  // meanwhile.
+  void ReadBackLocked(PendingDeviceTensor& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FenceLocked(void* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A snapshot was discarded: its memory is free for the next ones.
   void SnapshotMemoryFreedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -166,7 +195,7 @@ class DeviceCapture {
     return !stats_waiters_.empty() || !downloading_.empty();
   }
   bool InFlightLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return DeviceBusyLocked() || !snapshots_.empty();
+    return DeviceBusyLocked() || !snapshots_.empty() || spill_writes_ > 0;
   }
   // Retries `attempt` while it fails with ResourceExhausted and the policy
   // lets the caller wait for device work, until `deadline`.
@@ -181,6 +210,8 @@ class DeviceCapture {
 
   const DeviceCaptureOptions options_;
   const std::unique_ptr<DeviceStats> engine_;
+  // The policy is kSpill and the file could be made; null otherwise.
+  const std::unique_ptr<ValueSpill> spill_;
 
   mutable absl::Mutex mu_;
   // Statistics tickets and the tensors of their batch, in order.
@@ -204,6 +235,16 @@ class DeviceCapture {
   // Bumped when device room may have come back (a completion collected, a
   // snapshot discarded, the pump ending): what WithRoom waits for.
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // Saves waiting for snapshot memory now (what makes the pump spill).
+  int snapshot_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes of spilled values downloading or being written; pendings
+  // between the end of their download and their record.
+  uint64_t spill_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int spill_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The file is at max_spill_bytes (until a record is read back), or a
+  // write failed (for good): values stay on the device and in memory.
+  bool spill_full_ ABSL_GUARDED_BY(mu_) = false;
+  bool spill_broken_ ABSL_GUARDED_BY(mu_) = false;
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::thread pump_;
 };

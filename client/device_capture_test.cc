@@ -4,6 +4,7 @@
 #include "client/device_capture.h"
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "cuda/emulated_device_stats.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace sonde {
 namespace {
@@ -272,6 +274,167 @@ TEST(DeviceCaptureTest, ATensorGivenUpAfterATimeoutGivesItsHostChargeBack) {
   EXPECT_TRUE(rig.mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10)))
       << rig.charged << " bytes still charged";
   EXPECT_EQ(rig.engine->snapshot_bytes_used(), 0u);
+}
+
+// Tensors of `floats` values each, every one different.
+std::vector<std::vector<float>> Distinct(size_t tensors, size_t floats) {
+  std::vector<std::vector<float>> out(tensors, std::vector<float>(floats));
+  for (size_t t = 0; t < tensors; ++t) {
+    for (size_t i = 0; i < floats; ++i) out[t][i] = static_cast<float>(t * 1000003 + i);
+  }
+  return out;
+}
+
+// Snapshot memory for one 80 KB tensor and no host budget: each save
+// needs the room of the one before, which the pump makes by spilling it
+// to disk (before the save has to wait, or while it waits).
+TEST(DeviceCaptureTest, UnderSpillValuesTheBudgetHasNoRoomForGoToDiskAndComeBackWhole) {
+  ::sonde::testing::TempDir dir;
+  Rig rig;
+  rig.options.engine.snapshot_bytes = 100000;
+  rig.options.spill_dir = dir.path();
+  rig.options.max_block = absl::Seconds(10);
+  rig.budget = 0;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  const std::vector<std::vector<float>> tensors = Distinct(10, 20000);  // 80 KB each
+  std::vector<std::shared_ptr<PendingDeviceTensor>> pending;
+  for (const auto& t : tensors) {
+    DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests({t}, true), nullptr);
+    ASSERT_EQ(e.dropped, 0u);
+    pending.push_back(e.pending[0]);
+  }
+  EXPECT_EQ((*capture)->counters().values_dropped, 0u);
+  // The sender gives one up while it is on disk; the rest arrive whole.
+  (*capture)->Abandon(pending[4]);
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (i == 4) continue;
+    SONDE_ASSERT_OK((*capture)->Await(pending[i], absl::Seconds(10)));
+    ASSERT_TRUE(pending[i]->values_ok()) << i << ": " << pending[i]->values_status;
+    EXPECT_FALSE(pending[i]->values_on_disk);
+    EXPECT_EQ(std::memcmp(pending[i]->values.get(), tensors[i].data(), 80000), 0) << i;
+    EXPECT_EQ(pending[i]->host_reserved, 80000u);  // charged when read back, for the sender
+    EXPECT_EQ(pending[i]->stats.count, 20000u);
+  }
+  EXPECT_EQ(rig.engine->snapshot_bytes_used(), 0u);
+  // Every one but the last was spilled to make room for the next (its
+  // write may land after the next save got the room).
+  EXPECT_GE((*capture)->counters().values_spilled, 9u);
+  EXPECT_EQ((*capture)->counters().values_dropped, 0u);
+  absl::MutexLock lock(&rig.mu);
+  EXPECT_EQ(rig.charged, 9 * 80000u);  // only what the sender holds now
+}
+
+// With room to spare but snapshot memory over half full, the pump spills
+// before any save has to wait.
+TEST(DeviceCaptureTest, UnderSpillSnapshotMemoryIsFreedBeforeASaveWaits) {
+  ::sonde::testing::TempDir dir;
+  Rig rig;
+  rig.options.engine.snapshot_bytes = 1000000;
+  rig.options.spill_dir = dir.path();
+  rig.budget = 0;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  const std::vector<std::vector<float>> tensors = Distinct(10, 20000);  // 800 KB in all
+  DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests(tensors, true), nullptr);
+  ASSERT_EQ(e.dropped, 0u);
+  // Snapshot memory comes back when a download lands, the count when its
+  // write does.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((rig.engine->snapshot_bytes_used() > 500000 ||
+          (*capture)->counters().values_spilled < 4) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_LE(rig.engine->snapshot_bytes_used(), 500000u);
+  EXPECT_EQ((*capture)->counters().waits, 0u);
+  EXPECT_GE((*capture)->counters().values_spilled, 4u);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SONDE_ASSERT_OK((*capture)->Await(e.pending[i], absl::Seconds(10)));
+    ASSERT_TRUE(e.pending[i]->values_ok()) << i;
+    EXPECT_EQ(std::memcmp(e.pending[i]->values.get(), tensors[i].data(), 80000), 0) << i;
+  }
+  EXPECT_EQ((*capture)->counters().values_dropped, 0u);
+}
+
+TEST(DeviceCaptureTest, UnderBlockValuesAreNotSpilledButDroppedAndCounted) {
+  ::sonde::testing::TempDir dir;
+  Rig rig;
+  rig.options.engine.snapshot_bytes = 100000;
+  rig.options.spill_dir = dir.path();
+  rig.options.policy = BackpressurePolicy::kBlock;
+  rig.options.max_block = absl::Milliseconds(20);
+  rig.budget = 0;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  const std::vector<std::vector<float>> tensors = Distinct(3, 20000);
+  std::vector<std::shared_ptr<PendingDeviceTensor>> pending;
+  for (const auto& t : tensors) pending.push_back((*capture)->Enqueue(Requests({t}, true), nullptr).pending[0]);
+  EXPECT_EQ((*capture)->counters().values_spilled, 0u);
+  EXPECT_EQ((*capture)->counters().values_dropped, 2u);
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  SONDE_ASSERT_OK((*capture)->Await(pending[0], absl::Seconds(10)));
+  EXPECT_TRUE(pending[0]->values_ok());
+  EXPECT_EQ(pending[2]->values_status.code(), absl::StatusCode::kResourceExhausted);
+}
+
+// A spill file at its limit keeps the values it could not take in memory
+// (nothing lost), then stops spilling: past max_block values are dropped
+// and counted, as under block, until a record is read back.
+TEST(DeviceCaptureTest, AFullSpillFileLosesNothingItAlreadyDownloaded) {
+  ::sonde::testing::TempDir dir;
+  Rig rig;
+  rig.options.engine.snapshot_bytes = 100000;
+  rig.options.spill_dir = dir.path();
+  rig.options.max_spill_bytes = 100000;  // one tensor
+  rig.options.max_block = absl::Milliseconds(200);
+  rig.budget = 0;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  const std::vector<std::vector<float>> tensors = Distinct(5, 20000);
+  std::vector<std::shared_ptr<PendingDeviceTensor>> pending;
+  for (size_t i = 0; i < 4; ++i) {
+    pending.push_back((*capture)->Enqueue(Requests({tensors[i]}, true), nullptr).pending[0]);
+  }
+  // 0 went to disk, 1 to memory when the file refused it, 2 took the
+  // snapshot memory that freed, and 3 found no room.
+  DeviceCapture::Counters c = (*capture)->counters();
+  EXPECT_EQ(c.values_spilled, 1u);
+  EXPECT_EQ(c.values_dropped, 1u);
+  EXPECT_EQ(pending[3]->values_status.code(), absl::StatusCode::kResourceExhausted);
+  for (size_t i = 0; i < 3; ++i) {
+    SONDE_ASSERT_OK((*capture)->Await(pending[i], absl::Seconds(10)));
+    ASSERT_TRUE(pending[i]->values_ok()) << i;
+    EXPECT_EQ(std::memcmp(pending[i]->values.get(), tensors[i].data(), 80000), 0) << i;
+  }
+  // The file is empty again: the next save that waits spills.
+  DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests({tensors[4]}, true), nullptr);
+  DeviceCapture::Enqueued f = (*capture)->Enqueue(Requests({tensors[0]}, true), nullptr);
+  SONDE_ASSERT_OK((*capture)->Await(e.pending[0], absl::Seconds(10)));
+  SONDE_ASSERT_OK((*capture)->Await(f.pending[0], absl::Seconds(10)));
+  EXPECT_TRUE(e.pending[0]->values_ok());
+  EXPECT_TRUE(f.pending[0]->values_ok());
+  // (The last may be spilled too: over half of snapshot memory.)
+  EXPECT_GE((*capture)->counters().values_spilled, 2u);
+  EXPECT_EQ((*capture)->counters().values_dropped, 1u);
+}
+
+TEST(DeviceCaptureTest, ASpillDirectoryThatCannotBeUsedFallsBackToWaiting) {
+  Rig rig;
+  rig.options.engine.snapshot_bytes = 100000;
+  rig.options.spill_dir = "/nonexistent/sonde-spill";
+  rig.options.max_block = absl::Milliseconds(20);
+  rig.budget = 0;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);  // the hook goes on without the file
+  const std::vector<std::vector<float>> tensors = Distinct(2, 20000);
+  auto first = (*capture)->Enqueue(Requests({tensors[0]}, true), nullptr).pending[0];
+  auto second = (*capture)->Enqueue(Requests({tensors[1]}, true), nullptr).pending[0];
+  EXPECT_EQ((*capture)->counters().values_spilled, 0u);
+  EXPECT_EQ((*capture)->counters().values_dropped, 1u);
+  SONDE_ASSERT_OK((*capture)->Await(first, absl::Seconds(10)));
+  EXPECT_TRUE(first->values_ok());
+  EXPECT_EQ(second->values_status.code(), absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -477,6 +477,8 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
     co.factory = options_.device_factory;
     co.policy = options_.backpressure.policy;
     co.max_block = options_.backpressure.max_block;
+    co.spill_dir = options_.backpressure.spill_dir;
+    co.max_spill_bytes = options_.backpressure.max_spill_bytes;
     Sender* sender = sender_.get();
     co.reserve_host = [sender](uint64_t bytes, bool force) {
       return sender->ReserveHost(bytes, force);
@@ -713,6 +715,8 @@ Hook::Counters Hook::counters() const {
     c.device_waited = d.waited;
     c.device_snapshot_bytes_peak = d.snapshot_bytes_peak;
     c.device_bytes_downloaded = d.bytes_downloaded;
+    c.device_values_spilled = d.values_spilled;
+    c.device_bytes_spilled = d.bytes_spilled;
   }
   return c;
 }

@@ -107,7 +107,10 @@ struct HookOptions {
   // pinned ring they are downloaded through. When batch slots or snapshot
   // memory run out, `backpressure` decides as for host tensors: drop at
   // once, or (block, spill) wait up to max_block for the device to finish
-  // work, then drop; a value lost keeps its tensor's statistics, and every
+  // work, then drop. Under spill, values the send queue has no room for
+  // are also written to a second file in spill_dir (at most
+  // max_spill_bytes) once snapshot memory is half full or a save waits for
+  // it, so device memory comes back; a value lost keeps its tensor's statistics, and every
   // loss is counted (Counters::tensors_dropped, values_dropped) and shown
   // by the collector (StepInfo). The device is the one of the first device
   // tensor saved (`device.device` is ignored); one hook captures one device.
@@ -295,6 +298,10 @@ class Hook {
     absl::Duration device_waited;      // their total wait
     uint64_t device_snapshot_bytes_peak = 0;
     uint64_t device_bytes_downloaded = 0;
+    // Under kSpill, values moved to the local disk while the host budget
+    // was full, to free snapshot memory (sent later, like spilled tensors).
+    uint64_t device_values_spilled = 0;
+    uint64_t device_bytes_spilled = 0;
     // The durable spool.
     uint64_t entries_spooled = 0;      // steps (and job end, profiler batches) written
     uint64_t spool_refused = 0;        // not written: the spool was full or failing

@@ -565,5 +565,58 @@ TEST(DeviceCapture, DeviceTensorsSpillInOrderWhileTheCollectorIsAway) {
   }
 }
 
+// The collector is away for longer than snapshot memory lasts: under
+// spill, device values the send queue has no room for go to a local file,
+// so the device's memory comes back and training never gives values up.
+TEST(DeviceCapture, DeviceValuesSpillToDiskWhenSnapshotMemoryWouldRunOut) {
+  const ::sonde::testing::ReservedLoopbackAddress reserved;
+  const std::string& address = reserved.address();
+  ::sonde::testing::TempDir dir;
+  HookOptions o = Options(address, "values-away", {}, nullptr);
+  o.max_queue_bytes = 256 << 10;
+  o.device.snapshot_bytes = 256 << 10;  // four steps' values
+  o.backpressure.spill_dir = dir.Sub("spill");
+  std::filesystem::create_directories(o.backpressure.spill_dir);
+  // No durable spool: the sender keeps everything until the collector is
+  // up (with one, it would drain the queue into the spool meanwhile).
+  o.spool_dir = "";
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  Model model({16384, 100});  // 64.4 KiB of device values a step
+  constexpr int kSteps = 40;  // 2.5 MiB: ten times snapshot memory
+  for (int64_t step = 0; step < kSteps; ++step) {
+    model.Step(step);
+    (*hook)->StartStep();
+    SONDE_EXPECT_OK((*hook)->SaveTensors(model.Named()));
+    (*hook)->EndStep();
+  }
+  Hook::Counters c = (*hook)->counters();
+  EXPECT_GT(c.device_values_spilled, 0u);
+  EXPECT_GT(c.device_bytes_spilled, 0u);
+  EXPECT_EQ(c.values_dropped, 0u);
+  server::CollectorOptions co;
+  co.listen = address;
+  co.data_dir = dir.Sub("db");
+  auto collector = server::Collector::Start(co);
+  SONDE_ASSERT_OK(collector);
+  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(60)));
+  SONDE_ASSERT_OK((*hook)->Close());
+  c = (*hook)->counters();
+  EXPECT_EQ(c.tensors_dropped, 0u);
+  EXPECT_EQ(c.values_dropped, 0u);
+  auto q = QueryClient::Connect(address);
+  std::map<int64_t, v1::StepInfo> steps = Steps(*q, "values-away");
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  for (int64_t step = 0; step < kSteps; ++step) {
+    EXPECT_TRUE(steps[step].complete()) << step;
+    EXPECT_EQ(steps[step].values_dropped(), 0u) << step;
+    for (size_t t = 0; t < model.size(); ++t) {
+      auto value = q->ReadTensor("values-away", model.Name(t), step);
+      SONDE_ASSERT_OK(value);
+      EXPECT_TRUE(value->bytes == model.Expected(t, step)) << model.Name(t) << " at " << step;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sonde

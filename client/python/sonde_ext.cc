@@ -188,6 +188,8 @@ class PyHook {
     d["device_waited_seconds"] = absl::ToDoubleSeconds(c.device_waited);
     d["device_snapshot_bytes_peak"] = c.device_snapshot_bytes_peak;
     d["device_bytes_downloaded"] = c.device_bytes_downloaded;
+    d["device_values_spilled"] = c.device_values_spilled;
+    d["device_bytes_spilled"] = c.device_bytes_spilled;
     d["steps_dropped"] = c.steps_dropped;
     d["tensors_spilled"] = c.tensors_spilled;
     d["bytes_spilled"] = c.bytes_spilled;

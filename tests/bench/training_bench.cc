@@ -355,6 +355,7 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
     r.device_waits = c.device_waits;
     r.device_waited_ms = absl::ToDoubleMilliseconds(c.device_waited);
     r.snapshot_peak_bytes = c.device_snapshot_bytes_peak;
+    r.values_spilled = c.device_values_spilled;
     Check(r, *query, m, weights, grads, steps[i] - 1, o, c);
   }
   hooks.clear();
@@ -396,18 +397,18 @@ std::string FormatReport(const BenchReport& report) {
       "(%.0f MB of F32 each)\n\n",
       report.device, report.tensors, report.parameters / 1e6, report.parameters * 4 / 1e6);
   absl::StrAppend(&out, kTimingHeader,
-                  absl::StrFormat(" %7s %10s %14s %15s %8s\n", "waits", "waited ms",
-                                  "saved/complete", "dropped t/v", "verified"));
+                  absl::StrFormat(" %7s %10s %14s %15s %9s %8s\n", "waits", "waited ms",
+                                  "saved/complete", "dropped t/v", "spilled v", "verified"));
   for (const ModeResult& r : report.modes) {
     absl::StrAppend(
         &out, TimingColumns(report, r),
-        absl::StrFormat(" %7d %10.1f %14s %15s %8d\n", r.device_waits, r.device_waited_ms,
+        absl::StrFormat(" %7d %10.1f %14s %15s %9d %8d\n", r.device_waits, r.device_waited_ms,
                         r.mode.hook ? absl::StrCat(r.saved_steps_present, "/",
                                                    r.saved_steps_complete, " of ",
                                                    r.saved_steps_expected)
                                     : "-",
                         r.mode.hook ? absl::StrCat(r.tensors_dropped, "/", r.values_dropped) : "-",
-                        r.verified_tensors));
+                        r.values_spilled, r.verified_tensors));
   }
   for (const ModeResult& r : report.modes) {
     for (const std::string& f : r.failures) absl::StrAppend(&out, "FAILED ", r.mode.name, ": ", f, "\n");

@@ -67,6 +67,7 @@ struct ModeResult {
   uint64_t device_waits = 0;
   double device_waited_ms = 0;
   uint64_t snapshot_peak_bytes = 0;
+  uint64_t values_spilled = 0;  // device values that went through the local spill file
   int64_t verify_step = -1;
   int verified_tensors = 0;        // compared with device memory
   std::vector<std::string> failures;  // checks that did not hold
