@@ -44,6 +44,7 @@ DeviceCapture::DeviceCapture(DeviceCaptureOptions options, std::unique_ptr<Devic
                              std::unique_ptr<ValueSpill> spill)
     : options_(std::move(options)), engine_(std::move(engine)), spill_(std::move(spill)) {
   pump_ = std::thread([this] { Pump(); });
+  if (spill_ != nullptr) writer_ = std::thread([this] { WriteSpills(); });
 }
 
 DeviceCapture::~DeviceCapture() {
@@ -58,6 +59,13 @@ DeviceCapture::~DeviceCapture() {
     snapshots_.clear();
   }
   pump_.join();
+  if (writer_.joinable()) {
+    {
+      absl::MutexLock lock(&mu_);
+      writer_stop_ = true;  // after what the pump handed over is written
+    }
+    writer_.join();
+  }
 }
 
 void DeviceCapture::LoseValuesLocked(PendingDeviceTensor& p, absl::Status why) {
@@ -224,9 +232,9 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
           &snapshots_stalled_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
             hand_over();
             waiting = true;
-            ++snapshot_waiters_;
+            snapshot_wanted_ += p.values_bytes;
           });
-      if (waiting) --snapshot_waiters_;
+      if (waiting) snapshot_wanted_ -= p.values_bytes;
       if (ticket.ok()) {
         snapshots_.emplace_back(*ticket, out.pending[k]);
       } else {
@@ -278,17 +286,23 @@ void DeviceCapture::GrantDownloadsLocked() {
 }
 
 void DeviceCapture::GrantSpillsLocked() {
-  if (spill_full_ || spill_broken_) return;
+  if (spill_broken_) return;
   const uint64_t capacity = engine_->snapshot_capacity();
   // Newest first: the sender takes the oldest next, and those download
   // straight to memory as the budget frees up.
-  while (!snapshots_.empty()) {
+  for (size_t i = snapshots_.size(); i-- > 0;) {
     const uint64_t used = engine_->snapshot_bytes_used();
     const uint64_t staying = used - std::min(used, spill_in_flight_);
-    if (snapshot_waiters_ == 0 && staying <= capacity / 2) return;
-    auto& [ticket, pending] = snapshots_.back();
+    // Over half full, or a waiting save's snapshot does not fit yet.
+    if (staying <= capacity / 2 && (snapshot_wanted_ == 0 || staying + snapshot_wanted_ <= capacity)) {
+      return;
+    }
+    auto& [ticket, pending] = snapshots_[i];
     PendingDeviceTensor& p = *pending;
     if (spill_in_flight_ > 0 && spill_in_flight_ + p.values_bytes > kSpillInFlight) return;
+    // The file's room now, counting what is on its way: where this one
+    // does not fit, an older, smaller one may.
+    if (!spill_->Fits(spill_in_flight_ + p.values_bytes)) continue;
     // Charged past the budget while in memory, so the sender's memory
     // figure stays true; given back once on disk.
     if (options_.reserve_host) {
@@ -308,16 +322,31 @@ void DeviceCapture::GrantSpillsLocked() {
       LoseValuesLocked(p, s);
       SnapshotMemoryFreedLocked();
     }
-    snapshots_.pop_back();
+    snapshots_.erase(snapshots_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
 
-void DeviceCapture::WriteSpills(const std::vector<std::shared_ptr<PendingDeviceTensor>>& spilled) {
-  for (const std::shared_ptr<PendingDeviceTensor>& pending : spilled) {
+void DeviceCapture::WriteSpills() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !to_write_.empty() || writer_stop_;
+    };
+    mu_.Await(absl::Condition(&work));
+    if (to_write_.empty()) return;  // stopping, and everything is written
+    std::shared_ptr<PendingDeviceTensor> pending = std::move(to_write_.front());
+    to_write_.pop_front();
     PendingDeviceTensor& p = *pending;
-    // Until values_done, only this thread touches the buffer.
-    absl::StatusOr<ValueSpill::Record> record = spill_->Write(p.values.get(), p.values_bytes);
-    absl::MutexLock lock(&mu_);
+    const bool awaited = std::find(awaited_.begin(), awaited_.end(), &p) != awaited_.end();
+    absl::StatusOr<ValueSpill::Record> record =
+        absl::CancelledError("not written: the sender took it or gave it up first");
+    if (!awaited && !p.abandoned) {
+      // Until values_done, only this thread touches the buffer, and the
+      // disk's time is nobody else's.
+      mu_.Unlock();
+      record = spill_->Write(p.values.get(), p.values_bytes);
+      mu_.Lock();
+    }
     --spill_writes_;
     spill_in_flight_ -= std::min(spill_in_flight_, p.values_bytes);
     p.spilling = false;
@@ -326,25 +355,22 @@ void DeviceCapture::WriteSpills(const std::vector<std::shared_ptr<PendingDeviceT
       p.host_reserved = 0;
       p.values.reset();
     }
-    if (record.ok()) {
-      if (p.abandoned) {
-        spill_->Release(*record);
-      } else {
-        p.values_on_disk = true;
-        p.spilled = *record;
-        ++counters_.values_spilled;
-        counters_.bytes_spilled += p.values_bytes;
-      }
-    } else {
-      // The values stay in memory (charged): nothing is lost. No more
-      // spilling until a record is read back, or for good after an error.
-      if (absl::IsResourceExhausted(record.status())) {
-        spill_full_ = true;
-      } else if (!spill_broken_) {
-        spill_broken_ = true;
-        LOG(WARNING) << "sonde: " << record.status().message()
-                     << "; device values wait on the device instead (logged once)";
-      }
+    if (record.ok() && p.abandoned) {
+      mu_.Unlock();
+      spill_->Release(*record);
+      mu_.Lock();
+    } else if (record.ok()) {
+      p.values_on_disk = true;
+      p.spilled = *record;
+      ++counters_.values_spilled;
+      counters_.bytes_spilled += p.values_bytes;
+    } else if (!absl::IsCancelled(record.status()) &&
+               !absl::IsResourceExhausted(record.status()) && !spill_broken_) {
+      // The values stay in memory (charged): nothing is lost. After a
+      // failed write (the disk is full), no more spilling.
+      spill_broken_ = true;
+      LOG(WARNING) << "sonde: " << record.status().message()
+                   << "; device values wait on the device instead (logged once)";
     }
     p.values_done = true;
   }
@@ -358,11 +384,11 @@ void DeviceCapture::ReadBackLocked(PendingDeviceTensor& p) {
   absl::Status s = spill_->Read(record, values.get());
   spill_->Release(record);
   mu_.Lock();
-  spill_full_ = false;  // a record is gone: there may be room again
   if (!s.ok()) {
     LoseValuesLocked(p, s);
     return;
   }
+  if (p.abandoned) return;
   if (options_.reserve_host) {
     options_.reserve_host(record.bytes, /*force=*/true);  // the sender takes them now
     p.host_reserved = record.bytes;
@@ -372,8 +398,7 @@ void DeviceCapture::ReadBackLocked(PendingDeviceTensor& p) {
 
 bool DeviceCapture::PumpOnce() {
   std::vector<DeviceCompletion> done = engine_->Collect();
-  std::vector<std::shared_ptr<PendingDeviceTensor>> to_spill;
-  mu_.Lock();
+  absl::MutexLock lock(&mu_);
   for (DeviceCompletion& c : done) {
     if (c.kind == DeviceCompletion::kStats) {
       auto it = stats_waiters_.find(c.ticket);
@@ -399,10 +424,10 @@ bool DeviceCapture::PumpOnce() {
       auto it = downloading_.find(c.ticket);
       if (it == downloading_.end()) continue;
       PendingDeviceTensor& p = *it->second;
-      if (c.status.ok()) counters_.bytes_downloaded += p.values_bytes;
+      if (c.status.ok() && !p.abandoned) counters_.bytes_downloaded += p.values_bytes;
       if (p.spilling && c.status.ok() && !p.abandoned) {
-        ++spill_writes_;  // written below, without the lock
-        to_spill.push_back(it->second);
+        ++spill_writes_;  // the writer thread's now
+        to_write_.push_back(it->second);
       } else if (p.abandoned || !c.status.ok()) {
         if (p.spilling) spill_in_flight_ -= std::min(spill_in_flight_, p.values_bytes);
         p.spilling = false;
@@ -417,18 +442,11 @@ bool DeviceCapture::PumpOnce() {
       snapshots_stalled_ = false;  // snapshot memory came back
     }
   }
-  if (!to_spill.empty()) {
-    mu_.Unlock();
-    WriteSpills(to_spill);
-    mu_.Lock();
-  }
   GrantDownloadsLocked();
   // Room (a batch slot, snapshot memory) comes back only with a completion:
   // waiters in WithRoom wake then, not on every poll of a busy device.
   if (!done.empty()) ++generation_;
-  const bool busy = DeviceBusyLocked();
-  mu_.Unlock();
-  return busy;
+  return DeviceBusyLocked();
 }
 
 void DeviceCapture::Pump() {
@@ -466,9 +484,9 @@ void DeviceCapture::Pump() {
         // Only snapshots waiting for the host budget: look again when the
         // sender starts waiting for one, or a little later.
         const size_t awaited = awaited_.size();
-        const int waiters = snapshot_waiters_;
-        auto changed = [this, awaited, waiters]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || awaited_.size() != awaited || snapshot_waiters_ != waiters ||
+        const uint64_t wanted = snapshot_wanted_;
+        auto changed = [this, awaited, wanted]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || awaited_.size() != awaited || snapshot_wanted_ != wanted ||
                  DeviceBusyLocked();
         };
         mu_.AwaitWithTimeout(absl::Condition(&changed), kBudgetPoll);
@@ -508,9 +526,8 @@ void DeviceCapture::Abandon(const std::shared_ptr<PendingDeviceTensor>& pending)
 void DeviceCapture::AbandonLocked(const std::shared_ptr<PendingDeviceTensor>& pending) {
   pending->abandoned = true;
   if (pending->values_on_disk) {
-    spill_->Release(pending->spilled);
+    spill_->Release(pending->spilled);  // bookkeeping and a hole punched; no data written
     pending->values_on_disk = false;
-    spill_full_ = false;
     return;
   }
   for (auto it = snapshots_.begin(); it != snapshots_.end(); ++it) {

@@ -15,8 +15,10 @@
 //                     tensor the sender waits for always goes). Under the
 //                     policy kSpill, once snapshot memory is half full or a
 //                     save waits for it, it also downloads the newest
-//                     snapshots past the budget and writes them to a local
-//                     file (ValueSpill), so that device memory comes back.
+//                     snapshots past the budget, so that device memory
+//                     comes back.
+//   writer thread     (kSpill only) writes those to a local file
+//                     (ValueSpill), so nobody else waits for the disk.
 //   sender thread     Await: blocks until a tensor's results are in (and
 //                     reads spilled values back from disk).
 //
@@ -179,10 +181,9 @@ class DeviceCapture {
   // kSpill: downloads the newest snapshots past the host budget, to be
   // written to disk, while snapshot memory is under pressure.
   void GrantSpillsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes downloaded values to the spill file (without the lock: the disk
-  // may be slow and training must not wait for it).
-  void WriteSpills(const std::vector<std::shared_ptr<PendingDeviceTensor>>& spilled)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The writer thread: writes downloaded values to the spill file, without
+  // the lock (the disk may be slow: neither training nor the pump waits).
+  void WriteSpills() ABSL_LOCKS_EXCLUDED(mu_);
   // Reads a spilled tensor's values back into memory; releases the lock
   // meanwhile.
   void ReadBackLocked(PendingDeviceTensor& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -235,18 +236,21 @@ class DeviceCapture {
   // Bumped when device room may have come back (a completion collected, a
   // snapshot discarded, the pump ending): what WithRoom waits for.
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  // Saves waiting for snapshot memory now (what makes the pump spill).
-  int snapshot_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  // Snapshot bytes that saves are waiting for now (the pump spills until
+  // they fit).
+  uint64_t snapshot_wanted_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes of spilled values downloading or being written; pendings
-  // between the end of their download and their record.
+  // between the end of their download and their record (to_write_ and the
+  // one being written).
   uint64_t spill_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int spill_writes_ ABSL_GUARDED_BY(mu_) = 0;
-  // The file is at max_spill_bytes (until a record is read back), or a
-  // write failed (for good): values stay on the device and in memory.
-  bool spill_full_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::shared_ptr<PendingDeviceTensor>> to_write_ ABSL_GUARDED_BY(mu_);
+  bool writer_stop_ ABSL_GUARDED_BY(mu_) = false;
+  // A write failed (the disk is full): values wait on the device for good.
   bool spill_broken_ ABSL_GUARDED_BY(mu_) = false;
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::thread pump_;
+  std::thread writer_;  // with spill_ only
 };
 
 }  // namespace sonde

@@ -1,7 +1,9 @@
 #include "client/value_spill.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -27,20 +29,39 @@ absl::StatusOr<std::unique_ptr<ValueSpill>> ValueSpill::Create(const std::string
 
 ValueSpill::~ValueSpill() { close(fd_); }
 
-absl::StatusOr<ValueSpill::Record> ValueSpill::Write(const char* data, uint64_t bytes) {
+bool ValueSpill::FitsLocked(uint64_t bytes) const {
+  return bytes <= max_bytes_ && held_ <= max_bytes_ - bytes;
+}
+
+bool ValueSpill::Fits(uint64_t bytes) const {
   absl::MutexLock lock(&mu_);
-  if (bytes > max_bytes_ || end_ > max_bytes_ - bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the device values spill file would pass its limit of ", max_bytes_, " bytes"));
-  }
+  return FitsLocked(bytes);
+}
+
+absl::StatusOr<ValueSpill::Record> ValueSpill::Write(const char* data, uint64_t bytes) {
   Record r;
-  r.offset = end_;
-  r.bytes = bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!FitsLocked(bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the device values spill file would pass its limit of ", max_bytes_, " bytes"));
+    }
+    r.offset = end_;
+    r.bytes = bytes;
+    end_ += bytes;
+    held_ += bytes;
+    ++writing_;
+  }
   r.crc = Crc32c(absl::string_view(data, bytes));
-  // On failure end_ stays: the partial record is overwritten next time.
-  absl::Status s = PWriteAll(fd_, data, bytes, end_, "device values spill write");
-  if (!s.ok()) return s;
-  end_ += bytes;
+  absl::Status s = PWriteAll(fd_, data, bytes, r.offset, "device values spill write");
+  absl::MutexLock lock(&mu_);
+  --writing_;
+  if (!s.ok()) {
+    // Whatever reached the disk is given back with the next truncation;
+    // until then it counts.
+    MaybeTruncateLocked();
+    return s;
+  }
   ++live_;
   return r;
 }
@@ -57,14 +78,30 @@ absl::Status ValueSpill::Read(const Record& record, char* out) const {
 void ValueSpill::Release(const Record& record) {
   absl::MutexLock lock(&mu_);
   if (live_ == 0 || record.offset + record.bytes > end_) return;  // not a live record
-  // Every record is read: give the disk space back. (If truncating fails,
-  // writing simply goes on after the old data.)
-  if (--live_ == 0 && ftruncate(fd_, 0) == 0) end_ = 0;
+  --live_;
+  // Give the record's blocks back now (the file keeps its size). Where the
+  // file system cannot punch holes, the bytes count until the truncation.
+  if (record.bytes > 0 &&
+      fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(record.offset),
+                static_cast<off_t>(record.bytes)) == 0) {
+    held_ -= std::min(held_, record.bytes);
+  }
+  MaybeTruncateLocked();
+}
+
+void ValueSpill::MaybeTruncateLocked() {
+  // (If truncating fails, writing simply goes on after the old data.)
+  if (live_ == 0 && writing_ == 0 && ftruncate(fd_, 0) == 0) end_ = held_ = 0;
 }
 
 uint64_t ValueSpill::live_records() const {
   absl::MutexLock lock(&mu_);
   return live_;
+}
+
+uint64_t ValueSpill::held_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
 }
 
 uint64_t ValueSpill::file_bytes() const {

@@ -4,11 +4,14 @@
 // training does not wait for the collector. Unlike the sender's FIFO spill
 // file, records are read in any order, each once: the sender takes device
 // tensors in save order, while the newest snapshots are the ones spilled.
-// The file is created in a directory and unlinked at once; once no record
-// is left it is truncated, so the disk space comes back. Each record's
-// CRC-32C is checked when it is read back (DataLoss, never wrong values).
-// Thread-safe: writes and releases are serialized, reads of distinct
-// records run concurrently with them.
+// The file is created in a directory and unlinked at once. A released
+// record's blocks are given back at once (a hole punched in the file),
+// and once no record is left the file is truncated; the limit counts the
+// bytes records hold (and released records whose hole could not be
+// punched), not how far the file reaches. Each record's CRC-32C is
+// checked when it is read back (DataLoss, never wrong values).
+// Thread-safe; no lock is held during disk I/O, so a Release never waits
+// for a Write's data to reach the disk.
 #ifndef SONDE_CLIENT_VALUE_SPILL_H_
 #define SONDE_CLIENT_VALUE_SPILL_H_
 
@@ -37,8 +40,10 @@ class ValueSpill {
   ValueSpill(const ValueSpill&) = delete;
   ValueSpill& operator=(const ValueSpill&) = delete;
 
-  // Appends `bytes` bytes. ResourceExhausted when the file would pass
-  // max_bytes, Internal when the write fails (the disk is full).
+  // Whether `bytes` more would fit under max_bytes now.
+  bool Fits(uint64_t bytes) const;
+  // Appends `bytes` bytes. ResourceExhausted when they do not fit,
+  // Internal when the write fails (the disk is full).
   absl::StatusOr<Record> Write(const char* data, uint64_t bytes);
   // Reads a live record into `out` (record.bytes long). DataLoss if it
   // does not read back intact.
@@ -47,16 +52,22 @@ class ValueSpill {
   void Release(const Record& record);
 
   uint64_t live_records() const;
-  uint64_t file_bytes() const;
+  uint64_t held_bytes() const;  // what the limit counts
+  uint64_t file_bytes() const;  // how far the file reaches (sparse where released)
 
  private:
   ValueSpill(int fd, uint64_t max_bytes) : fd_(fd), max_bytes_(max_bytes) {}
+  bool FitsLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Truncates the file once nothing in it is live or being written.
+  void MaybeTruncateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int fd_;
   const uint64_t max_bytes_;
   mutable absl::Mutex mu_;
-  uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;   // append offset
-  uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // records written and not released
+  uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;      // next record's offset
+  uint64_t held_ ABSL_GUARDED_BY(mu_) = 0;     // bytes counted against max_bytes
+  uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;     // records written and not released
+  uint64_t writing_ ABSL_GUARDED_BY(mu_) = 0;  // writes under way
 };
 
 }  // namespace sonde

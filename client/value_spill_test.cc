@@ -67,6 +67,34 @@ TEST(ValueSpill, ARecordPastTheLimitIsRefusedAndNothingStoredIsLost) {
   EXPECT_EQ(back, Bytes(3000, 1));
   (*spill)->Release(*a);
   EXPECT_THAT((*spill)->Write(Bytes(2000, 2).data(), 2000), IsOk());  // room again
+  EXPECT_FALSE((*spill)->Fits(5000));  // larger than the limit: never
+}
+
+// Under steady use some record is always live, so the file is never
+// truncated: released records must give their room back all the same.
+TEST(ValueSpill, ReleasedRecordsGiveTheirRoomBackWhileOthersAreLive) {
+  TempDir dir;
+  auto spill = ValueSpill::Create(dir.path(), 8192);
+  ASSERT_THAT(spill, IsOk());
+  ValueSpill& s = **spill;
+  auto older = s.Write(Bytes(3000, 0).data(), 3000);
+  ASSERT_THAT(older, IsOk());
+  for (int i = 1; i < 50; ++i) {  // 150 KB through an 8 KiB limit
+    ASSERT_TRUE(s.Fits(3000)) << i << ": " << s.held_bytes() << " bytes held";
+    auto newer = s.Write(Bytes(3000, i).data(), 3000);
+    ASSERT_THAT(newer, IsOk());
+    std::string back(3000, '\0');
+    SONDE_ASSERT_OK(s.Read(*older, back.data()));
+    EXPECT_EQ(back, Bytes(3000, i - 1));
+    s.Release(*older);
+    older = newer;
+    EXPECT_EQ(s.live_records(), 1u);
+    EXPECT_EQ(s.held_bytes(), 3000u);
+  }
+  EXPECT_GT(s.file_bytes(), 100000u);  // sparse: the holes hold nothing
+  s.Release(*older);
+  EXPECT_EQ(s.file_bytes(), 0u);
+  EXPECT_EQ(s.held_bytes(), 0u);
 }
 
 // The open descriptor of this process's unlinked file in `dir`.

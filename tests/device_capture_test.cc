@@ -575,6 +575,7 @@ TEST(DeviceCapture, DeviceValuesSpillToDiskWhenSnapshotMemoryWouldRunOut) {
   HookOptions o = Options(address, "values-away", {}, nullptr);
   o.max_queue_bytes = 256 << 10;
   o.device.snapshot_bytes = 256 << 10;  // four steps' values
+  o.backpressure.max_block = absl::Seconds(10);  // a loaded machine is no reason to drop
   o.backpressure.spill_dir = dir.Sub("spill");
   std::filesystem::create_directories(o.backpressure.spill_dir);
   // No durable spool: the sender keeps everything until the collector is
