@@ -17,7 +17,8 @@ overlap training rather than the stream waiting after each save; torch
 
 Printed: median and mean step time of each copy and their ratios to the
 baseline; the hook's counters (statistics batches a step, waits for the
-device, tensors and values dropped); and what the collector stored: every
+device, tensors and values dropped, device values that went through the
+local spill file); and what the collector stored: every
 saved step of the steps run present and complete, the hook's drop
 counters equal to the collector's (StepInfo), and, for the copies saving
 values, the weights and gradients stored at one more saving step equal,
@@ -193,9 +194,9 @@ def main(argv=None):
         base = copies[0]
         base_median = statistics.median(base.times)
         base_mean = statistics.mean(base.times)
-        print("\n%-14s %10s %10s %9s %9s %8s %7s %10s %12s %9s %9s" % (
+        print("\n%-14s %10s %10s %9s %9s %8s %7s %10s %9s %12s %9s %9s" % (
             "copy", "median ms", "mean ms", "x median", "x mean", "batches", "waits",
-            "dropped t/v", "saved steps", "complete", "verified"))
+            "dropped t/v", "spilled v", "saved steps", "complete", "verified"))
         for c in copies:
             med, mean = statistics.median(c.times), statistics.mean(c.times)
             row = "%-14s %10.3f %10.3f %9.4f %9.4f" % (
@@ -204,11 +205,11 @@ def main(argv=None):
                 c.hook.close()
                 counters, expected, complete = check(c, stub, collector.address, failures)
                 steps = max(1, counters.get("steps", 1))
-                row += " %8.2f %7d %10s %12d %9d %9s" % (
+                row += " %8.2f %7d %10s %9d %12d %9d %9s" % (
                     counters.get("device_batches", 0) / steps, counters.get("device_waits", 0),
                     "%d/%d" % (counters.get("tensors_dropped", 0),
                                counters.get("values_dropped", 0)),
-                    expected, complete,
+                    counters.get("device_values_spilled", 0), expected, complete,
                     "%d/%d" % (c.verified, len(c.verify_tensors)) if c.verify_tensors else "-")
             print(row)
         channel.close()

@@ -32,3 +32,4 @@ def test_the_gpu_benchmark_runs_and_checks_on_the_cpu():
     assert rows["stats"][-3:] == ["30", "30", "-"], p.stdout
     assert rows["stats_deferred"][-3:] == ["30", "30", "-"], p.stdout
     assert rows["stats"][7] == "0/0", p.stdout
+    assert rows["values10"][8] == "0", p.stdout  # no device values to spill on the CPU
