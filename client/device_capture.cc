@@ -292,7 +292,8 @@ void DeviceCapture::GrantSpillsLocked() {
   // straight to memory as the budget frees up.
   for (size_t i = snapshots_.size(); i-- > 0;) {
     const uint64_t used = engine_->snapshot_bytes_used();
-    const uint64_t staying = used - std::min(used, spill_in_flight_);
+    // (Spilled values that landed are off the device already.)
+    const uint64_t staying = used - std::min(used, spill_downloading_);
     // Over half full, or a waiting save's snapshot does not fit yet.
     if (staying <= capacity / 2 && (snapshot_wanted_ == 0 || staying + snapshot_wanted_ <= capacity)) {
       return;
@@ -302,7 +303,7 @@ void DeviceCapture::GrantSpillsLocked() {
     if (spill_in_flight_ > 0 && spill_in_flight_ + p.values_bytes > kSpillInFlight) return;
     // The file's room now, counting what is on its way: where this one
     // does not fit, an older, smaller one may.
-    if (!spill_->Fits(spill_in_flight_ + p.values_bytes)) continue;
+    if (!spill_->Fits(spill_downloading_ + spill_queued_ + p.values_bytes)) continue;
     // Charged past the budget while in memory, so the sender's memory
     // figure stays true; given back once on disk.
     if (options_.reserve_host) {
@@ -314,6 +315,7 @@ void DeviceCapture::GrantSpillsLocked() {
     if (s.ok()) {
       p.spilling = true;
       spill_in_flight_ += p.values_bytes;
+      spill_downloading_ += p.values_bytes;
       downloading_[ticket] = std::move(pending);
     } else {
       engine_->Discard(ticket);
@@ -337,10 +339,12 @@ void DeviceCapture::WriteSpills() {
     std::shared_ptr<PendingDeviceTensor> pending = std::move(to_write_.front());
     to_write_.pop_front();
     PendingDeviceTensor& p = *pending;
+    spill_queued_ -= std::min(spill_queued_, p.values_bytes);
     const bool awaited = std::find(awaited_.begin(), awaited_.end(), &p) != awaited_.end();
     absl::StatusOr<ValueSpill::Record> record =
         absl::CancelledError("not written: the sender took it or gave it up first");
-    if (!awaited && !p.abandoned) {
+    // Closing: nobody will read it back, so it is not written.
+    if (!awaited && !p.abandoned && !stop_) {
       // Until values_done, only this thread touches the buffer, and the
       // disk's time is nobody else's.
       mu_.Unlock();
@@ -425,8 +429,10 @@ bool DeviceCapture::PumpOnce() {
       if (it == downloading_.end()) continue;
       PendingDeviceTensor& p = *it->second;
       if (c.status.ok() && !p.abandoned) counters_.bytes_downloaded += p.values_bytes;
+      if (p.spilling) spill_downloading_ -= std::min(spill_downloading_, p.values_bytes);
       if (p.spilling && c.status.ok() && !p.abandoned) {
         ++spill_writes_;  // the writer thread's now
+        spill_queued_ += p.values_bytes;
         to_write_.push_back(it->second);
       } else if (p.abandoned || !c.status.ok()) {
         if (p.spilling) spill_in_flight_ -= std::min(spill_in_flight_, p.values_bytes);
@@ -480,7 +486,15 @@ void DeviceCapture::Pump() {
         continue;
       }
       device_busy = DeviceBusyLocked();
-      if (!device_busy) {
+      if (!device_busy && stop_) {
+        // Closing with only spill writes left (the writer skips them now):
+        // wait for it, not in a loop.
+        auto written = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !InFlightLocked() || DeviceBusyLocked();
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&written), stop_deadline);
+        continue;
+      } else if (!device_busy) {
         // Only snapshots waiting for the host budget: look again when the
         // sender starts waiting for one, or a little later.
         const size_t awaited = awaited_.size();

@@ -239,10 +239,13 @@ class DeviceCapture {
   // Snapshot bytes that saves are waiting for now (the pump spills until
   // they fit).
   uint64_t snapshot_wanted_ ABSL_GUARDED_BY(mu_) = 0;
-  // Bytes of spilled values downloading or being written; pendings
-  // between the end of their download and their record (to_write_ and the
-  // one being written).
+  // Bytes of spilled values from their download's grant until they are
+  // written (what kSpillInFlight caps), of those still on the device, and
+  // of those waiting in to_write_. Pendings between the end of their
+  // download and their record (to_write_ and the one being written).
   uint64_t spill_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t spill_downloading_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t spill_queued_ ABSL_GUARDED_BY(mu_) = 0;
   int spill_writes_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::shared_ptr<PendingDeviceTensor>> to_write_ ABSL_GUARDED_BY(mu_);
   bool writer_stop_ ABSL_GUARDED_BY(mu_) = false;

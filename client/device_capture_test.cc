@@ -425,6 +425,36 @@ TEST(DeviceCaptureTest, AFullSpillFileStopsSpillingUntilARecordIsReadBack) {
   EXPECT_EQ((*capture)->counters().values_dropped, 2u);
 }
 
+// Closing while values are on their way to disk: nothing is left
+// half-done (every value is in, or lost with a reason), and the close does
+// not wait for writes nobody will read back.
+TEST(DeviceCaptureTest, ClosingWhileSpillingLeavesNothingHalfDone) {
+  ::sonde::testing::TempDir dir;
+  Rig rig;
+  rig.options.engine.snapshot_bytes = 400000;
+  rig.options.spill_dir = dir.path();
+  rig.budget = 0;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  const std::vector<std::vector<float>> tensors = Distinct(20, 20000);
+  std::vector<std::shared_ptr<PendingDeviceTensor>> pending;
+  for (const auto& t : tensors) {
+    DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests({t}, true), nullptr);
+    ASSERT_EQ(e.dropped, 0u);
+    pending.push_back(e.pending[0]);
+  }
+  capture->reset();
+  for (size_t i = 0; i < pending.size(); ++i) {
+    EXPECT_TRUE(pending[i]->stats_done) << i;
+    EXPECT_TRUE(pending[i]->values_done) << i;
+    EXPECT_FALSE(pending[i]->spilling) << i;
+    if (!pending[i]->values_ok() && !pending[i]->values_on_disk) {
+      EXPECT_FALSE(pending[i]->values_status.ok()) << i;  // lost, with its reason
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));  // the file went with the capture
+}
+
 TEST(DeviceCaptureTest, ASpillDirectoryThatCannotBeUsedFallsBackToWaiting) {
   Rig rig;
   rig.options.engine.snapshot_bytes = 100000;

@@ -57,8 +57,12 @@ absl::StatusOr<ValueSpill::Record> ValueSpill::Write(const char* data, uint64_t 
   absl::MutexLock lock(&mu_);
   --writing_;
   if (!s.ok()) {
-    // Whatever reached the disk is given back with the next truncation;
-    // until then it counts.
+    // Give back what reached the disk (or, failing that, count it until
+    // the next truncation).
+    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
+                  static_cast<off_t>(bytes)) == 0) {
+      held_ -= std::min(held_, bytes);
+    }
     MaybeTruncateLocked();
     return s;
   }
