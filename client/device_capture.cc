@@ -368,6 +368,7 @@ void DeviceCapture::WriteSpills() {
       p.spilled = *record;
       ++counters_.values_spilled;
       counters_.bytes_spilled += p.values_bytes;
+      if (options_.spilled) options_.spilled(p.values_bytes);
     } else if (!absl::IsCancelled(record.status()) &&
                !absl::IsResourceExhausted(record.status()) && !spill_broken_) {
       // The values stay in memory (charged): nothing is lost. After a

@@ -101,6 +101,9 @@ struct DeviceCaptureOptions {
   // back the charge of a tensor the sender will never take.
   std::function<bool(uint64_t bytes, bool force)> reserve_host;
   std::function<void(uint64_t bytes)> release_host;
+  // Called (under the capture's lock) for each tensor whose values were
+  // written to the spill file.
+  std::function<void(uint64_t bytes)> spilled;
   // How often the pump looks at the device while work is in flight.
   absl::Duration poll = absl::Microseconds(50);
 };

@@ -484,6 +484,7 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
       return sender->ReserveHost(bytes, force);
     };
     co.release_host = [sender](uint64_t bytes) { sender->ReleaseHost(bytes); };
+    co.spilled = [sender](uint64_t bytes) { sender->CountDeviceSpill(bytes); };
     absl::StatusOr<std::unique_ptr<DeviceCapture>> capture = DeviceCapture::Create(std::move(co));
     if (capture.ok()) {
       absl::MutexLock ptr(&capture_mu_);

@@ -256,6 +256,12 @@ void Sender::ReleaseHost(uint64_t bytes) {
   memory_bytes_ -= std::min(memory_bytes_, bytes);
 }
 
+void Sender::CountDeviceSpill(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ++counters_.device_values_spilled;
+  counters_.device_bytes_spilled += bytes;
+}
+
 void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, double duration) {
   absl::MutexLock lock(&mu_);
   if (closing_ || give_up_) return;
@@ -381,6 +387,8 @@ v1::ClientCounters Sender::WireCounters() {
   c.set_steps_dropped(counters_.steps_dropped);
   c.set_tensors_spilled(counters_.tensors_spilled);
   c.set_bytes_spilled(counters_.bytes_spilled);
+  c.set_device_values_spilled(counters_.device_values_spilled);
+  c.set_device_bytes_spilled(counters_.device_bytes_spilled);
   c.set_messages_resent(counters_.messages_resent);
   c.set_reconnects(counters_.reconnects);
   return c;

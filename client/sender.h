@@ -83,6 +83,9 @@ struct SenderCounters {
   uint64_t steps_dropped = 0;     // step ends refused (queue at its item limit)
   uint64_t tensors_spilled = 0;
   uint64_t bytes_spilled = 0;
+  // Device values the capture wrote to its own spill file (CountDeviceSpill).
+  uint64_t device_values_spilled = 0;
+  uint64_t device_bytes_spilled = 0;
   uint64_t messages_sent = 0;     // on the current stream, resends included
   uint64_t messages_resent = 0;   // since the start
   uint64_t last_acked_seq = 0;    // on the current stream
@@ -121,6 +124,9 @@ class Sender {
   // The sender gives them back when it takes the values.
   bool ReserveHost(uint64_t bytes, bool force);
   void ReleaseHost(uint64_t bytes);
+  // The device capture wrote one tensor's values (`bytes`) to its spill
+  // file: counted here so that step ends report it (ClientCounters).
+  void CountDeviceSpill(uint64_t bytes);
   // Ends the open step; a step in which no tensor was enqueued (and none
   // dropped) is not sent, so the collector keeps no duration for it (the
   // profiler's step events time every step).

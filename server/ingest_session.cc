@@ -68,6 +68,8 @@ class ClientCounterMetrics {
     add(steps_dropped_, before.steps_dropped(), now.steps_dropped());
     add(tensors_spilled_, before.tensors_spilled(), now.tensors_spilled());
     add(bytes_spilled_, before.bytes_spilled(), now.bytes_spilled());
+    add(device_values_spilled_, before.device_values_spilled(), now.device_values_spilled());
+    add(device_bytes_spilled_, before.device_bytes_spilled(), now.device_bytes_spilled());
     add(messages_resent_, before.messages_resent(), now.messages_resent());
     add(reconnects_, before.reconnects(), now.reconnects());
   }
@@ -95,6 +97,12 @@ class ClientCounterMetrics {
                                     "Tensors clients spilled to their local spill file.");
     bytes_spilled_ = r.AddCounter("sonde_client_spilled_bytes_total",
                                   "Bytes of tensor values clients spilled to disk.");
+    device_values_spilled_ = r.AddCounter(
+        "sonde_client_device_values_spilled_total",
+        "Device tensors whose values clients wrote to their local values spill file to free "
+        "GPU snapshot memory (sent later, not lost).");
+    device_bytes_spilled_ = r.AddCounter("sonde_client_device_spilled_bytes_total",
+                                         "Bytes of device values clients spilled to disk.");
     messages_resent_ = r.AddCounter("sonde_client_messages_resent_total",
                                     "Messages clients sent again after a broken stream.");
     reconnects_ = r.AddCounter("sonde_client_reconnects_total",
@@ -116,6 +124,8 @@ class ClientCounterMetrics {
   metrics::Counter* steps_dropped_;
   metrics::Counter* tensors_spilled_;
   metrics::Counter* bytes_spilled_;
+  metrics::Counter* device_values_spilled_;
+  metrics::Counter* device_bytes_spilled_;
   metrics::Counter* messages_resent_;
   metrics::Counter* reconnects_;
   metrics::Counter* duplicate_steps_;

@@ -17,10 +17,12 @@
 #include "absl/time/clock.h"
 #include "client/hook.h"
 #include "client/query_client.h"
+#include "common/metrics/metrics.h"
 #include "cuda/emulated_device_stats.h"
 #include "math/float16_math.h"
 #include "gtest/gtest.h"
 #include "server/collector.h"
+#include "tests/testing/exposition.h"
 #include "tests/testing/in_process_collector.h"
 #include "tests/testing/free_address.h"
 #include "tests/testing/status_matchers.h"
@@ -568,7 +570,17 @@ TEST(DeviceCapture, DeviceTensorsSpillInOrderWhileTheCollectorIsAway) {
 // The collector is away for longer than snapshot memory lasts: under
 // spill, device values the send queue has no room for go to a local file,
 // so the device's memory comes back and training never gives values up.
+// What the collector in this process (its default registry is ours) has
+// been told of device values spilled, by every test so far.
+double SpilledMetric() {
+  const metrics::Registry* registries[] = {&metrics::Registry::Default()};
+  return ::sonde::testing::SampleOr0(
+      ::sonde::testing::ExpositionSamples(metrics::RenderText(registries)),
+      "sonde_client_device_values_spilled_total");
+}
+
 TEST(DeviceCapture, DeviceValuesSpillToDiskWhenSnapshotMemoryWouldRunOut) {
+  const double spilled_before = SpilledMetric();
   const ::sonde::testing::ReservedLoopbackAddress reserved;
   const std::string& address = reserved.address();
   ::sonde::testing::TempDir dir;
@@ -605,6 +617,11 @@ TEST(DeviceCapture, DeviceValuesSpillToDiskWhenSnapshotMemoryWouldRunOut) {
   c = (*hook)->counters();
   EXPECT_EQ(c.tensors_dropped, 0u);
   EXPECT_EQ(c.values_dropped, 0u);
+  // The step ends told the collector, which shows operators (up to the
+  // last counters reported: spills can follow the last step end).
+  const double spilled = SpilledMetric() - spilled_before;
+  EXPECT_GT(spilled, 0.0);
+  EXPECT_LE(spilled, static_cast<double>(c.device_values_spilled));
   auto q = QueryClient::Connect(address);
   std::map<int64_t, v1::StepInfo> steps = Steps(*q, "values-away");
   ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
