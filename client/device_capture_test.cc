@@ -285,16 +285,23 @@ std::vector<std::vector<float>> Distinct(size_t tensors, size_t floats) {
   return out;
 }
 
+// A capture under kSpill with `snapshot_bytes` of snapshot memory, its
+// spill file in `dir`, and no host budget: nothing downloads to memory
+// until the sender waits for it.
+void SpillRig(Rig& rig, const ::sonde::testing::TempDir& dir, uint64_t snapshot_bytes) {
+  rig.options.engine.snapshot_bytes = snapshot_bytes;
+  rig.options.spill_dir = dir.path();
+  rig.budget = 0;
+}
+
 // Snapshot memory for one 80 KB tensor and no host budget: each save
 // needs the room of the one before, which the pump makes by spilling it
 // to disk (before the save has to wait, or while it waits).
 TEST(DeviceCaptureTest, UnderSpillValuesTheBudgetHasNoRoomForGoToDiskAndComeBackWhole) {
   ::sonde::testing::TempDir dir;
   Rig rig;
-  rig.options.engine.snapshot_bytes = 100000;
-  rig.options.spill_dir = dir.path();
+  SpillRig(rig, dir, 100000);
   rig.options.max_block = absl::Seconds(10);
-  rig.budget = 0;
   auto capture = DeviceCapture::Create(std::move(rig.options));
   SONDE_ASSERT_OK(capture);
   const std::vector<std::vector<float>> tensors = Distinct(10, 20000);  // 80 KB each
@@ -331,9 +338,7 @@ TEST(DeviceCaptureTest, UnderSpillValuesTheBudgetHasNoRoomForGoToDiskAndComeBack
 TEST(DeviceCaptureTest, UnderSpillSnapshotMemoryIsFreedBeforeASaveWaits) {
   ::sonde::testing::TempDir dir;
   Rig rig;
-  rig.options.engine.snapshot_bytes = 1000000;
-  rig.options.spill_dir = dir.path();
-  rig.budget = 0;
+  SpillRig(rig, dir, 1000000);
   auto capture = DeviceCapture::Create(std::move(rig.options));
   SONDE_ASSERT_OK(capture);
   const std::vector<std::vector<float>> tensors = Distinct(10, 20000);  // 800 KB in all
@@ -361,11 +366,9 @@ TEST(DeviceCaptureTest, UnderSpillSnapshotMemoryIsFreedBeforeASaveWaits) {
 TEST(DeviceCaptureTest, UnderBlockValuesAreNotSpilledButDroppedAndCounted) {
   ::sonde::testing::TempDir dir;
   Rig rig;
-  rig.options.engine.snapshot_bytes = 100000;
-  rig.options.spill_dir = dir.path();
+  SpillRig(rig, dir, 100000);
   rig.options.policy = BackpressurePolicy::kBlock;
   rig.options.max_block = absl::Milliseconds(20);
-  rig.budget = 0;
   auto capture = DeviceCapture::Create(std::move(rig.options));
   SONDE_ASSERT_OK(capture);
   const std::vector<std::vector<float>> tensors = Distinct(3, 20000);
@@ -385,11 +388,9 @@ TEST(DeviceCaptureTest, UnderBlockValuesAreNotSpilledButDroppedAndCounted) {
 TEST(DeviceCaptureTest, AFullSpillFileStopsSpillingUntilARecordIsReadBack) {
   ::sonde::testing::TempDir dir;
   Rig rig;
-  rig.options.engine.snapshot_bytes = 100000;
-  rig.options.spill_dir = dir.path();
+  SpillRig(rig, dir, 100000);
   rig.options.max_spill_bytes = 100000;  // one tensor
   rig.options.max_block = absl::Seconds(1);
-  rig.budget = 0;
   auto capture = DeviceCapture::Create(std::move(rig.options));
   SONDE_ASSERT_OK(capture);
   const std::vector<std::vector<float>> tensors = Distinct(6, 20000);
@@ -431,9 +432,7 @@ TEST(DeviceCaptureTest, AFullSpillFileStopsSpillingUntilARecordIsReadBack) {
 TEST(DeviceCaptureTest, ClosingWhileSpillingLeavesNothingHalfDone) {
   ::sonde::testing::TempDir dir;
   Rig rig;
-  rig.options.engine.snapshot_bytes = 400000;
-  rig.options.spill_dir = dir.path();
-  rig.budget = 0;
+  SpillRig(rig, dir, 400000);
   auto capture = DeviceCapture::Create(std::move(rig.options));
   SONDE_ASSERT_OK(capture);
   const std::vector<std::vector<float>> tensors = Distinct(20, 20000);

@@ -517,6 +517,41 @@ TEST(DeviceCapture, ARefusedTensorThatWasDueIsACountedGap) {
   EXPECT_TRUE(steps[1].complete());
 }
 
+// Starts the collector the hook has been trying to reach, then waits until
+// the hook has delivered everything, and closes it. Null (with a failure)
+// if any of that fails.
+std::unique_ptr<server::Collector> ComeUpAndDrain(const std::string& address,
+                                                  const std::string& data_dir, Hook& hook) {
+  server::CollectorOptions co;
+  co.listen = address;
+  co.data_dir = data_dir;
+  auto collector = server::Collector::Start(co);
+  EXPECT_TRUE(collector.ok()) << collector.status();
+  if (!collector.ok()) return nullptr;
+  absl::Status s = hook.Flush(absl::Seconds(60));
+  if (s.ok()) s = hook.Close();
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? std::move(*collector) : nullptr;
+}
+
+// Steps 0..steps-1 of `job` all stored and complete, with nothing
+// dropped, `tensors` tensors each, and the model's values as saved.
+void ExpectEveryStepWhole(QueryClient& q, const std::string& job, const Model& model,
+                          int64_t steps, size_t tensors) {
+  std::map<int64_t, v1::StepInfo> stored = Steps(q, job);
+  ASSERT_EQ(stored.size(), static_cast<size_t>(steps));
+  for (int64_t step = 0; step < steps; ++step) {
+    EXPECT_TRUE(stored[step].complete()) << step;
+    EXPECT_EQ(stored[step].tensor_count(), tensors) << step;
+    EXPECT_EQ(stored[step].values_dropped(), 0u) << step;
+    for (size_t t = 0; t < model.size(); ++t) {
+      auto value = q.ReadTensor(job, model.Name(t), step);
+      SONDE_ASSERT_OK(value);
+      EXPECT_TRUE(value->bytes == model.Expected(t, step)) << model.Name(t) << " at " << step;
+    }
+  }
+}
+
 // The collector is away while training saves several times the memory
 // budget: host tensors spill to disk, device tensors' records spill with
 // them in order (their results wait in memory or on the device), and once
@@ -543,28 +578,13 @@ TEST(DeviceCapture, DeviceTensorsSpillInOrderWhileTheCollectorIsAway) {
     (*hook)->EndStep();
   }
   EXPECT_GT((*hook)->counters().tensors_spilled, 0u);
-  server::CollectorOptions co;
-  co.listen = address;
-  co.data_dir = dir.Sub("db");
-  auto collector = server::Collector::Start(co);
-  SONDE_ASSERT_OK(collector);
-  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(60)));
-  SONDE_ASSERT_OK((*hook)->Close());
+  std::unique_ptr<server::Collector> collector = ComeUpAndDrain(address, dir.Sub("db"), **hook);
+  ASSERT_NE(collector, nullptr);
   const Hook::Counters c = (*hook)->counters();
   EXPECT_EQ(c.tensors_dropped, 0u);
   EXPECT_EQ(c.values_dropped, 0u);
   auto q = QueryClient::Connect(address);
-  std::map<int64_t, v1::StepInfo> steps = Steps(*q, "away");
-  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
-  for (int64_t step = 0; step < kSteps; ++step) {
-    EXPECT_TRUE(steps[step].complete()) << step;
-    EXPECT_EQ(steps[step].tensor_count(), 3u) << step;
-    for (size_t t = 0; t < model.size(); ++t) {
-      auto value = q->ReadTensor("away", model.Name(t), step);
-      SONDE_ASSERT_OK(value);
-      EXPECT_TRUE(value->bytes == model.Expected(t, step)) << model.Name(t) << " at " << step;
-    }
-  }
+  ExpectEveryStepWhole(*q, "away", model, kSteps, 3);
 }
 
 // The collector is away for longer than snapshot memory lasts: under
@@ -607,13 +627,8 @@ TEST(DeviceCapture, DeviceValuesSpillToDiskWhenSnapshotMemoryWouldRunOut) {
   EXPECT_GT(c.device_values_spilled, 0u);
   EXPECT_GT(c.device_bytes_spilled, 0u);
   EXPECT_EQ(c.values_dropped, 0u);
-  server::CollectorOptions co;
-  co.listen = address;
-  co.data_dir = dir.Sub("db");
-  auto collector = server::Collector::Start(co);
-  SONDE_ASSERT_OK(collector);
-  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(60)));
-  SONDE_ASSERT_OK((*hook)->Close());
+  std::unique_ptr<server::Collector> collector = ComeUpAndDrain(address, dir.Sub("db"), **hook);
+  ASSERT_NE(collector, nullptr);
   c = (*hook)->counters();
   EXPECT_EQ(c.tensors_dropped, 0u);
   EXPECT_EQ(c.values_dropped, 0u);
@@ -623,17 +638,7 @@ TEST(DeviceCapture, DeviceValuesSpillToDiskWhenSnapshotMemoryWouldRunOut) {
   EXPECT_GT(spilled, 0.0);
   EXPECT_LE(spilled, static_cast<double>(c.device_values_spilled));
   auto q = QueryClient::Connect(address);
-  std::map<int64_t, v1::StepInfo> steps = Steps(*q, "values-away");
-  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
-  for (int64_t step = 0; step < kSteps; ++step) {
-    EXPECT_TRUE(steps[step].complete()) << step;
-    EXPECT_EQ(steps[step].values_dropped(), 0u) << step;
-    for (size_t t = 0; t < model.size(); ++t) {
-      auto value = q->ReadTensor("values-away", model.Name(t), step);
-      SONDE_ASSERT_OK(value);
-      EXPECT_TRUE(value->bytes == model.Expected(t, step)) << model.Name(t) << " at " << step;
-    }
-  }
+  ExpectEveryStepWhole(*q, "values-away", model, kSteps, model.size());
 }
 
 }  // namespace
