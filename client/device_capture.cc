@@ -295,7 +295,8 @@ void DeviceCapture::GrantSpillsLocked() {
     // (Spilled values that landed are off the device already.)
     const uint64_t staying = used - std::min(used, spill_downloading_);
     // Over half full, or a waiting save's snapshot does not fit yet.
-    if (staying <= capacity / 2 && (snapshot_wanted_ == 0 || staying + snapshot_wanted_ <= capacity)) {
+    if (staying <= capacity / 2 &&
+        (snapshot_wanted_ == 0 || staying + snapshot_wanted_ <= capacity)) {
       return;
     }
     auto& [ticket, pending] = snapshots_[i];

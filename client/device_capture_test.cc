@@ -373,7 +373,9 @@ TEST(DeviceCaptureTest, UnderBlockValuesAreNotSpilledButDroppedAndCounted) {
   SONDE_ASSERT_OK(capture);
   const std::vector<std::vector<float>> tensors = Distinct(3, 20000);
   std::vector<std::shared_ptr<PendingDeviceTensor>> pending;
-  for (const auto& t : tensors) pending.push_back((*capture)->Enqueue(Requests({t}, true), nullptr).pending[0]);
+  for (const auto& t : tensors) {
+    pending.push_back((*capture)->Enqueue(Requests({t}, true), nullptr).pending[0]);
+  }
   EXPECT_EQ((*capture)->counters().values_spilled, 0u);
   EXPECT_EQ((*capture)->counters().values_dropped, 2u);
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
