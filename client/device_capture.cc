@@ -288,6 +288,10 @@ void DeviceCapture::GrantDownloadsLocked() {
 void DeviceCapture::GrantSpillsLocked() {
   if (spill_broken_) return;
   const uint64_t capacity = engine_->snapshot_capacity();
+  // The file's room, less what is on its way to it (asked once a round:
+  // this runs on every poll of the pump, under the lock training takes).
+  const uint64_t room = spill_->room();
+  uint64_t coming = spill_downloading_ + spill_queued_;
   // Newest first: the sender takes the oldest next, and those download
   // straight to memory as the budget frees up.
   for (size_t i = snapshots_.size(); i-- > 0;) {
@@ -302,9 +306,8 @@ void DeviceCapture::GrantSpillsLocked() {
     auto& [ticket, pending] = snapshots_[i];
     PendingDeviceTensor& p = *pending;
     if (spill_in_flight_ > 0 && spill_in_flight_ + p.values_bytes > kSpillInFlight) return;
-    // The file's room now, counting what is on its way: where this one
-    // does not fit, an older, smaller one may.
-    if (!spill_->Fits(spill_downloading_ + spill_queued_ + p.values_bytes)) continue;
+    // Where this one does not fit, an older, smaller one may.
+    if (coming > room || p.values_bytes > room - coming) continue;
     // Charged past the budget while in memory, so the sender's memory
     // figure stays true; given back once on disk.
     if (options_.reserve_host) {
@@ -317,6 +320,7 @@ void DeviceCapture::GrantSpillsLocked() {
       p.spilling = true;
       spill_in_flight_ += p.values_bytes;
       spill_downloading_ += p.values_bytes;
+      coming += p.values_bytes;
       downloading_[ticket] = std::move(pending);
     } else {
       engine_->Discard(ticket);
@@ -340,7 +344,6 @@ void DeviceCapture::WriteSpills() {
     std::shared_ptr<PendingDeviceTensor> pending = std::move(to_write_.front());
     to_write_.pop_front();
     PendingDeviceTensor& p = *pending;
-    spill_queued_ -= std::min(spill_queued_, p.values_bytes);
     const bool awaited = std::find(awaited_.begin(), awaited_.end(), &p) != awaited_.end();
     absl::StatusOr<ValueSpill::Record> record =
         absl::CancelledError("not written: the sender took it or gave it up first");
@@ -352,6 +355,9 @@ void DeviceCapture::WriteSpills() {
       record = spill_->Write(p.values.get(), p.values_bytes);
       mu_.Lock();
     }
+    // Counted as coming until now, when the file has it (or not): taken
+    // off before, the pump could see room the write is about to take.
+    spill_queued_ -= std::min(spill_queued_, p.values_bytes);
     --spill_writes_;
     spill_in_flight_ -= std::min(spill_in_flight_, p.values_bytes);
     p.spilling = false;

@@ -244,8 +244,8 @@ class DeviceCapture {
   uint64_t snapshot_wanted_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes of spilled values from their download's grant until they are
   // written (what kSpillInFlight caps), of those still on the device, and
-  // of those waiting in to_write_. Pendings between the end of their
-  // download and their record (to_write_ and the one being written).
+  // of those in to_write_ or being written. Pendings between the end of
+  // their download and their record (to_write_ and the one being written).
   uint64_t spill_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t spill_downloading_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t spill_queued_ ABSL_GUARDED_BY(mu_) = 0;

@@ -33,9 +33,16 @@ bool ValueSpill::FitsLocked(uint64_t bytes) const {
   return bytes <= max_bytes_ && held_ <= max_bytes_ - bytes;
 }
 
-bool ValueSpill::Fits(uint64_t bytes) const {
+uint64_t ValueSpill::room() const {
   absl::MutexLock lock(&mu_);
-  return FitsLocked(bytes);
+  return max_bytes_ - std::min(max_bytes_, held_);
+}
+
+void ValueSpill::PunchLocked(uint64_t offset, uint64_t bytes) {
+  if (bytes > 0 && fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                             static_cast<off_t>(offset), static_cast<off_t>(bytes)) == 0) {
+    held_ -= std::min(held_, bytes);
+  }
 }
 
 absl::StatusOr<ValueSpill::Record> ValueSpill::Write(const char* data, uint64_t bytes) {
@@ -57,12 +64,7 @@ absl::StatusOr<ValueSpill::Record> ValueSpill::Write(const char* data, uint64_t 
   absl::MutexLock lock(&mu_);
   --writing_;
   if (!s.ok()) {
-    // Give back what reached the disk (or, failing that, count it until
-    // the next truncation).
-    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
-                  static_cast<off_t>(bytes)) == 0) {
-      held_ -= std::min(held_, bytes);
-    }
+    PunchLocked(r.offset, bytes);  // whatever reached the disk
     MaybeTruncateLocked();
     return s;
   }
@@ -83,13 +85,7 @@ void ValueSpill::Release(const Record& record) {
   absl::MutexLock lock(&mu_);
   if (live_ == 0 || record.offset + record.bytes > end_) return;  // not a live record
   --live_;
-  // Give the record's blocks back now (the file keeps its size). Where the
-  // file system cannot punch holes, the bytes count until the truncation.
-  if (record.bytes > 0 &&
-      fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(record.offset),
-                static_cast<off_t>(record.bytes)) == 0) {
-    held_ -= std::min(held_, record.bytes);
-  }
+  PunchLocked(record.offset, record.bytes);
   MaybeTruncateLocked();
 }
 

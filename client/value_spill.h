@@ -40,8 +40,8 @@ class ValueSpill {
   ValueSpill(const ValueSpill&) = delete;
   ValueSpill& operator=(const ValueSpill&) = delete;
 
-  // Whether `bytes` more would fit under max_bytes now.
-  bool Fits(uint64_t bytes) const;
+  // Bytes that would fit under max_bytes now.
+  uint64_t room() const;
   // Appends `bytes` bytes. ResourceExhausted when they do not fit,
   // Internal when the write fails (the disk is full).
   absl::StatusOr<Record> Write(const char* data, uint64_t bytes);
@@ -58,6 +58,9 @@ class ValueSpill {
  private:
   ValueSpill(int fd, uint64_t max_bytes) : fd_(fd), max_bytes_(max_bytes) {}
   bool FitsLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives a region's blocks back (a hole punched; the file keeps its
+  // size). Where the file system cannot, they count until the truncation.
+  void PunchLocked(uint64_t offset, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Truncates the file once nothing in it is live or being written.
   void MaybeTruncateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
