@@ -20,8 +20,9 @@ enum class BackpressurePolicy {
 
 struct BackpressureOptions {
   BackpressurePolicy policy = BackpressurePolicy::kSpill;
-  // Directory of the spill file (created there and unlinked at once, so it
-  // never outlives the process). Default: $TMPDIR, else /tmp.
+  // Directory of the spill files (made, with its parents, if missing; each
+  // file is unlinked at once, so it never outlives the process). Default:
+  // $TMPDIR, else /tmp.
   std::string spill_dir;
   // Largest spill file, for each of the two (the sender's queue, and device
   // values, client/value_spill.h); beyond it tensors are dropped, and

@@ -3,6 +3,7 @@
 // first, the backpressure policies, and losses that carry their reason.
 #include "client/device_capture.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -461,9 +462,12 @@ TEST(DeviceCaptureTest, ClosingWhileSpillingLeavesNothingHalfDone) {
 }
 
 TEST(DeviceCaptureTest, ASpillDirectoryThatCannotBeUsedFallsBackToWaiting) {
+  ::sonde::testing::TempDir dir;
+  const std::string file = dir.path() + "/plain-file";
+  ASSERT_EQ(std::system(("touch " + file).c_str()), 0);
   Rig rig;
   rig.options.engine.snapshot_bytes = 100000;
-  rig.options.spill_dir = "/nonexistent/sonde-spill";
+  rig.options.spill_dir = file + "/sonde-spill";  // under a file: not even root can make it
   rig.options.max_block = absl::Milliseconds(20);
   rig.budget = 0;
   auto capture = DeviceCapture::Create(std::move(rig.options));

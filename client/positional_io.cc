@@ -3,11 +3,32 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 
 namespace sonde {
+
+absl::StatusOr<int> CreateUnlinkedFile(const std::string& dir, absl::string_view prefix,
+                                       absl::string_view what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", what, " in ", dir, ": ", ec.message()));
+  }
+  std::string path = absl::StrCat(dir, "/", prefix, "-XXXXXX");
+  const int fd = mkstemp(path.data());
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", what, " in ", dir, ": ", std::strerror(errno)));
+  }
+  unlink(path.c_str());
+  return fd;
+}
 
 absl::Status PWriteAll(int fd, const char* data, size_t n, uint64_t offset,
                        absl::string_view what) {

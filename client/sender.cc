@@ -236,8 +236,8 @@ void Sender::RecordDropped(const std::string& first_name, uint32_t count,
   open_step_tensors_ += count;
   open_step_dropped_ += count;
   counters_.tensors_dropped += count;
-  LogOnceLocked(absl::StrCat("device-dropped:", why),
-                absl::StrCat("dropping device tensors (first: '", first_name, "'): ", why,
+  LogOnceLocked(absl::StrCat("recorded-dropped:", why),
+                absl::StrCat("dropping tensors (first: '", first_name, "'): ", why,
                              "; drops are counted and reported to the collector"));
 }
 

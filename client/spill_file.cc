@@ -128,14 +128,9 @@ absl::StatusOr<SpillRecord> Decode(const std::string& body) {
 
 absl::StatusOr<std::unique_ptr<SpillFile>> SpillFile::Create(const std::string& dir,
                                                              uint64_t max_bytes) {
-  std::string path = dir + "/sonde-spill-XXXXXX";
-  const int fd = mkstemp(path.data());
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create a spill file in ", dir, ": ", std::strerror(errno)));
-  }
-  unlink(path.c_str());
-  return std::unique_ptr<SpillFile>(new SpillFile(fd, max_bytes));
+  absl::StatusOr<int> fd = CreateUnlinkedFile(dir, "sonde-spill", "a spill file");
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<SpillFile>(new SpillFile(*fd, max_bytes));
 }
 
 SpillFile::~SpillFile() { close(fd_); }

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -115,8 +117,22 @@ TEST(SpillFile, DeviceTensorsAreRefused) {
   EXPECT_THAT((*file)->Append(r), StatusIs(absl::StatusCode::kInvalidArgument, "device"));
 }
 
-TEST(SpillFile, AMissingDirectoryIsUnavailable) {
-  EXPECT_THAT(SpillFile::Create("/nonexistent/sonde", 1 << 20).status(),
+TEST(SpillFile, AMissingDirectoryIsCreated) {
+  TempDir dir;
+  const std::string nested = dir.path() + "/a/b";
+  auto file = SpillFile::Create(nested, 1 << 20);
+  ASSERT_THAT(file, IsOk());
+  SONDE_ASSERT_OK((*file)->Append(Tensor("w", 0, 4096)));
+  EXPECT_TRUE(std::filesystem::is_directory(nested));
+  EXPECT_TRUE(std::filesystem::is_empty(nested));  // unlinked
+}
+
+TEST(SpillFile, ADirectoryThatCannotBeMadeIsUnavailable) {
+  TempDir dir;
+  const std::string file = dir.path() + "/plain-file";
+  ASSERT_EQ(std::system(("touch " + file).c_str()), 0);
+  // Under a regular file: refused even to root, which could make "/nonexistent".
+  EXPECT_THAT(SpillFile::Create(file + "/sonde", 1 << 20).status(),
               StatusIs(absl::StatusCode::kUnavailable, "cannot create"));
 }
 

@@ -17,14 +17,9 @@ namespace sonde {
 
 absl::StatusOr<std::unique_ptr<ValueSpill>> ValueSpill::Create(const std::string& dir,
                                                                uint64_t max_bytes) {
-  std::string path = dir + "/sonde-values-XXXXXX";
-  const int fd = mkstemp(path.data());
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot create a device values spill file in ",
-                                               dir, ": ", std::strerror(errno)));
-  }
-  unlink(path.c_str());
-  return std::unique_ptr<ValueSpill>(new ValueSpill(fd, max_bytes));
+  absl::StatusOr<int> fd = CreateUnlinkedFile(dir, "sonde-values", "a device values spill file");
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<ValueSpill>(new ValueSpill(*fd, max_bytes));
 }
 
 ValueSpill::~ValueSpill() { close(fd_); }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -164,8 +165,21 @@ TEST(ValueSpill, ReadsRunBesideWrites) {
   EXPECT_EQ(s.live_records(), 0u);
 }
 
-TEST(ValueSpill, AnUnwritableDirectoryIsUnavailable) {
-  EXPECT_THAT(ValueSpill::Create("/nonexistent/sonde", 1 << 20),
+TEST(ValueSpill, AMissingDirectoryIsCreated) {
+  TempDir dir;
+  const std::string nested = dir.path() + "/a/b";
+  auto s = ValueSpill::Create(nested, 1 << 20);
+  ASSERT_THAT(s, IsOk());
+  EXPECT_TRUE(std::filesystem::is_directory(nested));
+  EXPECT_TRUE(std::filesystem::is_empty(nested));  // unlinked
+}
+
+TEST(ValueSpill, ADirectoryThatCannotBeMadeIsUnavailable) {
+  TempDir dir;
+  const std::string file = dir.path() + "/plain-file";
+  ASSERT_EQ(std::system(("touch " + file).c_str()), 0);
+  // Under a regular file: refused even to root, which could make "/nonexistent".
+  EXPECT_THAT(ValueSpill::Create(file + "/sonde", 1 << 20),
               StatusIs(absl::StatusCode::kUnavailable, "cannot create"));
 }
 

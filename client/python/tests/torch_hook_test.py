@@ -541,6 +541,43 @@ def test_an_unreachable_collector_never_stops_training(caplog):
     assert not hook.disabled
 
 
+def test_backpressure_limits_given_in_python_bound_memory_disk_and_waits(tmp_path):
+    """With the collector down and the spool off, what does not fit in
+    max_queue_bytes goes to the spill file up to max_spill_bytes, and then
+    is dropped and counted; under "block" a save waits max_block_seconds
+    and is then dropped. A file large enough drops nothing."""
+    address = "127.0.0.1:%d" % free_port()
+    spill_limit = 32 << 10
+
+    def run(job, **kwargs):
+        hook = smd.Hook(collector=address, job=job, spool_dir=False, max_queue_bytes=16 << 10,
+                        close_timeout_seconds=0.2, save_config=smd.SaveConfig(save_interval=1),
+                        include_collections=["weights"], **kwargs)
+        train(hook, Net(), batches(20))
+        counters = hook.counters()
+        hook.close()
+        return counters
+
+    step_bytes = sum(p.numel() * 4 for p in Net().parameters())
+    assert 20 * step_bytes > 2 * ((16 << 10) + spill_limit)  # 20 steps cannot fit
+    small = run("spill-small", backpressure="spill", spill_dir=str(tmp_path / "small"),
+                max_spill_bytes=spill_limit)
+    assert small["tensors_spilled"] > 0, small
+    assert 0 < small["bytes_spilled"] <= spill_limit, small
+    assert small["tensors_dropped"] > 0, small
+    large = run("spill-large", backpressure="spill", spill_dir=str(tmp_path / "large"),
+                max_spill_bytes=64 << 20)
+    assert large["bytes_spilled"] > spill_limit, large
+    assert large["tensors_dropped"] == 0, large
+    blocked = run("block", backpressure="block", max_block_seconds=0.01)
+    assert blocked["tensors_spilled"] == 0 and blocked["tensors_dropped"] > 0, blocked
+
+    with pytest.raises(ValueError, match="max_spill_bytes"):
+        smd.Hook(job="j", max_spill_bytes=-1)
+    with pytest.raises(ValueError, match="max_block_seconds"):
+        smd.Hook(job="j", max_block_seconds="1s")
+
+
 def test_a_failure_inside_sonde_disables_it_and_training_goes_on(collector, caplog):
     model = Net()
     hook = smd.Hook(collector=collector.address, job="broken",

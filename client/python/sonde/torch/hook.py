@@ -165,7 +165,9 @@ class Hook:
         With include_workers="one" only rank 0 sees the stop: see
         should_stop().
       max_queue_bytes, backpressure ("spill", "drop", "block"), spill_dir,
-      close_timeout_seconds: see client/hook.h.
+      max_spill_bytes, max_block_seconds, close_timeout_seconds: see
+        client/hook.h and client/backpressure.h (defaults: 4 GiB of spill
+        file, 1 s of waiting under "block" before a save is dropped).
       spool_dir: the durable spool, where each step waits on disk until the
         collector acknowledges it, so that steps not stored when the
         process ends (a collector down, kill -9) can be uploaded later with
@@ -189,8 +191,9 @@ class Hook:
                  token=None, ca_file=None, cert_file=None, key_file=None,
                  server_name_override=None, worker=None, world_size=None, strict=False,
                  raise_on_stop=False, max_queue_bytes=None, backpressure=None, spill_dir=None,
-                 close_timeout_seconds=None, profiler=None, spool_dir=None,
-                 max_spool_bytes=None, defer_device_reads=False, _config_file=None):
+                 max_spill_bytes=None, max_block_seconds=None, close_timeout_seconds=None,
+                 profiler=None, spool_dir=None, max_spool_bytes=None, defer_device_reads=False,
+                 _config_file=None):
         if include_workers not in ("one", "all"):
             raise ValueError("include_workers must be 'one' or 'all', not %r" % (include_workers,))
         if save_config is not None and not isinstance(save_config, SaveConfig):
@@ -286,6 +289,8 @@ class Hook:
             "max_queue_bytes": max_queue_bytes,
             "backpressure": backpressure,
             "spill_dir": spill_dir,
+            "max_spill_bytes": max_spill_bytes,
+            "max_block_seconds": max_block_seconds,
             "close_timeout_seconds": close_timeout_seconds,
             "spool_dir": "" if spool_dir is False else (
                 os.fspath(spool_dir) if spool_dir is not None else None),
