@@ -3,11 +3,11 @@
 //   weights   ^(?!gradient).*weight      biases   ^(?!gradient).*bias
 //   gradients ^gradient                  losses   [Ll]oss_(?!input).*output
 //   metrics, inputs, outputs, scalars    (membership given explicitly)
-//   default   the hook's include_regex   all      every tensor (save_all)
+//   default   the hook's include_regex   all      every tensor
 // A tensor belongs to the collections passed with it, to those whose regex
 // matches its name, and to those it was added to. It is saved at a step if
 // one of its *included* collections (include_collections, the configured
-// ones, losses always, all if save_all) saves at that mode step; with
+// ones, losses always, all if save_all or asked for) saves at that mode step; with
 // values unless every such collection asks for statistics only. Like
 // smdebug, gradients are not saved in EVAL or PREDICT mode.
 // Thread-compatible (the Hook guards it).

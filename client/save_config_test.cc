@@ -182,6 +182,27 @@ TEST(Collections, CustomCollectionWithItsOwnIntervalAndSaveAll) {
   EXPECT_TRUE(all->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 100).save);
 }
 
+TEST(Collections, AllHoldsEveryTensorHoweverItIsIncluded) {
+  HookConfig config;
+  config.save_config = SaveConfig::Every(1);
+  auto plain = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(plain);
+  EXPECT_FALSE(plain->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 0).save);
+  // As smdebug's include_collections=["all"].
+  config.include_collections = {"all"};
+  auto included = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(included);
+  EXPECT_TRUE(included->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 0).save);
+  EXPECT_TRUE(included->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 0).values);
+  // A rule's request for it (collection_names=all).
+  v1::CollectionRequest all;
+  all.set_name("all");
+  SONDE_ASSERT_OK(plain->Require(all));
+  SaveDecision d = plain->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 0);
+  EXPECT_TRUE(d.save);
+  EXPECT_TRUE(d.collections.empty());  // membership of "all" stays implicit
+}
+
 TEST(Collections, ARulesRequestIncludesItsCollectionWithValues) {
   HookConfig config;
   config.save_config = SaveConfig::Every(1);

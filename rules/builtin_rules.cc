@@ -198,7 +198,7 @@ void RegisterBuiltinRules(RuleFactory& factory) {
         {{"collection_names", "", "comma-separated collections to watch"},
          {"tensor_regex", "", "regex of tensor names to watch"},
          {"only_nan", "false", "look for NaN only, not +-Inf"}},
-        {"all"},
+        {},  // every tensor saved: asking for "all" would save every tensor of the model
         "Lower the learning rate, check the input scaling, or add gradient clipping."},
        &MakeExplodingTensor},
       {{"LossNotDecreasing",

@@ -81,6 +81,9 @@ TEST(ExplodingTensor, WatchesOnlySelectedTensors) {
   EXPECT_FALSE(by_collection->OnStep(Step(0, {Tensor("w", {kNaN}, {"weights"})}))->has_value());
   EXPECT_TRUE(
       by_collection->OnStep(Step(1, {Tensor("gradient/w", {kNaN}, {"gradients"})}))->has_value());
+  // "all" is every tensor, though no record lists it among its collections.
+  auto all = Make("ExplodingTensor", {{"collection_names", "all"}});
+  EXPECT_TRUE(all->OnStep(Step(0, {Tensor("w", {kNaN}, {"weights"})}))->has_value());
   auto by_regex = Make("ExplodingTensor", {{"tensor_regex", "^fc1\\."}});
   EXPECT_FALSE(by_regex->OnStep(Step(0, {Tensor("fc2.weight", {kNaN})}))->has_value());
   EXPECT_TRUE(by_regex->OnStep(Step(1, {Tensor("fc1.weight", {kNaN})}))->has_value());
@@ -227,10 +230,28 @@ TEST(CollectionRequests, FollowTheCatalogueAndTheSpecsSelectors) {
   EXPECT_EQ(exploding[1].include_regex_size(), 0);
   EXPECT_FALSE(exploding[1].values());
 
+  EXPECT_TRUE(requests("ExplodingTensor", {}).empty());  // judges what is saved
   auto by_regex = requests("ExplodingTensor", {{"tensor_regex", "^fc1\\\\."}});
-  ASSERT_EQ(by_regex.size(), 2u);  // the default "all" plus the regex
-  EXPECT_EQ(by_regex[1].name(), "rule:ExplodingTensor");
-  EXPECT_EQ(by_regex[1].include_regex(0), "^fc1\\\\.");
+  ASSERT_EQ(by_regex.size(), 1u);
+  EXPECT_EQ(by_regex[0].name(), "rule:ExplodingTensor");
+  EXPECT_EQ(by_regex[0].include_regex(0), "^fc1\\\\.");
+
+  // Default regexes are requested too, else the rule would judge nothing.
+  auto saturated = requests("SaturatedActivation", {});
+  ASSERT_EQ(saturated.size(), 1u);
+  EXPECT_EQ(saturated[0].name(), "rule:SaturatedActivation");
+  EXPECT_EQ(saturated[0].include_regex(0), ".*tanh_input|.*sigmoid_input");
+  EXPECT_TRUE(saturated[0].values());
+  EXPECT_TRUE(requests("SaturatedActivation", {{"tensor_regex", ""}}).empty());
+  auto imbalance = requests("ClassImbalance", {});
+  ASSERT_EQ(imbalance.size(), 2u);
+  EXPECT_EQ(imbalance[0].include_regex(0), ".*labels");
+  EXPECT_EQ(imbalance[1].include_regex(0), ".*predictions");
+  // A default regex that a default collection already asks for is not
+  // asked for twice.
+  auto poor = requests("PoorWeightInitialization", {});
+  ASSERT_EQ(poor.size(), 3u);
+  EXPECT_EQ(poor[0].name(), "relu_input");
 
   auto loss = requests("LossNotDecreasing", {});
   ASSERT_EQ(loss.size(), 1u);

@@ -1,5 +1,6 @@
 #include "rules/rule_factory.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -132,10 +133,24 @@ std::vector<v1::CollectionRequest> CollectionRequestsFor(const v1::RuleSpec& spe
       add(name, regex != nullptr ? regex : "");
     }
   }
+  // A regex parameter the spec leaves out is the rule's default (e.g.
+  // SaturatedActivation's tanh and sigmoid inputs), which the hook must
+  // save too, or the rule would end NoIssuesFound having judged nothing.
+  auto param_or_default = [&](const char* key) -> std::string {
+    if (spec.parameters().count(key) > 0) return param(key);
+    for (const RuleParameterInfo& p : info.parameters) {
+      if (p.name == key) return p.default_value;
+    }
+    return "";
+  };
   for (const char* key : {"tensor_regex", "regex", "activation_inputs_regex", "labels_regex",
                           "predictions_regex"}) {
-    const std::string regex = param(key);
-    if (!regex.empty()) add(absl::StrCat("rule:", spec.name()), regex);
+    const std::string regex = param_or_default(key);
+    if (regex.empty()) continue;
+    const bool requested = std::any_of(out.begin(), out.end(), [&](const v1::CollectionRequest& r) {
+      return r.include_regex_size() == 1 && r.include_regex(0) == regex;
+    });
+    if (!requested) add(absl::StrCat("rule:", spec.name()), regex);
   }
   return out;
 }

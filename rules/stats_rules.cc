@@ -1007,7 +1007,7 @@ void RegisterStatisticsRules(RuleFactory& factory) {
         "recorded order, "
         "that has one.",
         {},
-        {"all"},
+        {},  // every tensor saved, as ExplodingTensor
         "Look at the named tensor's operation: a log or division of zero, an "
         "overflow in "
         "exp, or a learning rate too high; lower it or add clipping."},

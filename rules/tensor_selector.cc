@@ -10,6 +10,7 @@ absl::StatusOr<TensorSelector> TensorSelector::Create(std::vector<std::string> c
                                                       const std::string& regex) {
   TensorSelector s;
   s.collections_ = std::move(collections);
+  s.all_ = std::find(s.collections_.begin(), s.collections_.end(), "all") != s.collections_.end();
   if (!regex.empty()) {
     absl::StatusOr<Pattern> p = Pattern::Compile(regex, "tensor_regex");
     if (!p.ok()) return p.status();
@@ -19,6 +20,7 @@ absl::StatusOr<TensorSelector> TensorSelector::Create(std::vector<std::string> c
 }
 
 bool TensorSelector::InCollections(const v1::TensorRecord& record) const {
+  if (all_) return true;
   for (const std::string& c : collections_) {
     if (std::find(record.collections().begin(), record.collections().end(), c) !=
         record.collections().end()) {

@@ -1,7 +1,8 @@
 // Which tensors a rule looks at: members of named collections and/or names
 // matching a regular expression (searched anywhere in the name, RE2 syntax:
-// common/pattern.h). An empty selector selects every tensor. Not thread-safe (caches
-// match results per name).
+// common/pattern.h). An empty selector selects every tensor, and so does
+// the collection "all" (whose membership records never list). Not
+// thread-safe (caches match results per name).
 #ifndef SONDE_RULES_TENSOR_SELECTOR_H_
 #define SONDE_RULES_TENSOR_SELECTOR_H_
 
@@ -31,6 +32,7 @@ class TensorSelector {
   bool InCollections(const v1::TensorRecord& record) const;
 
   std::vector<std::string> collections_;
+  bool all_ = false;  // "all" is among collections_
   std::optional<Pattern> regex_;
   std::map<std::string, bool> regex_cache_;
 };

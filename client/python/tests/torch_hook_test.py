@@ -263,6 +263,36 @@ def test_a_step_saving_weights_and_gradients_hooks_no_module(collector):
             assert not [n for n in names if "_output_" in n and "Loss" not in n]
 
 
+def test_the_collectors_default_rules_hook_no_module_and_all_saves_everything(start_collector):
+    """ExplodingTensor and NaNOrigin judge every tensor saved and ask the
+    hook for none, so a job saving weights and gradients under the
+    collector's default rules still hooks no module. Including "all" (as
+    in smdebug) saves every tensor."""
+    collector = start_collector(rules="ExplodingTensor(actions=StopTraining);LossNotDecreasing;"
+                                      "NaNOrigin")
+
+    def forward_hooks(model):
+        return sum(len(m._forward_hooks) for m in model.modules())
+
+    for collections, hooked in ((["weights", "gradients"], False), (["all"], True)):
+        torch.manual_seed(4)
+        model = Net()
+        job = "rules-" + collections[0]
+        hook = smd.Hook(collector=collector.address, job=job, strict=True,
+                        save_config=smd.SaveConfig(save_interval=1),
+                        include_collections=collections)
+        assert hook.wait_until_connected(10)  # the rules' requests are in
+        counts = []
+        train(hook, model, batches(3),
+              on_step=lambda m, loss: counts.append(forward_hooks(m)))
+        hook.close()
+        modules = len(list(model.modules()))
+        assert counts == [modules] + [modules if hooked else 0] * 2, (collections, counts)
+        names = Reader(collector.address, job).names()
+        assert "gradient/Net_fc1.weight" in names and "Net_fc1.weight" in names
+        assert ("fc1_output_0" in names) == hooked, names
+
+
 class TwoOutputs(nn.Module):
     """Returns (features, a summary): a later output, as an LSTM's state."""
 
