@@ -123,6 +123,12 @@ absl::StatusOr<HookOptions> Hook::ApplyJsonFile(const std::string& path, HookOpt
   if (c != parsed->sonde_parameters.end()) base.collector = c->second;
   auto j = parsed->sonde_parameters.find("job");
   if (j != parsed->sonde_parameters.end()) base.job = j->second;
+  // SageMaker writes it when a TensorBoardOutputConfig is given: the
+  // collector writes this job's event files (docs/tensorboard.md).
+  auto tb = parsed->sonde_parameters.find("export_tensorboard");
+  if (tb != parsed->sonde_parameters.end() && tb->second == "true") {
+    base.metadata.emplace("sonde.tensorboard", "on");  // an explicit value stays
+  }
   return base;
 }
 

@@ -72,14 +72,24 @@ absl::StatusOr<ParsedHookConfig> ParseHookConfigJson(absl::string_view text) {
   auto hook = StringMap(doc.contains("HookParameters") ? doc["HookParameters"] : nlohmann::json(),
                         "HookParameters");
   if (!hook.ok()) return hook.status();
-  // smdebug parameters Sonde accepts but has no use for.
-  static const std::set<std::string> kIgnored = {"include_workers", "export_tensorboard",
-                                                 "tensorboard_dir", "dry_run", "save_shape",
+  // smdebug parameters Sonde accepts but has no use for (see the header).
+  static const std::set<std::string> kIgnored = {"tensorboard_dir", "dry_run", "save_shape",
                                                  "save_histogram"};
   for (const auto& [key, value] : *hook) {
     if (SaveConfig::IsSaveKey(key) || kIgnored.count(key) > 0) continue;
     if (key == "collector" || key == "job") {
       out.sonde_parameters[key] = value;
+    } else if (key == "export_tensorboard") {
+      auto b = ParseBool(key, value);
+      if (!b.ok()) return b.status();
+      out.sonde_parameters[key] = *b ? "true" : "false";
+    } else if (key == "include_workers") {
+      const std::string v = absl::AsciiStrToLower(value);
+      if (v != "one" && v != "all") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("include_workers='", value, "' is not one or all"));
+      }
+      out.sonde_parameters[key] = v;
     } else if (key == "include_regex") {
       out.config.include_regex = SplitList(value);
     } else if (key == "save_all") {

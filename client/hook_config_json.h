@@ -7,8 +7,12 @@
 //    "CollectionConfigurations": [
 //      {"CollectionName": "weights", "CollectionParameters": {"save_interval": "100"}}]}
 // All values are strings, as SageMaker writes them. Save keys may carry mode
-// prefixes ("train.save_interval"). "collector" and "job" are Sonde's
-// additions and come back in `sonde_parameters`. Thread-safe.
+// prefixes ("train.save_interval"). "collector" and "job" (Sonde's
+// additions), "export_tensorboard" (checked: true or false) and
+// "include_workers" (checked: one or all; only the Python hook, which knows
+// the rank, acts on it) come back in `sonde_parameters`. "tensorboard_dir"
+// (the collector decides where files go), "dry_run", "save_shape" and
+// "save_histogram" are accepted and have no effect. Thread-safe.
 #ifndef SONDE_CLIENT_HOOK_CONFIG_JSON_H_
 #define SONDE_CLIENT_HOOK_CONFIG_JSON_H_
 
@@ -23,7 +27,8 @@ namespace sonde {
 
 struct ParsedHookConfig {
   HookConfig config;
-  std::map<std::string, std::string> sonde_parameters;  // collector, job
+  // collector, job, export_tensorboard ("true"/"false"), include_workers.
+  std::map<std::string, std::string> sonde_parameters;
 };
 
 absl::StatusOr<ParsedHookConfig> ParseHookConfigJson(absl::string_view json);

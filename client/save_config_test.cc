@@ -270,6 +270,20 @@ TEST(HookConfigJson, RejectsTyposAndMalformedDocuments) {
               StatusIs(absl::StatusCode::kInvalidArgument, "CollectionName"));
   EXPECT_THAT(ParseHookConfigJson(R"({"HookParameters": {"save_all": "maybe"}})"),
               StatusIs(absl::StatusCode::kInvalidArgument, "maybe"));
+  EXPECT_THAT(ParseHookConfigJson(R"({"HookParameters": {"export_tensorboard": "yes"}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "export_tensorboard='yes'"));
+  EXPECT_THAT(ParseHookConfigJson(R"({"HookParameters": {"include_workers": "some"}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "include_workers='some'"));
+}
+
+TEST(HookConfigJson, TensorBoardAndWorkersAreReadOtherSmdebugKeysAccepted) {
+  auto parsed = ParseHookConfigJson(R"({"HookParameters": {
+      "export_tensorboard": "True", "tensorboard_dir": "/opt/ml/output/tensorboard",
+      "include_workers": "All", "dry_run": "false", "save_shape": "true"}})");
+  SONDE_ASSERT_OK(parsed);
+  EXPECT_EQ(parsed->sonde_parameters.at("export_tensorboard"), "true");
+  EXPECT_EQ(parsed->sonde_parameters.at("include_workers"), "all");
+  EXPECT_EQ(parsed->sonde_parameters.count("tensorboard_dir"), 0u);
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 
   SaveConfig(save_interval=500, start_step=0, end_step=None, save_steps=None,
              mode_save_configs={modes.EVAL: SaveConfigMode(save_interval=1)})
-  ReductionConfig(reductions=["mean"], abs_reductions=["max"], norms=["l2"],
-                  abs_norms=[], save_raw_tensor=False)
+  ReductionConfig(reductions=[], abs_reductions=[], norms=[], abs_norms=[],
+                  save_raw_tensor=False)   (e.g. reductions=["mean"], norms=["l2"])
   Collection(name, include_regex=[...], save_config=..., reduction_config=...,
              save_histogram=False)
 
@@ -17,7 +17,10 @@ from sonde import modes as _modes
 
 DEFAULT_SAVE_INTERVAL = 500
 
-_REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod")
+# smdebug's, less "prod": a product is no statistic the collector keeps (it
+# over- or underflows for all but small tensors). Trials compute it from
+# saved values (save_raw_tensor=True).
+_REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum")
 _NORMS = ("l1", "l2")
 
 
@@ -93,6 +96,10 @@ class ReductionConfig:
         # Accepted for smdebug compatibility and ignored: shapes are always stored.
         self.save_shape = bool(save_shape)
         for r in self.reductions + self.abs_reductions:
+            if r == "prod":
+                raise ValueError("reduction 'prod' is not saved as a statistic; save values "
+                                 "(save_raw_tensor=True) and ask a trial for "
+                                 "reduction_value(step, 'prod')")
             if r not in _REDUCTIONS:
                 raise ValueError("reduction %r is not one of %s" % (r, ", ".join(_REDUCTIONS)))
         for n in self.norms + self.abs_norms:

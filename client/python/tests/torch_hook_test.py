@@ -471,6 +471,37 @@ def test_create_from_json_file_reads_sagemakers_config(collector, tmp_path):
     assert r.names("weights") == ["Linear_weight"]
 
 
+def test_create_from_json_file_takes_tensorboard_and_workers_from_the_file(collector, tmp_path):
+    """SageMaker writes export_tensorboard (with a TensorBoardOutputConfig)
+    and include_workers into HookParameters; both act as the kwargs do."""
+    path = tmp_path / "debughookconfig.json"
+
+    def write(job, **params):
+        path.write_text(json.dumps({"HookParameters": dict(
+            {"save_interval": "1", "collector": collector.address, "job": job}, **params)}))
+        return str(path)
+
+    hook = smd.Hook.create_from_json_file(write("tb", export_tensorboard="true"), strict=True)
+    model = nn.Linear(3, 1)
+    hook.register_module(model)
+    model(torch.ones(2, 3))
+    hook.close()
+    assert Reader(collector.address, "tb").job_info().metadata["sonde.tensorboard"] == "on"
+
+    # Rank 1 of 2: "all" makes it a worker of the job; the default, "one",
+    # leaves only rank 0 saving.
+    for include, disabled in (("all", False), (None, True)):
+        params = {"include_workers": include} if include else {}
+        hook = smd.Hook.create_from_json_file(write("ranks-%s" % include, **params),
+                                              worker=1, world_size=2)
+        assert hook._disabled == disabled, include
+        hook.close()
+    kwarg = smd.Hook.create_from_json_file(write("kwarg", include_workers="all"),
+                                           include_workers="one", worker=1, world_size=2)
+    assert kwarg._disabled  # the kwarg wins
+    kwarg.close()
+
+
 def test_create_from_json_file_refuses_what_to_save_from_python(collector, tmp_path):
     path = tmp_path / "debughookconfig.json"
     path.write_text(json.dumps({"HookParameters": {"collector": collector.address,
@@ -499,6 +530,8 @@ def test_bad_options_fail_at_construction_with_the_reason():
         smd.Hook(job="j", include_workers="some")
     with pytest.raises(ValueError, match="median"):
         smd.ReductionConfig(reductions=["median"])
+    with pytest.raises(ValueError, match="save_raw_tensor"):  # smdebug has it; see config.py
+        smd.ReductionConfig(abs_reductions=["prod"])
     with pytest.raises(ValueError, match="regex"):
         smd.Hook(job="j", include_regex=["("])
     with pytest.raises(ValueError, match="Explode"):

@@ -317,7 +317,9 @@ class Hook:
         /opt/ml/input/config/debughookconfig.json.
 
         kwargs are passed to Hook() (collector, job, credentials, strict,
-        ...); a "collector" or "job" in the file wins over the kwargs. What
+        ...); a "collector" or "job" in the file wins over the kwargs; the
+        file's "include_workers" applies unless given as a kwarg, and its
+        "export_tensorboard": "true" acts as export_tensorboard=True. What
         to save comes from the file alone: save_config, reduction_config,
         include_regex, include_collections and save_all raise ValueError,
         and so does a collection customised through get_collection (at the
@@ -336,6 +338,14 @@ class Hook:
                 json_file_path = DEFAULT_CONFIG_FILE
         if not os.path.isfile(json_file_path):
             raise FileNotFoundError("no hook config file at %s" % json_file_path)
+        # The C++ hook reads the rest of the file (and rejects a malformed one).
+        try:
+            with open(json_file_path) as f:
+                params = json.load(f).get("HookParameters") or {}
+        except (ValueError, AttributeError):
+            params = {}
+        if isinstance(params, dict) and isinstance(params.get("include_workers"), str):
+            kwargs.setdefault("include_workers", params["include_workers"].strip().lower())
         return cls(_config_file=json_file_path, **kwargs)
 
     def _config_json(self):
