@@ -29,11 +29,12 @@ from sonde.exceptions import (  # noqa: F401
 )
 from sonde.trials.profiler import FrameworkEvent, MetricSeries  # noqa: F401
 from sonde.trials.steps import StepState  # noqa: F401
-from sonde.trials.tensor import Tensor  # noqa: F401
+from sonde.trials.tensor import Tensor, TensorStep  # noqa: F401
 from sonde.trials.trial import Collection, Trial, create_trial  # noqa: F401
 
 __all__ = [
-    "create_trial", "Trial", "Tensor", "Collection", "StepState", "MetricSeries", "FrameworkEvent",
+    "create_trial", "Trial", "Tensor", "TensorStep", "Collection", "StepState", "MetricSeries",
+    "FrameworkEvent",
     "CollectorUnavailable", "InvalidWorker", "JobNotFound", "NoMoreData", "QueryError",
     "StepNotYetAvailable", "StepUnavailable", "TensorDataLoss", "TensorUnavailable",
     "TensorUnavailableForStep",

@@ -113,6 +113,11 @@ class Tensor:
             raise InvalidWorker(worker)
         return self._read(step, mode, workers[0] if rank is None else rank)
 
+    def step(self, step_num, mode=ModeKeys.GLOBAL, worker=None):
+        """The tensor at one step, in the older smdebug style
+        (`tensor.step(s).value`): nothing is read until asked for."""
+        return TensorStep(self, step_num, mode, worker)
+
     def values(self, mode=ModeKeys.GLOBAL, worker=None):
         """dict step -> value for every complete step of the mode."""
         return {s: self.value(s, mode=mode, worker=worker) for s in self.steps(mode=mode)}
@@ -158,3 +163,29 @@ class Tensor:
         return {(name, abs_): reductions.from_statistics(name, stats, abs_)
                 for name in reductions.FROM_STATISTICS for abs_ in (False, True)
                 if stats.count > 0 or name not in ("min", "max")}
+
+
+class TensorStep:
+    """One step of a Tensor (`Tensor.step`): `value` and the reductions,
+    read when asked for, with the step's mode and worker."""
+
+    def __init__(self, tensor, step_num, mode, worker):
+        self.tensor = tensor
+        self.step_num = as_step(step_num)
+        self.mode = as_mode(mode)
+        self.worker = worker
+
+    def __repr__(self):
+        return "<sonde.trials.TensorStep {!r} at {} step {}>".format(
+            self.tensor.name, self.mode.name, self.step_num)
+
+    @property
+    def value(self):
+        return self.tensor.value(self.step_num, mode=self.mode, worker=self.worker)
+
+    def reduction_value(self, reduction_name, abs=False):
+        return self.tensor.reduction_value(self.step_num, reduction_name, mode=self.mode,
+                                           worker=self.worker, abs=abs)
+
+    def reduction_values(self):
+        return self.tensor.reduction_values(self.step_num, mode=self.mode, worker=self.worker)

@@ -272,6 +272,10 @@ class Trial:
         # One ReadSeries per candidate: ListTensors has no step or mode filter.
         return [n for n in names if Tensor(n, self)._saved_at(step, mode)]
 
+    def tensors(self, **filters):
+        """tensor_names(**filters), by the older smdebug name."""
+        return self.tensor_names(**filters)
+
     def has_tensor(self, tname):
         return any(t.name == tname for t in self._tensor_infos())
 

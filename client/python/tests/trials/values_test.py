@@ -369,3 +369,19 @@ def test_reductions_of_values_with_nan_are_nan(trial):
     t = trial.tensor("fc1.weight")
     assert math.isnan(t.reduction_value(1, "mean"))
     assert math.isnan(t.reduction_value(1, "max", abs=True))
+
+
+def test_the_older_smdebug_names_read_the_same(trial):
+    """trial.tensors() and tensor.step(s).value, as the seed blog's
+    notebook reads them."""
+    assert trial.tensors() == trial.tensor_names()
+    assert trial.tensors(collection="weights") == ["fc1.weight"]
+    t = trial.tensor("fc1.weight")
+    for s in t.steps():
+        same_bits(t.step(s).value, t.value(s))
+    at = t.step(3, mode=TRAIN, worker=1)
+    same_bits(at.value, weight(6, 1))
+    assert at.reduction_value("max") == t.reduction_value(3, "max", mode=TRAIN, worker=1)
+    assert at.reduction_values() == t.reduction_values(3, mode=TRAIN, worker=1)
+    with pytest.raises(StepUnavailable):
+        t.step(5).value  # noqa: B018 (global step 5 saved nothing)
