@@ -253,6 +253,26 @@ TEST(CollectionRequests, FollowTheCatalogueAndTheSpecsSelectors) {
   ASSERT_EQ(poor.size(), 3u);
   EXPECT_EQ(poor[0].name(), "relu_input");
 
+  // collections_to_save: its settings join the default request for that
+  // collection, or make a new one.
+  v1::RuleSpec vanishing;
+  vanishing.set_rule_type("VanishingGradient");
+  vanishing.set_name("VanishingGradient");
+  v1::CollectionRequest every5;
+  every5.set_name("gradients");
+  (*every5.mutable_parameters())["save_interval"] = "5";
+  *vanishing.add_collections_to_save() = every5;
+  v1::CollectionRequest relu;
+  relu.set_name("relu_output");
+  *vanishing.add_collections_to_save() = relu;
+  auto with_settings = CollectionRequestsFor(vanishing, *Factory().Find("VanishingGradient"));
+  ASSERT_EQ(with_settings.size(), 2u);
+  EXPECT_EQ(with_settings[0].name(), "gradients");
+  EXPECT_EQ(with_settings[0].parameters().at("save_interval"), "5");
+  EXPECT_EQ(with_settings[1].name(), "relu_output");
+  EXPECT_EQ(with_settings[1].include_regex(0), ".*relu_output");  // the known members
+  EXPECT_EQ(with_settings[1].rule(), "VanishingGradient");
+
   auto loss = requests("LossNotDecreasing", {});
   ASSERT_EQ(loss.size(), 1u);
   EXPECT_EQ(loss[0].name(), "losses");

@@ -91,6 +91,36 @@ absl::StatusOr<std::vector<v1::RuleSpec>> ParseRulesJson(absl::string_view text)
             (*spec.mutable_parameters())[p.key()] = AsString(p.value());
           }
         }
+      } else if (key == "collections_to_save" || key == "CollectionsToSave") {
+        // SageMaker's [CollectionConfig(name, parameters)], as JSON:
+        // [{"name": "weights", "parameters": {"save_interval": "10"}}].
+        if (!it.value().is_array()) {
+          return absl::InvalidArgumentError(absl::StrCat("'", key, "' must be a list"));
+        }
+        for (const nlohmann::json& c : it.value()) {
+          if (!c.is_object()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("each of '", key, "' must be an object with a name"));
+          }
+          v1::CollectionRequest* request = spec.add_collections_to_save();
+          for (auto f = c.begin(); f != c.end(); ++f) {
+            if (f.key() == "name" || f.key() == "CollectionName") {
+              request->set_name(AsString(f.value()));
+            } else if (f.key() == "parameters" || f.key() == "CollectionParameters") {
+              if (f.value().is_null()) continue;
+              if (!f.value().is_object()) {
+                return absl::InvalidArgumentError(
+                    absl::StrCat("collection parameters in '", key, "' must be an object"));
+              }
+              for (auto p = f.value().begin(); p != f.value().end(); ++p) {
+                (*request->mutable_parameters())[p.key()] = AsString(p.value());
+              }
+            } else {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("unknown field '", f.key(), "' in '", key, "'"));
+            }
+          }
+        }
       } else if (key == "actions") {
         if (!it.value().is_array()) {
           return absl::InvalidArgumentError("'actions' must be a list");

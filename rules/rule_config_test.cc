@@ -48,12 +48,40 @@ TEST(RulesJson, ReadsOurShapeAndSageMakersSpelling) {
   EXPECT_EQ((*specs)[1].parameters().at("num_steps"), "20");
 }
 
+TEST(RulesJson, ReadsCollectionsToSave) {
+  auto specs = ParseRulesJson(R"([{"rule_type": "VanishingGradient",
+      "collections_to_save": [
+          {"name": "gradients", "parameters": {"save_interval": "5", "eval.save_interval": 1}},
+          {"CollectionName": "biases", "CollectionParameters": null}]}])");
+  SONDE_ASSERT_OK(specs);
+  const v1::RuleSpec& spec = (*specs)[0];
+  ASSERT_EQ(spec.collections_to_save_size(), 2);
+  EXPECT_EQ(spec.collections_to_save(0).name(), "gradients");
+  EXPECT_EQ(spec.collections_to_save(0).parameters().at("save_interval"), "5");
+  EXPECT_EQ(spec.collections_to_save(0).parameters().at("eval.save_interval"), "1");
+  EXPECT_EQ(spec.collections_to_save(1).name(), "biases");
+  EXPECT_TRUE(spec.collections_to_save(1).parameters().empty());
+}
+
 TEST(RulesJson, RejectsBadDocuments) {
   EXPECT_THAT(ParseRulesJson("{"), StatusIs(absl::StatusCode::kInvalidArgument, "not valid JSON"));
   EXPECT_THAT(ParseRulesJson(R"({"rules": [{"rule_type": "ExplodingTensor", "colour": 1}]})"),
               StatusIs(absl::StatusCode::kInvalidArgument, "colour"));
   EXPECT_THAT(ParseRulesJson(R"([{"rule_parameters": {"only_nan": "true"}}])"),
               StatusIs(absl::StatusCode::kInvalidArgument, "no rule_type"));
+  // Save settings are checked at the collector, not in training.
+  EXPECT_THAT(ParseRulesJson(R"([{"rule_type": "ExplodingTensor", "collections_to_save": [
+                  {"name": "weights", "parameters": {"save_intervall": "5"}}]}])"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "save_intervall"));
+  EXPECT_THAT(ParseRulesJson(R"([{"rule_type": "ExplodingTensor", "collections_to_save": [
+                  {"name": "weights", "parameters": {"save_interval": "0"}}]}])"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "collection 'weights'"));
+  EXPECT_THAT(ParseRulesJson(R"([{"rule_type": "ExplodingTensor", "collections_to_save": [
+                  {"parameters": {"save_interval": "5"}}]}])"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no name"));
+  EXPECT_THAT(ParseRulesJson(R"([{"rule_type": "ExplodingTensor", "collections_to_save": [
+                  {"name": "w", "regex": "x"}]}])"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'regex'"));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/save_config.h"
 #include "common/status_macros.h"
 
 namespace sonde::rules {
@@ -75,6 +76,30 @@ absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
         absl::StrCat("rule '", spec.name(), "': unknown action '", a,
                      "' (known: StopTraining, Log, Webhook:<url>)"));
   }
+  for (const v1::CollectionRequest& c : spec.collections_to_save()) {
+    if (c.name().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rule '", spec.name(), "': a collection to save has no name"));
+    }
+    for (const auto& [key, value] : c.parameters()) {
+      if (!SaveConfig::IsSaveKey(key)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rule '", spec.name(), "': collection '", c.name(), "': '", key,
+            "' is not a save setting (save_interval, start_step, end_step, save_steps, "
+            "each also with a mode prefix such as train.)"));
+      }
+    }
+    // The hooks' own check, made here so that a mistake is the rule's
+    // author's error at the collector, not a failure in training.
+    absl::Status s = SaveConfig::FromParameters(
+                         std::map<std::string, std::string>(c.parameters().begin(),
+                                                            c.parameters().end()))
+                         .status();
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("rule '", spec.name(), "': collection '",
+                                                     c.name(), "': ", s.message()));
+    }
+  }
   return spec;
 }
 
@@ -131,6 +156,25 @@ std::vector<v1::CollectionRequest> CollectionRequestsFor(const v1::RuleSpec& spe
     for (const std::string& name : info.default_collections) {
       const char* regex = KnownRegex(name);
       add(name, regex != nullptr ? regex : "");
+    }
+  }
+  // collections_to_save: the settings go with the request for that
+  // collection (a default one, or a new one).
+  for (const v1::CollectionRequest& c : spec.collections_to_save()) {
+    auto same = std::find_if(out.begin(), out.end(), [&](const v1::CollectionRequest& r) {
+      return r.name() == c.name();
+    });
+    if (same == out.end()) {
+      const char* regex = KnownRegex(c.name());
+      add(c.name(), regex != nullptr ? regex : "");
+      same = out.end() - 1;
+    }
+    for (const auto& [key, value] : c.parameters()) (*same->mutable_parameters())[key] = value;
+    for (const std::string& r : c.include_regex()) {
+      if (std::find(same->include_regex().begin(), same->include_regex().end(), r) ==
+          same->include_regex().end()) {
+        same->add_include_regex(r);
+      }
     }
   }
   // A regex parameter the spec leaves out is the rule's default (e.g.

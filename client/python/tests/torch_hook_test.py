@@ -293,6 +293,29 @@ def test_the_collectors_default_rules_hook_no_module_and_all_saves_everything(st
         assert ("fc1_output_0" in names) == hooked, names
 
 
+def test_a_rules_collections_to_save_set_what_the_hook_saves_and_when(start_collector, tmp_path):
+    """SageMaker's collections_to_save in a rules file: the rule's
+    collection is saved on its own interval, though the hook asked only for
+    losses."""
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([{
+        "rule_type": "VanishingGradient",
+        "collections_to_save": [{"name": "gradients", "parameters": {"save_interval": "2"}}]}]))
+    collector = start_collector(args=["--rules_config=%s" % rules])
+    hook = smd.Hook(collector=collector.address, job="to-save", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1))
+    assert hook.wait_until_connected(10)
+    train(hook, Net(), batches(5))
+    hook.close()
+    r = Reader(collector.address, "to-save")
+    grads = [n for n in r.names() if n.startswith("gradient/")]
+    assert grads, r.names()
+    steps = r.stub.ListSteps(query_pb2.ListStepsRequest(job="to-save"), timeout=10).steps
+    assert [s.step for s in steps if s.tensor_count > 1] == [0, 2, 4]  # the loss alone on odd ones
+    for n in grads:
+        r.value(n, 4)
+
+
 class TwoOutputs(nn.Module):
     """Returns (features, a summary): a later output, as an LSTM's state."""
 
