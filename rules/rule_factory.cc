@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
-#include "client/save_config.h"
 #include "common/status_macros.h"
 
 namespace sonde::rules {
@@ -56,6 +58,43 @@ absl::StatusOr<std::unique_ptr<Rule>> RuleFactory::Create(const v1::RuleSpec& sp
                                           "' (known: ", known, ")"));
 }
 
+namespace {
+
+// One of smdebug's save settings, as the hooks read them
+// (client/save_config.cc, a layer above): save_interval >= 1, start_step
+// and end_step >= 0, save_steps a list of steps; each key also with a mode
+// prefix.
+absl::Status CheckSaveSetting(const std::string& key, const std::string& value) {
+  absl::string_view plain = key;
+  for (absl::string_view prefix : {"train.", "eval.", "predict.", "global."}) {
+    if (absl::ConsumePrefix(&plain, prefix)) break;
+  }
+  auto is_int = [](absl::string_view v, int64_t min) {
+    int64_t n;
+    return absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &n) && n >= min;
+  };
+  if (plain == "save_interval" || plain == "start_step" || plain == "end_step") {
+    const int64_t min = plain == "save_interval" ? 1 : 0;
+    if (is_int(value, min)) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, "='", value, "' is not an integer >= ", min));
+  }
+  if (plain == "save_steps") {
+    for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+      if (!is_int(part, 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(key, "='", value, "' must be step numbers separated by commas"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", key, "' is not a save setting (save_interval, start_step, end_step, "
+                   "save_steps, each also with a mode prefix such as train.)"));
+}
+
+}  // namespace
+
 absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
   if (spec.rule_type().empty()) {
     return absl::InvalidArgumentError(
@@ -81,23 +120,14 @@ absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("rule '", spec.name(), "': a collection to save has no name"));
     }
+    // Checked here, so that a mistake is the rule author's error at the
+    // collector rather than a failure in training.
     for (const auto& [key, value] : c.parameters()) {
-      if (!SaveConfig::IsSaveKey(key)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rule '", spec.name(), "': collection '", c.name(), "': '", key,
-            "' is not a save setting (save_interval, start_step, end_step, save_steps, "
-            "each also with a mode prefix such as train.)"));
+      absl::Status s = CheckSaveSetting(key, value);
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("rule '", spec.name(), "': collection '",
+                                                       c.name(), "': ", s.message()));
       }
-    }
-    // The hooks' own check, made here so that a mistake is the rule's
-    // author's error at the collector, not a failure in training.
-    absl::Status s = SaveConfig::FromParameters(
-                         std::map<std::string, std::string>(c.parameters().begin(),
-                                                            c.parameters().end()))
-                         .status();
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("rule '", spec.name(), "': collection '",
-                                                     c.name(), "': ", s.message()));
     }
   }
   return spec;
