@@ -84,6 +84,16 @@ class NoMoreData(_Described):
                 "the last {mode_name} step saved is {last_step}")
 
 
+class RuleEvaluationConditionMet(_Described):
+    """A custom rule's invoke_at_step returned True (sonde.rules)."""
+
+    _fields = ("rule_name", "step", "end_of_rule")
+    _message = "evaluation of rule {rule_name} at step {step} found its condition met"
+
+    def __init__(self, rule_name, step, end_of_rule=False):
+        super().__init__(rule_name, step, end_of_rule)
+
+
 class InvalidWorker(_Described):
     _fields = ("worker",)
     _message = "invalid worker: {worker}"
