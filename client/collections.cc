@@ -76,6 +76,7 @@ absl::StatusOr<CollectionSet> CollectionSet::Create(const HookConfig& config) {
       if (!s.ok()) return s;
     }
     coll.save_config = c.save_config;
+    coll.user_save_config = c.save_config.has_value();
     coll.reduction_config = c.reduction_config;
     coll.save_histogram = c.save_histogram;
     set.included_.insert(c.name);
@@ -89,6 +90,8 @@ absl::StatusOr<CollectionSet> CollectionSet::Create(const HookConfig& config) {
 
 absl::Status CollectionSet::Require(const v1::CollectionRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("collection request has no name");
+  if (request.name() == "all" && request.include_regex().empty()) return absl::OkStatus();
+  const bool asked_before = included_.count(request.name()) > 0;
   Collection& c = Get(request.name());
   for (const std::string& pattern : request.include_regex()) {
     if (!c.requested_patterns.insert(pattern).second) continue;  // again after a reconnect
@@ -96,11 +99,23 @@ absl::Status CollectionSet::Require(const v1::CollectionRequest& request) {
     if (!re.ok()) return re.status();
     c.regexes.push_back(*re);
   }
-  if (!c.save_config.has_value() && !request.parameters().empty()) {
-    auto sc = SaveConfig::FromParameters(std::map<std::string, std::string>(
+  // The same settings again (a reconnect's hello ack) change nothing.
+  std::string settings;
+  for (const auto& [key, value] : std::map<std::string, std::string>(
+           request.parameters().begin(), request.parameters().end())) {
+    absl::StrAppend(&settings, key, "=", value, ";");
+  }
+  if (!request.parameters().empty() && !c.user_save_config &&
+      c.requested_settings.count(settings) == 0) {
+    auto sc = config_.save_config.WithParameters(std::map<std::string, std::string>(
         request.parameters().begin(), request.parameters().end()));
     if (!sc.ok()) return sc.status();
-    c.save_config = *sc;
+    c.requested_settings.insert(settings);
+    if (asked_before) {
+      c.rule_schedules.push_back(*sc);
+    } else {
+      c.save_config = *sc;
+    }
   }
   c.force_values = c.force_values || request.values();
   included_.insert(request.name());
@@ -128,7 +143,10 @@ bool CollectionSet::DueAt(const std::string& c, const Collection* coll, v1::Mode
   if (c == "gradients" && (mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT)) return false;
   const SaveConfig& sc =
       coll != nullptr && coll->save_config.has_value() ? *coll->save_config : config_.save_config;
-  return sc.ShouldSave(mode, mode_step);
+  if (sc.ShouldSave(mode, mode_step)) return true;
+  if (coll == nullptr) return false;
+  return std::any_of(coll->rule_schedules.begin(), coll->rule_schedules.end(),
+                     [&](const SaveConfig& r) { return r.ShouldSave(mode, mode_step); });
 }
 
 bool CollectionSet::AnyDue(v1::Mode mode, int64_t mode_step) const {

@@ -75,9 +75,16 @@ class CollectionSet {
   const std::vector<std::string>& Members(const std::string& tensor);
 
   // What a rule needs (from the collector's hello ack): the collection is
-  // included from now on, gains the request's regexes, keeps its own save
-  // settings if the user gave any (else takes the request's), and is saved
-  // with values when the rule reads values. InvalidArgument for a bad regex.
+  // included from now on, gains the request's regexes, and is saved with
+  // values when the rule reads values. The request's save settings apply
+  // on top of the hook's, except to a collection whose save settings the
+  // user gave (those stay): alone for a collection only rules ask for, and
+  // in addition to the collection's own schedule for one the user included
+  // (losses always) or another rule asked for, so a rule never thins out
+  // what is saved.
+  // A bare request for "all" (no regex; older collectors sent it for rules
+  // that judge whatever is saved) is ignored. InvalidArgument for a bad
+  // regex or setting.
   absl::Status Require(const v1::CollectionRequest& request);
 
   SaveDecision Decide(const std::string& tensor, const std::vector<std::string>& explicit_collections,
@@ -91,16 +98,19 @@ class CollectionSet {
     std::vector<Pattern> excludes;  // names the regexes match that are not members
     std::set<std::string> tensors;
     std::optional<SaveConfig> save_config;
+    bool user_save_config = false;           // save_config is the user's
+    std::vector<SaveConfig> rule_schedules;  // also due when one of these says so
     std::optional<ReductionConfig> reduction_config;
     bool force_values = false;  // a rule reads its raw values
     bool save_histogram = false;
     std::set<std::string> requested_patterns;  // regexes added by Require
+    std::set<std::string> requested_settings;  // save settings taken by Require
   };
   Collection& Get(const std::string& name);
   // The settings of collection `c`; null when it has none.
   const Collection* Find(const std::string& c) const;
   // Is collection `c` (settings `coll`, from Find) due at this mode step by
-  // its save config, else the hook's? Gradients are never due in EVAL or
+  // its save config, else the hook's, or by a rule's? Gradients are never due in EVAL or
   // PREDICT. Whether `c` is included is the caller's to check.
   bool DueAt(const std::string& c, const Collection* coll, v1::Mode mode,
              int64_t mode_step) const;

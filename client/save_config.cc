@@ -115,6 +115,16 @@ absl::StatusOr<SaveConfig> SaveConfig::FromParameters(
   return config;
 }
 
+absl::StatusOr<SaveConfig> SaveConfig::WithParameters(
+    const std::map<std::string, std::string>& parameters) const {
+  SaveConfig config = *this;
+  for (int i = 0; i < 4; ++i) {
+    absl::Status s = ApplyParameters(config.modes_[i], parameters, i);
+    if (!s.ok()) return s;
+  }
+  return config;
+}
+
 absl::Status ReductionConfig::Validate() const {
   static const std::set<std::string> kReductions = {"min", "max", "mean", "std",
                                                     "variance", "sum"};

@@ -62,6 +62,11 @@ class SaveConfig {
       const std::map<std::string, std::string>& base,
       const std::map<std::string, std::string>& overrides = {});
 
+  // These settings with smdebug's parameters applied on top (keys as for
+  // FromParameters; the others are ignored).
+  absl::StatusOr<SaveConfig> WithParameters(
+      const std::map<std::string, std::string>& parameters) const;
+
   // True if `key` (possibly mode-prefixed) is one of the save keys.
   static bool IsSaveKey(const std::string& key);
 

@@ -197,6 +197,7 @@ TEST(Collections, AllHoldsEveryTensorHoweverItIsIncluded) {
   // A rule's request for it (collection_names=all).
   v1::CollectionRequest all;
   all.set_name("all");
+  all.add_include_regex(".*");
   SONDE_ASSERT_OK(plain->Require(all));
   SaveDecision d = plain->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 0);
   EXPECT_TRUE(d.save);
@@ -233,6 +234,55 @@ TEST(Collections, ARulesRequestIncludesItsCollectionWithValues) {
   bad.set_name("x");
   bad.add_include_regex("([");
   EXPECT_THAT(set->Require(bad), StatusIs(absl::StatusCode::kInvalidArgument, "regex"));
+}
+
+TEST(Collections, ARulesSaveSettingsAddToWhatIsSavedNeverThinIt) {
+  HookConfig config;
+  config.save_config = SaveConfig::Every(4);
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  // losses (always included) every 4 steps; a rule asking for every 10
+  // adds steps 10, 20, ... and keeps 4, 8, ...
+  v1::CollectionRequest losses;
+  losses.set_name("losses");
+  (*losses.mutable_parameters())["save_interval"] = "10";
+  SONDE_ASSERT_OK(set->Require(losses));
+  for (int64_t s : {0, 4, 8, 10, 12, 20}) {
+    EXPECT_TRUE(set->Decide("CrossEntropyLoss_output_0", {}, v1::MODE_TRAIN, s).save) << s;
+  }
+  EXPECT_FALSE(set->Decide("CrossEntropyLoss_output_0", {}, v1::MODE_TRAIN, 6).save);
+  // A collection only a rule asks for follows the rule's settings, on top
+  // of the hook's: start_step alone keeps the hook's interval (4).
+  v1::CollectionRequest relu;
+  relu.set_name("relu_output");
+  relu.add_include_regex(".*relu_output");
+  (*relu.mutable_parameters())["start_step"] = "8";
+  SONDE_ASSERT_OK(set->Require(relu));
+  EXPECT_FALSE(set->Decide("fc_relu_output_0", {}, v1::MODE_TRAIN, 4).save);
+  EXPECT_TRUE(set->Decide("fc_relu_output_0", {}, v1::MODE_TRAIN, 8).save);
+  EXPECT_FALSE(set->Decide("fc_relu_output_0", {}, v1::MODE_TRAIN, 10).save);
+  // A second rule's settings for it are added to the first's.
+  v1::CollectionRequest again = relu;
+  (*again.mutable_parameters())["save_steps"] = "5";
+  SONDE_ASSERT_OK(set->Require(again));
+  EXPECT_TRUE(set->Decide("fc_relu_output_0", {}, v1::MODE_TRAIN, 5).save);
+  EXPECT_TRUE(set->Decide("fc_relu_output_0", {}, v1::MODE_TRAIN, 12).save);
+}
+
+TEST(Collections, ABareRequestForAllFromAnOlderCollectorSavesNothingMore) {
+  HookConfig config;
+  config.save_config = SaveConfig::Every(1);
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  v1::CollectionRequest bare;
+  bare.set_name("all");
+  SONDE_ASSERT_OK(set->Require(bare));
+  EXPECT_FALSE(set->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 0).save);
+  EXPECT_EQ(set->DueCollections(v1::MODE_TRAIN, 0), std::vector<std::string>{"losses"});
+  v1::CollectionRequest every = bare;
+  every.add_include_regex(".*");  // collection_names=all, from this collector
+  SONDE_ASSERT_OK(set->Require(every));
+  EXPECT_TRUE(set->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 0).save);
 }
 
 TEST(HookConfigJson, ReadsSageMakersShape) {

@@ -429,7 +429,10 @@ int Catalog(QueryClient& q, bool json) {
   }
   for (const auto& r : *rules) {
     std::cout << r.rule_type() << " (" << r.source() << "): " << r.description() << "\n"
-              << "  reads: " << absl::StrJoin(r.default_collections(), ", ") << "\n";
+              << "  reads: "
+              << (r.default_collections().empty() ? std::string("every tensor saved")
+                                                  : absl::StrJoin(r.default_collections(), ", "))
+              << "\n";
     for (const auto& p : r.parameters()) {
       std::cout << "  " << p.name() << " = " << (p.default_value().empty() ? "\"\"" : p.default_value())
                 << "  " << p.description() << "\n";

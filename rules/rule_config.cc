@@ -1,5 +1,7 @@
 #include "rules/rule_config.h"
 
+#include <set>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -49,6 +51,12 @@ absl::StatusOr<std::vector<v1::RuleSpec>> ParseRuleFlag(absl::string_view flag) 
 }
 
 namespace {
+
+// CollectionConfig parameters that choose reductions: the collector keeps
+// every tensor's statistics, from which each of them is answered, and
+// histograms follow the hook's settings, so they need no request.
+const std::set<std::string> kReductionKeys = {"reductions", "abs_reductions", "norms",
+                                              "abs_norms", "save_histogram", "save_shape"};
 
 std::string AsString(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>();
@@ -113,7 +121,24 @@ absl::StatusOr<std::vector<v1::RuleSpec>> ParseRulesJson(absl::string_view text)
                     absl::StrCat("collection parameters in '", key, "' must be an object"));
               }
               for (auto p = f.value().begin(); p != f.value().end(); ++p) {
-                (*request->mutable_parameters())[p.key()] = AsString(p.value());
+                // A list (save_steps: [1, 2]) as smdebug's comma-separated string.
+                std::string value;
+                if (p.value().is_array()) {
+                  for (const nlohmann::json& v : p.value()) {
+                    absl::StrAppend(&value, value.empty() ? "" : ",", AsString(v));
+                  }
+                } else {
+                  value = AsString(p.value());
+                }
+                if (p.key() == "include_regex") {
+                  for (absl::string_view r : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+                    request->add_include_regex(std::string(absl::StripAsciiWhitespace(r)));
+                  }
+                } else if (p.key() == "save_raw_tensor") {
+                  request->set_values(absl::AsciiStrToLower(value) == "true" || value == "1");
+                } else if (kReductionKeys.count(p.key()) == 0) {
+                  (*request->mutable_parameters())[p.key()] = value;
+                }
               }
             } else {
               return absl::InvalidArgumentError(

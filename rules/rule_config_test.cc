@@ -61,6 +61,18 @@ TEST(RulesJson, ReadsCollectionsToSave) {
   EXPECT_EQ(spec.collections_to_save(0).parameters().at("eval.save_interval"), "1");
   EXPECT_EQ(spec.collections_to_save(1).name(), "biases");
   EXPECT_TRUE(spec.collections_to_save(1).parameters().empty());
+  // SageMaker's own example: a regex, reductions, lists.
+  auto custom = ParseRulesJson(R"([{"rule_type": "DeadRelu", "collections_to_save": [
+      {"CollectionName": "custom_relu", "CollectionParameters": {
+          "include_regex": ".*relu_output, .*act", "save_interval": "500",
+          "reductions": "mean,max", "save_raw_tensor": "True", "save_steps": [1, 2]}}]}])");
+  SONDE_ASSERT_OK(custom);
+  const v1::CollectionRequest& c = (*custom)[0].collections_to_save(0);
+  EXPECT_EQ(c.include_regex_size(), 2);
+  EXPECT_EQ(c.include_regex(1), ".*act");
+  EXPECT_TRUE(c.values());
+  EXPECT_EQ(c.parameters().size(), 2u);  // the reductions are kept as statistics anyway
+  EXPECT_EQ(c.parameters().at("save_steps"), "1,2");
 }
 
 TEST(RulesJson, RejectsBadDocuments) {
@@ -82,6 +94,9 @@ TEST(RulesJson, RejectsBadDocuments) {
   EXPECT_THAT(ParseRulesJson(R"([{"rule_type": "ExplodingTensor", "collections_to_save": [
                   {"name": "w", "regex": "x"}]}])"),
               StatusIs(absl::StatusCode::kInvalidArgument, "'regex'"));
+  EXPECT_THAT(ParseRulesJson(R"([{"rule_type": "ExplodingTensor", "collections_to_save": [
+                  {"name": "w", "parameters": {"include_regex": "(["}}]}])"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "collection 'w'"));
 }
 
 }  // namespace

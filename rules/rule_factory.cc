@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "common/pattern.h"
 #include "common/status_macros.h"
 
 namespace sonde::rules {
@@ -122,6 +123,13 @@ absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
     }
     // Checked here, so that a mistake is the rule author's error at the
     // collector rather than a failure in training.
+    for (const std::string& regex : c.include_regex()) {
+      absl::StatusOr<Pattern> p = Pattern::Compile(regex, "include_regex");
+      if (!p.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("rule '", spec.name(), "': collection '",
+                                                       c.name(), "': ", p.status().message()));
+      }
+    }
     for (const auto& [key, value] : c.parameters()) {
       absl::Status s = CheckSaveSetting(key, value);
       if (!s.ok()) {
@@ -139,6 +147,7 @@ namespace {
 // tensors smdebug_rulesconfig puts in them.
 const char* KnownRegex(const std::string& collection) {
   static const std::map<std::string, const char*> known = {
+      {"all", ".*"},  // every tensor (a bare "all" is ignored by hooks)
       {"relu_output", ".*relu_output"},
       {"relu_input", ".*relu_input"},
       {"input_image", ".*hybridsequential0_input_0"},
@@ -200,6 +209,7 @@ std::vector<v1::CollectionRequest> CollectionRequestsFor(const v1::RuleSpec& spe
       same = out.end() - 1;
     }
     for (const auto& [key, value] : c.parameters()) (*same->mutable_parameters())[key] = value;
+    if (c.values()) same->set_values(true);  // save_raw_tensor
     for (const std::string& r : c.include_regex()) {
       if (std::find(same->include_regex().begin(), same->include_regex().end(), r) ==
           same->include_regex().end()) {
