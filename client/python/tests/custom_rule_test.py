@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 import sonde.torch as smd
+from sonde import modes
 from sonde.rules import Rule, RuleEvaluationConditionMet, invoke_rule
 from sonde.trials import create_trial
 
@@ -72,7 +73,7 @@ def status_of(trial, rule):
 def test_a_live_rule_stops_the_training_it_follows(start_collector):
     collector = start_collector()
     hook = smd.Hook(collector=collector.address, job="live", strict=True,
-                    save_config=smd.SaveConfig(save_interval=1), include_collections=["losses"])
+                    save_config=smd.SaveConfig(save_interval=2), include_collections=["losses"])
     assert hook.wait_until_connected(10)
     trial = create_trial(collector.address, "live")
     rule = LossExplodes(trial)
@@ -91,7 +92,7 @@ def test_a_live_rule_stops_the_training_it_follows(start_collector):
     hook.close()
     thread.join(60)
     assert not thread.is_alive() and "error" not in outcome, outcome
-    bad = first_bad(losses)
+    bad = first_bad(losses, saved=lambda s: s % 2 == 0)
     assert stopped and len(losses) < 400, len(losses)  # the rule's action ended training
     assert hook.stop_action()["rule"] == "loss_explodes"
     assert outcome["met"][0] == bad
@@ -149,3 +150,95 @@ def test_conditions_and_failures_reach_the_caller_and_the_collector(start_collec
             invoke_rule(Broken(trial), actions=["Email"])
         with pytest.raises(NotImplementedError):
             invoke_rule(Rule(trial), post=False)
+
+
+def test_a_mode_picks_its_steps_and_the_rule_still_gets_global_steps(start_collector):
+    collector = start_collector()
+    hook = smd.Hook(collector=collector.address, job="modes", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1), include_collections=["losses"])
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    phases = []  # the mode of each global step, as the loop ran them
+    for epoch in range(3):
+        for mode, batches in ((modes.TRAIN, 3), (modes.EVAL, 1)):
+            hook.set_mode(mode)
+            for _ in range(batches):
+                x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+                loss = loss_fn(model(x), y)
+                if mode == modes.TRAIN:
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                phases.append(mode)
+    hook.close()
+    with create_trial(collector.address, "modes") as trial:
+        rule = LossExplodes(trial)
+        assert invoke_rule(rule, mode=modes.EVAL, name="eval_loss") == []
+        assert rule.seen == [s for s, m in enumerate(phases) if m == modes.EVAL]
+        result = status_of(trial, "eval_loss")
+        assert result["status"] == "NoIssuesFound"
+        assert (result["step"], result["mode"], result["mode_step"]) == \
+            (rule.seen[-1], modes.EVAL, len(rule.seen) - 1)
+
+
+def test_a_rule_that_can_read_nothing_or_fails_after_finding_keeps_the_truth(start_collector):
+    collector = start_collector()
+    hook = smd.Hook(collector=collector.address, job="truth", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1), include_collections=["losses"])
+    train(hook, steps=6, lr=0.01)
+    hook.close()
+    with create_trial(collector.address, "truth") as trial:
+
+        class ReadsAMisspelledTensor(Rule):
+            def invoke_at_step(self, step):
+                return self.base_trial.tensor("CrossEntropyLoss_outptu_0").value(step) > 0
+
+        assert invoke_rule(ReadsAMisspelledTensor(trial)) == []
+        result = status_of(trial, "ReadsAMisspelledTensor")
+        assert result["status"] == "Error"
+        assert "no step could be evaluated (6 skipped" in result["message"]
+
+        class FindsThenFails(Rule):
+            def invoke_at_step(self, step):
+                if step == 3:
+                    raise RuntimeError("late bug")
+                return step == 1
+
+        with pytest.raises(RuntimeError):
+            invoke_rule(FindsThenFails(trial))
+        result = status_of(trial, "FindsThenFails")
+        assert (result["status"], result["step"]) == ("IssuesFound", 1)
+
+
+def test_rules_written_for_smdebug_construct_and_declare_as_there(start_collector):
+    collector = start_collector()
+    hook = smd.Hook(collector=collector.address, job="ported", strict=True,
+                    save_config=smd.SaveConfig(save_interval=1), include_collections=["losses"])
+    train(hook, steps=3, lr=0.01)
+    hook.close()
+
+    class Ported(Rule):
+        """smdebug's shape: (base_trial, action_str, other_trials), and
+        set_required_tensors before each step."""
+
+        def __init__(self, base_trial, action_str="", threshold=0.0):
+            super().__init__(base_trial, action_str)
+            self.threshold = threshold
+            self.declared = []
+
+        def set_required_tensors(self, step):
+            self.req_tensors.add("CrossEntropyLoss_output_0", [step])
+
+        def invoke_at_step(self, step):
+            self.declared.append(self.req_tensors.get())
+            return False
+
+    with create_trial(collector.address, "ported") as trial:
+        rule = Ported(trial, "StopTraining")
+        assert (rule.action_str, rule.other_trials, rule.trials) == ("StopTraining", [], [trial])
+        invoke_rule(rule, post=False)
+        assert rule.declared == [[("CrossEntropyLoss_output_0", [s], False)] for s in range(3)]
