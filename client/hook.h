@@ -88,7 +88,7 @@ struct HookOptions {
   // here until the collector acknowledges it, so that what is not stored
   // when the process ends (Close timing out, kill -9) stays on disk for
   // `sonde sync`. Default spool::DefaultDir() ($SONDE_SPOOL_DIR, else
-  // ~/.cache/sonde/spool); empty: no spool.
+  // $XDG_CACHE_HOME/sonde/spool, else ~/.cache/sonde/spool); empty: no spool.
   std::string spool_dir = spool::DefaultDir();
   // Most bytes this client's spool holds; past it steps are kept in memory
   // only (counted in spool_refused). Default 4 GiB.
@@ -211,7 +211,8 @@ class Hook {
   absl::Status SaveTensor(const std::string& name, const TensorView& tensor,
                           const std::vector<std::string>& collections = {});
   // Saves many tensors at once: all device tensors of one device and stream
-  // share one statistics batch (two kernel launches in total). Returns the
+  // share statistics batches (two kernel launches each; one batch unless
+  // the step overflows a batch slot's chunk table). Returns the
   // first error; the other tensors are still saved.
   absl::Status SaveTensors(const std::vector<NamedTensor>& tensors);
   // A scalar (float64, shape {}); collections default to "scalars".

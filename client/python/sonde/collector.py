@@ -11,8 +11,9 @@ def shipped_path(name):
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", name)
 
 
-def binary(name):
-    """The path of a binary shipped in the package (bin/<name>)."""
+def binary(name="sonde-collector"):
+    """The path of a binary shipped in the package (bin/<name>; by default
+    the collector's)."""
     path = shipped_path(name)
     if not os.access(path, os.X_OK):
         raise SystemExit(

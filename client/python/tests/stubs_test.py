@@ -38,3 +38,19 @@ def test_stubs_and_the_extension_agree_in_any_import_order():
             "h = collector_pb2.Hello(job='j', rules=[rule_pb2.RuleSpec(name='r')])\n"
             "assert collector_pb2.Hello.FromString(h.SerializeToString()).rules[0].name == 'r'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_shipped_collector_is_the_default_binary():
+    """sonde.collector.binary() names the collector (docs/python.md); in a
+    source tree, where nothing is shipped, it says how to get one."""
+    import os
+
+    import pytest
+
+    from sonde import collector
+    shipped = collector.shipped_path("sonde-collector")
+    if os.access(shipped, os.X_OK):
+        assert collector.binary() == shipped
+    else:
+        with pytest.raises(SystemExit, match="sonde-collector is not part of this installation"):
+            collector.binary()

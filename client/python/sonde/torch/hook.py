@@ -171,8 +171,9 @@ class Hook:
       spool_dir: the durable spool, where each step waits on disk until the
         collector acknowledges it, so that steps not stored when the
         process ends (a collector down, kill -9) can be uploaded later with
-        `sonde sync` (default $SONDE_SPOOL_DIR, else ~/.cache/sonde/spool;
-        False: no spool). max_spool_bytes: its limit (default 4 GiB).
+        `sonde sync` (default $SONDE_SPOOL_DIR, else
+        $XDG_CACHE_HOME/sonde/spool, else ~/.cache/sonde/spool; False: no
+        spool). max_spool_bytes: its limit (default 4 GiB).
       defer_device_reads: let the GPU statistics of CUDA weights and
         activations overlap training instead of making the training stream wait
         for them right after each save: it waits at the next save, at the end
