@@ -196,7 +196,7 @@ SaveDecision CollectionSet::Decide(const std::string& tensor,
   std::vector<std::string> candidates = d.collections;
   // "all" holds every tensor, however it was included: save_all,
   // include_collections=["all"] (as in smdebug), or a rule's request.
-  candidates.push_back("all");
+  if (included_.count("all") > 0) candidates.push_back("all");
   bool any_values = false;
   for (const std::string& c : candidates) {
     if (included_.count(c) == 0) continue;

@@ -20,7 +20,8 @@ absl::StatusOr<int> CreateUnlinkedFile(const std::string& dir, absl::string_view
     return absl::UnavailableError(
         absl::StrCat("cannot create ", what, " in ", dir, ": ", ec.message()));
   }
-  std::string path = absl::StrCat(dir, "/", prefix, "-XXXXXX");
+  // mkstemp replaces the template's last six characters, which must be X.
+  std::string path = absl::StrCat(dir, "/", prefix, "-", std::string(6, 'X'));
   const int fd = mkstemp(path.data());
   if (fd < 0) {
     return absl::UnavailableError(

@@ -20,6 +20,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "client/backpressure.h"
+#include "client/positional_io.h"
 #include "client/value_spill.h"
 
 ABSL_FLAG(std::string, dir, "", "directory of the files (default: $TMPDIR, else /tmp)");
@@ -39,10 +40,9 @@ double Seconds(Clock::time_point since) {
 // oldest once `live` are held and punch its hole, truncate when none is
 // left. GB/s moved (each byte written once and read once counts once).
 double Plain(const std::string& dir, size_t size, size_t count, size_t live) {
-  std::string path = dir + "/sonde-plain-XXXXXX";
-  const int fd = mkstemp(path.data());
-  if (fd < 0) return 0;
-  unlink(path.c_str());
+  absl::StatusOr<int> created = sonde::CreateUnlinkedFile(dir, "sonde-plain", "a plain file");
+  if (!created.ok()) return 0;
+  const int fd = *created;
   std::vector<char> data(size, 'x'), back(size);
   const Clock::time_point start = Clock::now();
   uint64_t end = 0;

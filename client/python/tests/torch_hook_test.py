@@ -302,15 +302,15 @@ def test_a_rules_collections_to_save_set_what_the_hook_saves_and_when(start_coll
         "rule_type": "VanishingGradient",
         "collections_to_save": [{"name": "gradients", "parameters": {"save_interval": "2"}}]}]))
     collector = start_collector(args=["--rules_config=%s" % rules])
-    hook = smd.Hook(collector=collector.address, job="to-save", strict=True,
+    hook = smd.Hook(collector=collector.address, job="rule-schedule", strict=True,
                     save_config=smd.SaveConfig(save_interval=1))
     assert hook.wait_until_connected(10)
     train(hook, Net(), batches(5))
     hook.close()
-    r = Reader(collector.address, "to-save")
+    r = Reader(collector.address, "rule-schedule")
     grads = [n for n in r.names() if n.startswith("gradient/")]
     assert grads, r.names()
-    steps = r.stub.ListSteps(query_pb2.ListStepsRequest(job="to-save"), timeout=10).steps
+    steps = r.stub.ListSteps(query_pb2.ListStepsRequest(job="rule-schedule"), timeout=10).steps
     assert [s.step for s in steps if s.tensor_count > 1] == [0, 2, 4]  # the loss alone on odd ones
     for n in grads:
         r.value(n, 4)
