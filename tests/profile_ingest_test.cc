@@ -247,6 +247,10 @@ grpc::Status SendRaw(const std::string& address, const v1::ProfileBatch& batch) 
   hello.set_seq(1);
   hello.mutable_hello()->set_job("raw");
   hello.mutable_hello()->set_world_size(1);
+  // One client reconnecting: the collector may not have released the
+  // worker from the stream it just ended when the next hello arrives, and
+  // only the same client may take it over (a new one gets ALREADY_EXISTS).
+  hello.mutable_hello()->set_client_id(42);
   EXPECT_TRUE(stream->Write(hello));
   v1::ServerMessage in;
   EXPECT_TRUE(stream->Read(&in));
