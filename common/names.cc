@@ -47,6 +47,21 @@ absl::Status ValidateTensorName(absl::string_view name) {
   return ValidateDataName("tensor name", name);
 }
 
+absl::Status ValidateMailAddress(absl::string_view address) {
+  const size_t at = address.find('@');
+  bool ok = at != absl::string_view::npos && at > 0 && at + 1 < address.size() &&
+            address.find('@', at + 1) == absl::string_view::npos && address.size() <= 254;
+  for (unsigned char c : address) {
+    if (c <= 0x20 || c >= 0x7f || absl::string_view("<>()[],;:\\\"").find(c) !=
+                                       absl::string_view::npos) {
+      ok = false;
+    }
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", address, "' is not a mail address (one name@domain, e.g. ops@example.com)"));
+}
+
 absl::string_view RuleStatusName(v1::RuleStatus status) {
   switch (status) {
     case v1::RULE_STATUS_IN_PROGRESS: return "InProgress";

@@ -20,6 +20,11 @@ absl::Status ValidateDataName(absl::string_view what, absl::string_view name);
 // ValidateDataName("tensor name", name).
 absl::Status ValidateTensorName(absl::string_view name);
 
+// A mail address as an SMTP envelope and a To header take it: one plain
+// name@domain of printable ASCII, at most 254 bytes; no display name, list,
+// comment or line break.
+absl::Status ValidateMailAddress(absl::string_view address);
+
 // SageMaker's spellings of rule statuses: "InProgress", "IssuesFound",
 // "NoIssuesFound", "Error", "Stopped".
 absl::string_view RuleStatusName(v1::RuleStatus status);

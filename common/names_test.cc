@@ -29,6 +29,22 @@ TEST(Names, DotAndDotDotAreNotJobNamesButNamesWithDotsAre) {
   SONDE_EXPECT_OK(ValidateJobName("run.."));
 }
 
+TEST(Names, MailAddressesArePlainNameAtDomain) {
+  SONDE_EXPECT_OK(ValidateMailAddress("ops@example.com"));
+  SONDE_EXPECT_OK(ValidateMailAddress("ml-team+sonde@lab.example.org"));
+  for (const char* bad : {"", "ops", "@example.com", "ops@", "a@b@c", "ops @example.com",
+                          "Ops <ops@example.com>", "a@b.com,c@d.com", "a@b.com;c@d.com",
+                          "ops@example.com\r\nBcc: x@y.z", "\"o\"@example.com"}) {
+    EXPECT_THAT(ValidateMailAddress(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument, "is not a mail address"))
+        << bad;
+  }
+  EXPECT_THAT(ValidateMailAddress("d\xc3\xa9j\xc3\xa0@example.com"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "is not a mail address"));
+  EXPECT_THAT(ValidateMailAddress(std::string(250, 'a') + "@b.cd"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "is not a mail address"));
+}
+
 TEST(Names, TensorNamesMayHoldAnythingButNul) {
   SONDE_EXPECT_OK(ValidateTensorName("gradient/Net_fc1.weight:0 (ünïcode)"));
   EXPECT_THAT(ValidateTensorName(""),

@@ -1,6 +1,8 @@
 #include "rules/rule_config.h"
 
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -159,6 +161,23 @@ absl::StatusOr<std::vector<v1::RuleSpec>> ParseRulesJson(absl::string_view text)
     out.push_back(std::move(normalized));
   }
   return out;
+}
+
+absl::StatusOr<std::vector<v1::RuleSpec>> LoadDefaultRules(absl::string_view flag,
+                                                           const std::string& config_file) {
+  if (config_file.empty()) return ParseRuleFlag(flag);
+  std::ifstream in(config_file);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read --rules_config '", config_file, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<std::vector<v1::RuleSpec>> rules = ParseRulesJson(text.str());
+  if (!rules.ok()) {
+    return absl::Status(rules.status().code(),
+                        absl::StrCat(config_file, ": ", rules.status().message()));
+  }
+  return rules;
 }
 
 }  // namespace sonde::rules

@@ -28,6 +28,10 @@ namespace sonde::rules {
 
 absl::StatusOr<std::vector<v1::RuleSpec>> ParseRuleFlag(absl::string_view flag);
 absl::StatusOr<std::vector<v1::RuleSpec>> ParseRulesJson(absl::string_view json);
+// A collector's default rules: the JSON file `config_file` when one is
+// named (--rules_config), the flag's rules otherwise (--rules).
+absl::StatusOr<std::vector<v1::RuleSpec>> LoadDefaultRules(absl::string_view flag,
+                                                           const std::string& config_file);
 
 }  // namespace sonde::rules
 

@@ -1,7 +1,10 @@
 #include "rules/rule_config.h"
 
+#include <fstream>
+
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace sonde::rules {
 namespace {
@@ -30,9 +33,15 @@ TEST(RuleFlag, RejectsMalformedAndUnknown) {
               StatusIs(absl::StatusCode::kInvalidArgument, "Reboot"));
   EXPECT_THAT(ParseRuleFlag("ExplodingTensor(actions=Webhook:ftp://host/x)"),
               StatusIs(absl::StatusCode::kInvalidArgument, "must start with http"));
-  auto ok = ParseRuleFlag("ExplodingTensor(actions=Log|Webhook:https://example.invalid/h)");
+  EXPECT_THAT(ParseRuleFlag("ExplodingTensor(actions=Email:ops)"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'ops' is not a mail address"));
+  EXPECT_THAT(ParseRuleFlag("ExplodingTensor(actions=Email:Ops <ops@example.com>)"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "is not a mail address"));
+  auto ok = ParseRuleFlag(
+      "ExplodingTensor(actions=Log|Webhook:https://example.invalid/h|Email:ops@example.com)");
   SONDE_ASSERT_OK(ok);
-  EXPECT_EQ((*ok)[0].actions_size(), 2);
+  EXPECT_EQ((*ok)[0].actions_size(), 3);
+  EXPECT_EQ((*ok)[0].actions(2), "Email:ops@example.com");
 }
 
 TEST(RulesJson, ReadsOurShapeAndSageMakersSpelling) {
@@ -97,6 +106,26 @@ TEST(RulesJson, RejectsBadDocuments) {
   EXPECT_THAT(ParseRulesJson(R"([{"rule_type": "ExplodingTensor", "collections_to_save": [
                   {"name": "w", "parameters": {"include_regex": "(["}}]}])"),
               StatusIs(absl::StatusCode::kInvalidArgument, "collection 'w'"));
+}
+
+TEST(DefaultRules, TheFileWhenNamedTheFlagOtherwise) {
+  auto from_flag = LoadDefaultRules("ExplodingTensor;LossNotDecreasing", "");
+  SONDE_ASSERT_OK(from_flag);
+  EXPECT_EQ(from_flag->size(), 2u);
+  ::sonde::testing::TempDir dir;
+  const std::string file = dir.Sub("rules.json");
+  std::ofstream(file) << R"({"rules": [{"rule_type": "ExplodingTensor",
+                                       "actions": ["Email:ops@example.com"]}]})";
+  auto from_file = LoadDefaultRules("ExplodingTensor;LossNotDecreasing", file);
+  SONDE_ASSERT_OK(from_file);
+  ASSERT_EQ(from_file->size(), 1u);
+  EXPECT_EQ((*from_file)[0].actions(0), "Email:ops@example.com");
+  EXPECT_THAT(LoadDefaultRules("", dir.Sub("missing.json")),
+              StatusIs(absl::StatusCode::kNotFound, "cannot read --rules_config"));
+  const std::string bad = dir.Sub("bad.json");
+  std::ofstream(bad) << R"({"rules": [{"rule_type": "ExplodingTensor", "actions": ["Email:x"]}]})";
+  EXPECT_THAT(LoadDefaultRules("", bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, "bad.json: rule 'ExplodingTensor': 'x'"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 #include "common/pattern.h"
 #include "common/status_macros.h"
 
@@ -112,9 +113,15 @@ absl::StatusOr<v1::RuleSpec> NormalizeRuleSpec(v1::RuleSpec spec) {
       }
       continue;
     }
+    if (absl::StartsWith(a, "Email:")) {
+      if (absl::Status s = ValidateMailAddress(a.substr(6)); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("rule '", spec.name(), "': ", s.message()));
+      }
+      continue;
+    }
     return absl::InvalidArgumentError(
         absl::StrCat("rule '", spec.name(), "': unknown action '", a,
-                     "' (known: StopTraining, Log, Webhook:<url>)"));
+                     "' (known: StopTraining, Log, Webhook:<url>, Email:<address>)"));
   }
   for (const v1::CollectionRequest& c : spec.collections_to_save()) {
     if (c.name().empty()) {

@@ -52,10 +52,11 @@ const RuleMetrics& Metrics() {
     out->results[v1::RULE_STATUS_UNSPECIFIED] = results->Get({"Unspecified"});
     auto* actions = r.AddCounterFamily(
         "sonde_rule_actions_total",
-        "Actions the collector's rules fired, by type (StopTraining, Log, Webhook).", {"type"});
-    const char* kActionNames[] = {"Unspecified", "StopTraining", "Log", "Webhook"};
+        "Actions the collector's rules fired, by type (StopTraining, Log, Webhook, Email).",
+        {"type"});
+    const char* kActionNames[] = {"Unspecified", "StopTraining", "Log", "Webhook", "Email"};
     for (int a = 0; a < v1::ActionType_ARRAYSIZE; ++a) {
-      out->actions[a] = actions->Get({a < 4 ? kActionNames[a] : "Other"});
+      out->actions[a] = actions->Get({a < 5 ? kActionNames[a] : "Other"});
     }
     out->steps_queued = r.AddGauge(
         "sonde_rule_steps_queued",
@@ -375,6 +376,9 @@ std::vector<v1::Action> RuleRunner::TakeActions(const Instance& inst, bool stop_
     } else if (absl::StartsWith(action, "Webhook:")) {
       a.set_type(v1::ACTION_WEBHOOK);
       a.set_target(action.substr(8));
+    } else if (absl::StartsWith(action, "Email:")) {
+      a.set_type(v1::ACTION_EMAIL);
+      a.set_target(action.substr(6));
     } else {
       continue;  // NormalizeRuleSpec admits no other
     }

@@ -18,7 +18,7 @@
 #include "server/query_service.h"
 #include "server/reflection.h"
 #include "server/store_rule_environment.h"
-#include "server/webhook_notifier.h"
+#include "server/notifier.h"
 #include "rules/plugin_loader.h"
 #include "rules/rule_factory.h"
 #include "storage/store.h"
@@ -87,11 +87,19 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   c->views_->StoreOpened(c->store_.get());
   c->rule_environment_ = std::make_unique<StoreRuleEnvironment>(c->store_.get());
   c->rule_factory_->SetEnvironment(c->rule_environment_.get());
+  c->notifier_ = std::make_unique<Notifier>(options.notifications);
   for (const v1::RuleSpec& spec : options.default_rules) {
     auto normalized = rules::NormalizeRuleSpec(spec);
     if (!normalized.ok()) return normalized.status();
     absl::Status valid = c->rule_factory_->Create(*normalized).status();
     if (!valid.ok()) return valid;
+    for (const std::string& action : normalized->actions()) {
+      valid = c->notifier_->CanDeliver(action);
+      if (!valid.ok()) {
+        return absl::Status(valid.code(),
+                            absl::StrCat("rule '", normalized->name(), "': ", valid.message()));
+      }
+    }
   }
   // Jobs that were running when the collector last stopped have lost their
   // streams; say so until their workers reconnect.
@@ -109,9 +117,8 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   c->tensorboard_ = std::move(*exporter);
   c->storage_pool_ = std::make_unique<ThreadPool>(options.storage_threads, 4096);
   c->rule_pool_ = std::make_unique<ThreadPool>(options.rule_threads, 4096);
-  c->webhooks_ = std::make_unique<WebhookNotifier>(options.webhooks);
   c->views_->BindPools(c->storage_pool_.get(), c->rule_pool_.get());
-  c->views_->BindWebhooks(c->webhooks_.get());
+  c->views_->BindNotifier(c->notifier_.get());
   {
     // The endpoint's /report pages read the store and the catalogue, with
     // the same tokens as Query.GetReport; Shutdown unbinds before closing.
@@ -127,7 +134,7 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Start(const CollectorOptio
   }
   c->registry_ = std::make_unique<JobRegistry>(c->store_.get(), c->rule_pool_.get(),
                                                c->rule_factory_.get(), options.default_rules,
-                                               options.step_wait, c->webhooks_.get());
+                                               options.step_wait, c->notifier_.get());
   c->registry_->set_worker_end_timeout(options.worker_end_timeout);
   c->registry_->set_worker_lease(options.worker_lease);
   IngestLimits limits = options.limits;
@@ -222,11 +229,11 @@ void Collector::Shutdown() {
   // Every step is stored by now: the exporter writes what it has not yet,
   // closes its files, and lets go of the store.
   tensorboard_.reset();
-  if (views_ != nullptr) views_->Unbind();  // its gauges read the pools, webhooks, store
+  if (views_ != nullptr) views_->Unbind();  // its gauges read the pools, notifier, store
   storage_pool_.reset();
   registry_.reset();
   rule_pool_.reset();
-  webhooks_.reset();
+  notifier_.reset();
   server_.reset();
   store_.reset();
   views_.reset();

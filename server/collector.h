@@ -20,7 +20,7 @@
 #include "server/security.h"
 #include "server/tensorboard/exporter.h"
 #include "server/watch_options.h"
-#include "server/webhook_notifier.h"
+#include "server/notifier.h"
 
 namespace grpc {
 class Server;
@@ -83,8 +83,9 @@ struct CollectorOptions {
   // went: another client's hello for it is refused meanwhile (ALREADY_EXISTS,
   // which the hook retries), unless the owner ended.
   absl::Duration worker_lease = absl::Seconds(60);
-  // Webhook deliveries: attempts, backoff, timeout, queue.
-  WebhookNotifierOptions webhooks;
+  // Webhook and email deliveries: attempts, backoff, timeout, queue, and
+  // the mail relay (without one, rules asking for Email are refused).
+  NotifierOptions notifications;
   // Threads committing steps to RocksDB. Default 2.
   int storage_threads = 2;
   // Threads evaluating rules. Default 2.
@@ -149,7 +150,7 @@ class Collector {
   std::unique_ptr<rules::RuleEnvironment> rule_environment_;
   std::unique_ptr<ThreadPool> storage_pool_;
   std::unique_ptr<ThreadPool> rule_pool_;
-  std::unique_ptr<WebhookNotifier> webhooks_;
+  std::unique_ptr<Notifier> notifier_;
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<OpenStepBudget> open_steps_;  // null without a limit
   std::unique_ptr<CollectorService> collector_service_;

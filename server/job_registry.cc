@@ -62,13 +62,13 @@ int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 JobRegistry::JobRegistry(storage::Store* store, ThreadPool* rule_pool,
                          const rules::RuleFactory* rule_factory,
                          std::vector<v1::RuleSpec> default_rules, absl::Duration step_wait,
-                         WebhookNotifier* webhooks)
+                         Notifier* notifier)
     : store_(store),
       rule_pool_(rule_pool),
       rule_factory_(rule_factory),
       default_rules_(std::move(default_rules)),
       step_wait_(step_wait),
-      webhooks_(webhooks) {
+      notifier_(notifier) {
   ticker_ = std::thread([this] { TickLoop(); });
   dormant_ender_ = std::thread([this] { DormantLoop(); });
 }
@@ -170,19 +170,31 @@ absl::Status JobRegistry::RecordDroppedSteps(const std::string& job_name, uint64
   return absl::OkStatus();
 }
 
-void JobRegistry::set_webhook_gate(
+void JobRegistry::set_notification_gate(
     std::function<bool(const std::string& job, const v1::Action&)> gate) {
   absl::MutexLock lock(&mu_);
-  webhook_gate_ = std::move(gate);
+  notification_gate_ = std::move(gate);
 }
 
-void JobRegistry::PostWebhook(const v1::Action& action) {
-  if (webhooks_ == nullptr) {
-    LOG(WARNING) << "no webhook notifier; verdict of " << action.rule() << " for "
-                 << action.target() << " not sent";
+void JobRegistry::PostNotification(const v1::Action& action) {
+  if (notifier_ == nullptr) {
+    LOG(WARNING) << "no notifier; verdict of " << action.rule() << " for " << action.target()
+                 << " not sent";
     return;
   }
-  webhooks_->Post(action);
+  notifier_->Post(action);
+}
+
+absl::Status JobRegistry::CheckRule(const v1::RuleSpec& spec) const {
+  SONDE_RETURN_IF_ERROR(rule_factory_->Create(spec).status());
+  if (notifier_ == nullptr) return absl::OkStatus();
+  for (const std::string& action : spec.actions()) {
+    absl::Status s = notifier_->CanDeliver(action);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("rule '", spec.name(), "': ", s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void JobRegistry::set_worker_lease(absl::Duration lease) {
@@ -354,7 +366,7 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
   for (const v1::RuleSpec& s : RulesForJob(default_rules_, hello.rules(), warnings)) {
     // Check each rule before anything is stored, so a bad hello leaves no trace.
     SONDE_ASSIGN_OR_RETURN(*fresh.add_rules(), rules::NormalizeRuleSpec(s));
-    SONDE_RETURN_IF_ERROR(rule_factory_->Create(*fresh.rules().rbegin()).status());
+    SONDE_RETURN_IF_ERROR(CheckRule(*fresh.rules().rbegin()));
   }
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo info, store_->CreateJob(fresh));
   if (info.status() == v1::JOB_STATUS_PENDING) {
@@ -370,13 +382,13 @@ absl::Status JobRegistry::Activate(const v1::Hello& hello, LiveJob& job,
   targets.stop_training = [this, job = hello.job()](const v1::Action& a) { Broadcast(job, a); };
   {
     absl::MutexLock lock(&mu_);
-    if (webhook_gate_) {
-      targets.may_post = [gate = webhook_gate_, job = hello.job()](const v1::Action& a) {
+    if (notification_gate_) {
+      targets.may_post = [gate = notification_gate_, job = hello.job()](const v1::Action& a) {
         return gate(job, a);
       };
     }
   }
-  auto sink = std::make_unique<RuleActions>(hello.job(), info.job_id(), store_, webhooks_,
+  auto sink = std::make_unique<RuleActions>(hello.job(), info.job_id(), store_, notifier_,
                                             std::move(targets));
   SONDE_ASSIGN_OR_RETURN(
       std::unique_ptr<rules::RuleRunner> runner,
@@ -750,7 +762,7 @@ absl::StatusOr<std::vector<v1::RuleSpec>> JobRegistry::EnableRules(
   std::vector<v1::RuleSpec> normalized;
   for (const v1::RuleSpec& s : specs) {
     SONDE_ASSIGN_OR_RETURN(v1::RuleSpec n, rules::NormalizeRuleSpec(s));
-    SONDE_RETURN_IF_ERROR(rule_factory_->Create(n).status());
+    SONDE_RETURN_IF_ERROR(CheckRule(n));
     normalized.push_back(std::move(n));
   }
   // Under the job's commit lock, so a first hello cannot start the job

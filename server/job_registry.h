@@ -30,7 +30,7 @@
 #include "server/rule_actions.h"
 #include "server/step_assembler.h"
 #include "server/watchers.h"
-#include "server/webhook_notifier.h"
+#include "server/notifier.h"
 #include "storage/store.h"
 
 namespace sonde::server {
@@ -72,7 +72,7 @@ class JobRegistry {
   // judged with what arrived, and rule verdicts name the missing workers.
   JobRegistry(storage::Store* store, ThreadPool* rule_pool,
               const rules::RuleFactory* rule_factory, std::vector<v1::RuleSpec> default_rules,
-              absl::Duration step_wait = absl::Seconds(60), WebhookNotifier* webhooks = nullptr);
+              absl::Duration step_wait = absl::Seconds(60), Notifier* notifier = nullptr);
   ~JobRegistry();
 
   // A worker says hello. Errors: InvalidArgument (bad names, rank out of
@@ -101,13 +101,13 @@ class JobRegistry {
   // dropped), stored at once: steps a cluster node refused after the log
   // had acknowledged them to the client. NotFound for a job not live here.
   absl::Status RecordDroppedSteps(const std::string& job, uint64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
-  // Cluster mode: a webhook action of `job` is posted only if `gate` says
+  // Cluster mode: a webhook or email action of `job` is posted only if `gate` says
   // so (server/cluster/node.h: by the partition's owner, once per
   // transition across failovers). Set before the first Join.
-  void set_webhook_gate(std::function<bool(const std::string& job, const v1::Action&)> gate);
-  // Posts a webhook action the gate held back earlier (a standby node's,
+  void set_notification_gate(std::function<bool(const std::string& job, const v1::Action&)> gate);
+  // Posts a webhook or email action the gate held back earlier (a standby node's,
   // posted once it owns the partition), bypassing the gate.
-  void PostWebhook(const v1::Action& action);
+  void PostNotification(const v1::Action& action);
 
   // Stores one worker's step (one WriteBatch, with the job record updated)
   // and, once every connected worker has committed it, hands the step to
@@ -175,6 +175,10 @@ class JobRegistry {
  private:
   struct LiveJob;
 
+  // A normalized rule can run here: its type is known, its parameters
+  // valid, and the notifier can take its actions (Email needs a relay).
+  absl::Status CheckRule(const v1::RuleSpec& spec) const;
+
   LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live job of that name; NotFound if none.
   absl::StatusOr<LiveJob*> FindLive(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
@@ -226,7 +230,7 @@ class JobRegistry {
   const rules::RuleFactory* const rule_factory_;
   const std::vector<v1::RuleSpec> default_rules_;
   const absl::Duration step_wait_;
-  WebhookNotifier* const webhooks_;  // may be null: webhook actions are logged only
+  Notifier* const notifier_;  // may be null: webhook and email actions are logged only
 
   // Lock order: a job's commit_mu (LiveJob), then mu_, then watchers_' own
   // lock, then a watch's; external_mu_ comes before mu_. LiveJob's fields
@@ -236,7 +240,7 @@ class JobRegistry {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration worker_end_timeout_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   absl::Duration worker_lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(60);
-  std::function<bool(const std::string&, const v1::Action&)> webhook_gate_ ABSL_GUARDED_BY(mu_);
+  std::function<bool(const std::string&, const v1::Action&)> notification_gate_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
   // Jobs found unfinished at startup whose worker-end timeout passed, for
   // dormant_ender_ to end one at a time (their replay may take long; the

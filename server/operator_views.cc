@@ -18,7 +18,7 @@
 #include "server/report/svg.h"
 #include "server/rpc_metrics.h"
 #include "server/security.h"
-#include "server/webhook_notifier.h"
+#include "server/notifier.h"
 #include "storage/store.h"
 
 namespace sonde::server {
@@ -321,19 +321,25 @@ void OperatorViews::BindPools(ThreadPool* storage_pool, ThreadPool* rule_pool) {
   bound_.push_back(std::move(r));
 }
 
-void OperatorViews::BindWebhooks(const WebhookNotifier* webhooks) {
-  metrics::Registration r = registry_.AddCallback(
+void OperatorViews::BindNotifier(const Notifier* notifier) {
+  auto samples = [](const Notifier::Counters& c) {
+    return std::vector<metrics::Sample>{{{"delivered"}, static_cast<double>(c.delivered)},
+                                        {{"failed"}, static_cast<double>(c.failed)},
+                                        {{"dropped"}, static_cast<double>(c.dropped)}};
+  };
+  metrics::Registration webhooks = registry_.AddCallback(
       metrics::MetricType::kCounter, "sonde_webhook_deliveries_total",
       "Webhook deliveries by result: delivered, failed (every attempt failed), dropped "
       "(queue full).",
-      {"result"}, [webhooks] {
-        const WebhookNotifier::Counters c = webhooks->counters();
-        return std::vector<metrics::Sample>{{{"delivered"}, static_cast<double>(c.delivered)},
-                                            {{"failed"}, static_cast<double>(c.failed)},
-                                            {{"dropped"}, static_cast<double>(c.dropped)}};
-      });
+      {"result"}, [notifier, samples] { return samples(notifier->webhooks()); });
+  metrics::Registration emails = registry_.AddCallback(
+      metrics::MetricType::kCounter, "sonde_email_deliveries_total",
+      "Email deliveries (Email actions) by result: delivered (the relay took the mail), "
+      "failed (every attempt failed), dropped (queue full).",
+      {"result"}, [notifier, samples] { return samples(notifier->emails()); });
   absl::MutexLock lock(&mu_);
-  bound_.push_back(std::move(r));
+  bound_.push_back(std::move(webhooks));
+  bound_.push_back(std::move(emails));
 }
 
 void OperatorViews::BindReports(ReportSource source) {

@@ -1,6 +1,6 @@
 // What operators see of a running collector: readiness (for /readyz and the
 // gRPC health service), the collector's own metrics (scrape-time gauges of
-// its store, pools, webhooks and process), and the optional HTTP endpoint
+// its store, pools, notifier and process), and the optional HTTP endpoint
 // serving them:
 //
 //   /metrics  Prometheus text format 0.0.4: this object's registry plus
@@ -57,7 +57,7 @@ class Store;
 namespace sonde::server {
 
 class TokenTable;
-class WebhookNotifier;
+class Notifier;
 
 // /report and /reports on the operator endpoint.
 struct OperatorReportOptions {
@@ -146,7 +146,7 @@ class OperatorViews {
   // The collector's steps. Each may be called once, in this order.
   void StoreOpened(storage::Store* store);  // -> kRecovering; RocksDB gauges
   void BindPools(ThreadPool* storage_pool, ThreadPool* rule_pool);
-  void BindWebhooks(const WebhookNotifier* webhooks);
+  void BindNotifier(const Notifier* notifier);
   // What the report routes read, until Unbind().
   void BindReports(ReportSource source);
   // The gRPC server is built: its health service says NOT_SERVING for ""
@@ -157,7 +157,7 @@ class OperatorViews {
   // Not ready any more: health NOT_SERVING, /readyz 503. -> kShuttingDown.
   // Idempotent; call first thing in Shutdown.
   void ShuttingDown();
-  // Drops every gauge reading the store, pools or webhooks and the report
+  // Drops every gauge reading the store, pools or notifier and the report
   // source; after it returns none runs again (it waits for a scrape or a
   // report that is running).
   void Unbind();

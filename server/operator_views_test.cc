@@ -13,7 +13,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
 #include "server/auth.h"
-#include "server/webhook_notifier.h"
+#include "server/notifier.h"
 #include "storage/store.h"
 #include "tests/testing/exposition.h"
 #include "proto/health.grpc.pb.h"
@@ -129,10 +129,10 @@ TEST(OperatorViews, MetricsShowTheStorePoolsWebhooksAndProcess) {
   job.set_job("m");
   ASSERT_THAT((*store)->CreateJob(job), ::sonde::testing::IsOk());
   ThreadPool storage_pool(1, 8), rule_pool(1, 8);
-  WebhookNotifier webhooks{WebhookNotifierOptions()};
+  Notifier notifier{NotifierOptions()};
   v.StoreOpened(store->get());
   v.BindPools(&storage_pool, &rule_pool);
-  v.BindWebhooks(&webhooks);
+  v.BindNotifier(&notifier);
 
   auto reply = HttpGet(v.address(), "/metrics");
   ASSERT_EQ(reply.status, 200);
@@ -158,6 +158,8 @@ TEST(OperatorViews, MetricsShowTheStorePoolsWebhooksAndProcess) {
   EXPECT_EQ(samples["sonde_webhook_deliveries_total{result=\"delivered\"}"], 0);
   EXPECT_EQ(samples["sonde_webhook_deliveries_total{result=\"failed\"}"], 0);
   EXPECT_EQ(samples["sonde_webhook_deliveries_total{result=\"dropped\"}"], 0);
+  EXPECT_EQ(samples.count("sonde_email_deliveries_total{result=\"delivered\"}"), 1u);
+  EXPECT_EQ(samples["sonde_email_deliveries_total{result=\"failed\"}"], 0);
   EXPECT_GT(samples["process_resident_memory_bytes"], 0);
   EXPECT_GT(samples["process_open_fds"], 0);
   EXPECT_THAT(reply.body, HasSubstr("# TYPE sonde_webhook_deliveries_total counter\n"));

@@ -26,13 +26,15 @@ void RuleActions::OnAction(const v1::Action& action) {
                            : absl::StrCat(" Suggestion: ", action.verdict().suggestion()));
       break;
     case v1::ACTION_WEBHOOK:
+    case v1::ACTION_EMAIL:
       if (targets_.may_post && !targets_.may_post(action)) {
-        VLOG(1) << "job '" << job_ << "': webhook of " << action.rule() << " at step "
-                << action.step() << " was posted before or is not this node's to post";
-      } else if (webhooks_ != nullptr) {
-        webhooks_->Post(action);
+        VLOG(1) << "job '" << job_ << "': " << action.target() << " of " << action.rule()
+                << " at step " << action.step()
+                << " was posted before or is not this node's to post";
+      } else if (notifier_ != nullptr) {
+        notifier_->Post(action);
       } else {
-        LOG(WARNING) << "job '" << job_ << "': no webhook notifier; verdict of " << action.rule()
+        LOG(WARNING) << "job '" << job_ << "': no notifier; verdict of " << action.rule()
                      << " for " << action.target() << " not sent";
       }
       break;

@@ -67,8 +67,12 @@ TEST_F(RuleActionsTest, OnlyStopTrainingReachesTheStreams) {
   v1::Action hook;  // no notifier: logged as not sent, nothing else
   hook.set_type(v1::ACTION_WEBHOOK);
   hook.set_target("http://127.0.0.1:1/x");
+  v1::Action mail;  // no notifier either
+  mail.set_type(v1::ACTION_EMAIL);
+  mail.set_target("ops@example.com");
   actions.OnAction(log);
   actions.OnAction(hook);
+  actions.OnAction(mail);
   actions.OnAction(stop);
   ASSERT_EQ(stops_.size(), 1u);
   EXPECT_EQ(stops_[0].rule(), "ExplodingTensor");

@@ -1,5 +1,6 @@
 // End-to-end: the real collector (RocksDB, gRPC on a loopback port) driven
 // by the real C++ hook, read back through the real query client.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/http_server.h"
 #include "tests/testing/in_process_collector.h"
+#include "tests/testing/smtp_server.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -260,6 +262,82 @@ TEST(EndToEnd, AVerdictIsPostedToTheWebhookOnceAndLogged) {
   EXPECT_EQ(doc["status"], "IssuesFound");
   EXPECT_EQ(doc["step"], 2);
   EXPECT_NE(doc["message"].get<std::string>().find("1 NaN"), std::string::npos);
+}
+
+TEST(EndToEnd, AVerdictIsMailedOnceThroughTheRelay) {
+  ::sonde::testing::TestSmtpServer relay;
+  InProcessCollector collector(
+      "ExplodingTensor(actions=Email:ops@example.com|Email:ml@example.com|StopTraining)", {},
+      [&](server::CollectorOptions& o) {
+        o.notifications.smtp.url = relay.Url();
+        o.notifications.smtp.from = "sonde@ci.example";
+      });
+  auto hook = Hook::Create(Options(collector.address(), "mailed"));
+  SONDE_ASSERT_OK(hook);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int step = 0; step < 5; ++step) {  // NaN from step 2 on: one transition
+    (*hook)->StartStep();
+    std::vector<float> g = {step >= 2 ? nan : 1.0f};
+    SONDE_ASSERT_OK((*hook)->SaveTensor("gradient/w", HostTensor(g.data(), {1}), {"gradients"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto q = QueryClient::Connect(collector.address());
+  auto results = FinalResults(*q, "mailed");
+  collector.Stop();  // waits for queued deliveries
+  auto mails = relay.mails();
+  ASSERT_EQ(mails.size(), 2u);  // one per Email action, once
+  std::vector<std::string> to;
+  for (const auto& m : mails) {
+    EXPECT_EQ(m.from, "sonde@ci.example");
+    ASSERT_EQ(m.to.size(), 1u);
+    to.push_back(m.to[0]);
+    EXPECT_EQ(m.Header("Subject"), "[sonde] job mailed: ExplodingTensor found issues at step 2");
+    EXPECT_NE(m.data.find("1 NaN"), std::string::npos) << m.data;
+  }
+  std::sort(to.begin(), to.end());
+  EXPECT_EQ(to, (std::vector<std::string>{"ml@example.com", "ops@example.com"}));
+  const v1::RuleResult* r = Find(results, "ExplodingTensor");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), v1::RULE_STATUS_ISSUES_FOUND);
+  EXPECT_EQ(std::vector<std::string>(r->actions_taken().begin(), r->actions_taken().end()),
+            (std::vector<std::string>{"Email:ops@example.com", "Email:ml@example.com",
+                                      "StopTraining"}));
+}
+
+TEST(EndToEnd, EmailActionsNeedTheCollectorsRelay) {
+  ::sonde::testing::TempDir dir;
+  server::CollectorOptions co;
+  co.listen = "127.0.0.1:0";
+  co.data_dir = dir.Sub("db");
+  co.default_rules.emplace_back().set_rule_type("ExplodingTensor");
+  co.default_rules.back().add_actions("Email:ops@example.com");
+  EXPECT_THAT(server::Collector::Start(co),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "rule 'ExplodingTensor': action 'Email:ops@example.com' needs a mail relay"));
+  co.default_rules.back().set_actions(0, "Email:ops at example.com");
+  EXPECT_THAT(server::Collector::Start(co),
+              StatusIs(absl::StatusCode::kInvalidArgument, "is not a mail address"));
+
+  InProcessCollector collector;  // no relay
+  auto q = QueryClient::Connect(collector.address());
+  v1::RuleSpec mail;
+  mail.set_rule_type("ExplodingTensor");
+  mail.add_actions("Email:ops@example.com");
+  EXPECT_THAT(q->EnableRules("planned-mail", {mail}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "--smtp_url"));
+  HookOptions o = Options(collector.address(), "hello-mail");
+  o.rules = {mail};
+  auto hook = Hook::Create(o);  // training goes on; the hook says why it stored nothing
+  SONDE_ASSERT_OK(hook);
+  (*hook)->StartStep();
+  std::vector<float> w = {1.0f};
+  (void)(*hook)->SaveTensor("w", HostTensor(w.data(), {1}), {"weights"});
+  EXPECT_THAT((*hook)->Close(), StatusIs(absl::StatusCode::kUnavailable,
+                                         "refused job 'hello-mail': rule 'ExplodingTensor': "
+                                         "action 'Email:ops@example.com' needs a mail relay"));
+  // Refused before anything was stored.
+  EXPECT_THAT(q->GetJob("hello-mail"), StatusIs(absl::StatusCode::kNotFound, ""));
+  EXPECT_THAT(q->GetJob("planned-mail"), StatusIs(absl::StatusCode::kNotFound, ""));
 }
 
 TEST(EndToEnd, ReductionsOnlyTensorsHaveStatisticsButNoValues) {

@@ -26,6 +26,7 @@
 #include "rules/rule_config.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/http_server.h"
+#include "tests/testing/smtp_server.h"
 #include "tests/testing/logged_stream.h"
 #include "tests/testing/nats_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -70,8 +71,9 @@ class TestNode {
  public:
   TestNode(const std::string& name, const std::string& db, const std::vector<std::string>& etcd,
            const std::vector<std::string>& nats, int partitions = kPartitions,
-           int standbys = 1) {
+           int standbys = 1, const std::string& smtp_url = "") {
     server::CollectorOptions co;
+    co.notifications.smtp.url = smtp_url;
     co.listen = "127.0.0.1:0";
     co.data_dir = db;
     co.step_wait = absl::Seconds(30);
@@ -257,9 +259,9 @@ class ClusterTest : public ::testing::Test {
   }
 
   std::unique_ptr<TestNode> StartNode(const std::string& name, int partitions = kPartitions,
-                                      int standbys = 1) {
+                                      int standbys = 1, const std::string& smtp_url = "") {
     return std::make_unique<TestNode>(name, dir_.Sub(name), etcd_->endpoints(), nats_->urls(),
-                                      partitions, standbys);
+                                      partitions, standbys, smtp_url);
   }
 
   testing::TempDir dir_;
@@ -370,12 +372,13 @@ TEST_F(ClusterTest, StepsStreamedThroughAGatewayAreStoredOnceByTheirPartitionsOw
 }
 
 TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) {
-  auto a = StartNode("node-a");
+  // The NaN loss at step 5 fires a webhook and a mail: once each, though
+  // the partition's log is applied again by each new owner.
+  testing::TestHttpServer webhook;
+  testing::TestSmtpServer relay;
+  auto a = StartNode("node-a", kPartitions, 1, relay.Url());
   ASSERT_TRUE(WaitUntil([&] { return a->node().owned().size() == kPartitions; }));
   TestGateway gateway(nats_->urls(), etcd_->endpoints());
-  // The NaN loss at step 5 fires a webhook: once, though the partition's
-  // log is applied again by each new owner.
-  testing::TestHttpServer webhook;
   // Rules enabled before the job starts are logged: every node that
   // applies the partition has them.
   auto rules = rules::ParseRuleFlag("LossNotDecreasing(name=early_loss)");
@@ -383,14 +386,16 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   auto enabled = QueryClient::Connect(gateway.address())->EnableRules("moving", *rules);
   SONDE_ASSERT_OK(enabled);
   auto hook = Client(gateway.address(), "moving",
-                     "ExplodingTensor(actions=Webhook:" + webhook.Url("/sonde") + ")");
+                     "ExplodingTensor(actions=Webhook:" + webhook.Url("/sonde") +
+                         "|Email:ops@example.com)");
   ASSERT_NE(hook, nullptr);
   Train(*hook, 0, 8, /*nan_at=*/5);
   ASSERT_EQ(webhook.WaitForRequests(1, absl::Seconds(20)).size(), 1u);
+  ASSERT_EQ(relay.WaitForMails(1, absl::Seconds(20)).size(), 1u);
   SONDE_ASSERT_OK(hook->Flush(absl::Seconds(30)));
   // A second node joins: the partitions that rank it first move to it, and
   // it replays their log from the start.
-  auto b = StartNode("node-b");
+  auto b = StartNode("node-b", kPartitions, 1, relay.Url());
   ASSERT_TRUE(WaitUntil([&] {
     return a->node().owned().size() + b->node().owned().size() == kPartitions &&
            !b->node().owned().empty();
@@ -421,6 +426,10 @@ TEST_F(ClusterTest, WhenANodeLeavesItsPartitionsMoveAndTheNewOwnerHasEveryStep) 
   EXPECT_EQ(b->node().takeovers(/*caught_up=*/false), 0u);
   absl::SleepFor(absl::Milliseconds(500));  // a second post would be out by now
   EXPECT_EQ(webhook.requests().size(), 1u);
+  ASSERT_EQ(relay.mails().size(), 1u);
+  EXPECT_EQ(relay.mails()[0].to, std::vector<std::string>{"ops@example.com"});
+  EXPECT_EQ(relay.mails()[0].Header("Subject"),
+            "[sonde] job moving: ExplodingTensor found issues at step 5");
   auto info = b->store().GetJob("moving");
   SONDE_ASSERT_OK(info);
   bool has_early = false;

@@ -35,6 +35,7 @@
 #include "server/cluster/query_front.h"
 #include "server/auth.h"
 #include "server/collector.h"
+#include "server/notifier.h"
 #include "server/security.h"
 
 ABSL_FLAG(std::string, role, "", "node or gateway");
@@ -67,6 +68,16 @@ ABSL_FLAG(int, standbys, 1,
           "without a replay (each costs the owner's CPU and disk again)");
 ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecreasing",
           "rules run for every job, as sonde-collector --rules");
+ABSL_FLAG(std::string, rules_config, "",
+          "JSON file of rules run for every job (replaces --rules when given)");
+ABSL_FLAG(std::string, smtp_url, "",
+          "mail relay of Email actions: smtp://host:port (STARTTLS when offered) or "
+          "smtps://host:port. Empty: rules asking for Email are refused");
+ABSL_FLAG(std::string, smtp_from, "", "sender of Email actions (default sonde@<host name>)");
+ABSL_FLAG(std::string, smtp_user, "", "user name for the relay's AUTH (implies --smtp_require_tls)");
+ABSL_FLAG(std::string, smtp_password_file, "", "file whose first line is --smtp_user's password");
+ABSL_FLAG(bool, smtp_require_tls, false,
+          "send no mail unencrypted: smtp:// must upgrade with STARTTLS");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(5),
           "how long a node's partitions outlive it when it stops answering etcd");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(30),
@@ -146,13 +157,23 @@ absl::StatusOr<std::unique_ptr<PartitionLog>> OpenLog() {
 }
 
 int RunNode(const sigset_t& stop) {
-  absl::StatusOr<std::vector<sonde::v1::RuleSpec>> rules =
-      sonde::rules::ParseRuleFlag(absl::GetFlag(FLAGS_rules));
+  absl::StatusOr<std::vector<sonde::v1::RuleSpec>> rules = sonde::rules::LoadDefaultRules(
+      absl::GetFlag(FLAGS_rules), absl::GetFlag(FLAGS_rules_config));
   if (!rules.ok()) {
-    std::cerr << "sonde-cluster: --rules: " << rules.status() << std::endl;
+    std::cerr << "sonde-cluster: bad rules: " << rules.status() << std::endl;
     return 2;
   }
   sonde::server::CollectorOptions co;
+  absl::StatusOr<sonde::server::SmtpOptions> smtp = sonde::server::SmtpOptionsFromFlags(
+      absl::GetFlag(FLAGS_smtp_url), absl::GetFlag(FLAGS_smtp_from),
+      absl::GetFlag(FLAGS_smtp_user), absl::GetFlag(FLAGS_smtp_password_file),
+      absl::GetFlag(FLAGS_smtp_require_tls));
+  if (!smtp.ok()) {
+    std::cerr << "sonde-cluster: " << smtp.status().message() << "\n";
+    return 2;
+  }
+  co.notifications.smtp = *std::move(smtp);
+
   co.listen = absl::GetFlag(FLAGS_listen);
   co.data_dir = absl::GetFlag(FLAGS_data_dir);
   co.default_rules = *rules;

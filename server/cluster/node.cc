@@ -34,8 +34,9 @@ std::string ActionKey(const std::string& prefix, const std::string& job, int32_t
 }
 
 std::string WebhookKey(const std::string& prefix, const std::string& job, const v1::Action& a) {
-  return absl::StrCat(prefix, "/actions/", job, "/webhook/", a.rule(), "/", a.step(), "/",
-                      a.target());
+  return absl::StrCat(prefix, "/actions/", job,
+                      a.type() == v1::ACTION_EMAIL ? "/email/" : "/webhook/", a.rule(), "/",
+                      a.step(), "/", a.target());
 }
 
 }  // namespace
@@ -108,7 +109,7 @@ absl::StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(Etcd* etcd, Part
     absl::MutexLock lock(&node->gate_->mu);
     node->gate_->node = node.get();
   }
-  registry->set_webhook_gate([state = node->gate_](const std::string& job, const v1::Action& a) {
+  registry->set_notification_gate([state = node->gate_](const std::string& job, const v1::Action& a) {
     absl::MutexLock lock(&state->mu);
     return state->node != nullptr && state->node->MayPost(job, a);
   });
@@ -622,7 +623,7 @@ bool ClusterNode::TellHeldBack(Applied* a) {
     if (!fired.ok()) {
       LOG(WARNING) << "job '" << job << "': webhook not posted: " << fired.status();
     } else if (*fired) {
-      registry_->PostWebhook(action);
+      registry_->PostNotification(action);
     }
     webhooks.pop_front();
   }
