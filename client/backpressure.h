@@ -24,9 +24,9 @@ struct BackpressureOptions {
   // file is unlinked at once, so it never outlives the process). Default:
   // $TMPDIR, else /tmp.
   std::string spill_dir;
-  // Largest spill file, for each of the two (the sender's queue, and device
-  // values, client/value_spill.h); beyond it tensors are dropped, and
-  // device values wait on the device. Default 4 GiB.
+  // Most bytes the spill files hold together (the sender's queue, and
+  // device values, client/value_spill.h); beyond it tensors are dropped,
+  // and device values wait on the device. Default 4 GiB.
   uint64_t max_spill_bytes = uint64_t{4} << 30;
   // kBlock: longest a save waits for room. Default 1 s.
   absl::Duration max_block = absl::Seconds(1);

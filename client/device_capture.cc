@@ -28,7 +28,9 @@ absl::StatusOr<std::unique_ptr<DeviceCapture>> DeviceCapture::Create(
   std::unique_ptr<ValueSpill> spill;
   if (options.policy == BackpressurePolicy::kSpill) {
     absl::StatusOr<std::unique_ptr<ValueSpill>> made =
-        ValueSpill::Create(SpillDirOrTemp(options.spill_dir), options.max_spill_bytes);
+        options.spill_budget != nullptr
+            ? ValueSpill::Create(SpillDirOrTemp(options.spill_dir), options.spill_budget)
+            : ValueSpill::Create(SpillDirOrTemp(options.spill_dir), options.max_spill_bytes);
     if (made.ok()) {
       spill = std::move(*made);
     } else {

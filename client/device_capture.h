@@ -89,12 +89,15 @@ struct DeviceCaptureOptions {
   // kDrop gives up at once; kBlock and kSpill wait up to max_block for the
   // device to finish work, then give up (counted). kSpill first moves
   // values the host budget has no room for to a file in spill_dir (empty:
-  // $TMPDIR, else /tmp) of at most max_spill_bytes, once snapshot memory
-  // is half full or a save waits for it.
+  // $TMPDIR, else /tmp), within spill_budget, once snapshot memory is half
+  // full or a save waits for it.
   BackpressurePolicy policy = BackpressurePolicy::kSpill;
   absl::Duration max_block = absl::Seconds(1);
   std::string spill_dir;
   uint64_t max_spill_bytes = uint64_t{4} << 30;
+  // Shared with the sender's spill file (the hook's max_spill_bytes). Null:
+  // a budget of its own of max_spill_bytes.
+  std::shared_ptr<SpillBudget> spill_budget;
   // Charges `bytes` of downloaded values to the sender's memory budget:
   // true if charged. `force`: charge even past the budget (the sender is
   // waiting for this tensor). Unset: always charged. release_host gives

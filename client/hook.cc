@@ -11,6 +11,7 @@
 #include "client/device_capture.h"
 #include "client/hook_config_json.h"
 #include "client/sender.h"
+#include "client/spill_budget.h"
 #include "client/spool/upload.h"
 #include "common/dtype.h"
 #include "common/names.h"
@@ -65,6 +66,7 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
   for (const auto& r : hook->options_.rules) *so.hello.add_rules() = r;
   so.max_queue_bytes = hook->options_.max_queue_bytes;
   so.backpressure = hook->options_.backpressure;
+  so.spill_budget = hook->spill_budget_;
   so.max_chunk_bytes = hook->options_.max_chunk_bytes;
   so.spool_dir = hook->options_.spool_dir;
   so.max_spool_bytes = hook->options_.max_spool_bytes;
@@ -133,7 +135,9 @@ absl::StatusOr<HookOptions> Hook::ApplyJsonFile(const std::string& path, HookOpt
 }
 
 Hook::Hook(HookOptions options, CollectionSet collections)
-    : options_(std::move(options)), collections_(std::move(collections)) {}
+    : options_(std::move(options)),
+      spill_budget_(std::make_shared<SpillBudget>(options_.backpressure.max_spill_bytes)),
+      collections_(std::move(collections)) {}
 
 Hook::~Hook() {
   Close().IgnoreError();
@@ -485,6 +489,7 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
     co.max_block = options_.backpressure.max_block;
     co.spill_dir = options_.backpressure.spill_dir;
     co.max_spill_bytes = options_.backpressure.max_spill_bytes;
+    co.spill_budget = spill_budget_;
     Sender* sender = sender_.get();
     co.reserve_host = [sender](uint64_t bytes, bool force) {
       return sender->ReserveHost(bytes, force);

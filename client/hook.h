@@ -51,6 +51,7 @@ namespace sonde {
 
 class DeviceCapture;
 class Sender;
+class SpillBudget;
 struct PendingDeviceTensor;
 
 struct HookOptions {
@@ -108,8 +109,8 @@ struct HookOptions {
   // memory run out, `backpressure` decides as for host tensors: drop at
   // once, or (block, spill) wait up to max_block for the device to finish
   // work, then drop. Under spill, values the send queue has no room for
-  // are also written to a second file in spill_dir (at most
-  // max_spill_bytes) once snapshot memory is half full or a save waits for
+  // are also written to a second file in spill_dir (both files together
+  // hold at most max_spill_bytes) once snapshot memory is half full or a save waits for
   // it, so device memory comes back; a value lost keeps its tensor's statistics, and every
   // loss is counted (Counters::tensors_dropped, values_dropped) and shown
   // by the collector (StepInfo). The device is the one of the first device
@@ -341,6 +342,8 @@ class Hook {
   void UploadLeftSpools();
 
   const HookOptions options_;
+  // max_spill_bytes, shared by the sender's spill file and device values'.
+  const std::shared_ptr<SpillBudget> spill_budget_;
   std::unique_ptr<Sender> sender_;
   std::atomic<bool> closing_uploads_{false};
   std::atomic<uint64_t> left_spools_uploaded_{0};

@@ -112,8 +112,11 @@ void Sender::DropLocked(const std::string& name) {
 bool Sender::SpillLocked(const SpillRecord& record) {
   if (spill_failed_) return false;
   if (spill_ == nullptr) {
-    auto file = SpillFile::Create(SpillDirOrTemp(options_.backpressure.spill_dir),
-                                  options_.backpressure.max_spill_bytes);
+    auto file = SpillFile::Create(
+        SpillDirOrTemp(options_.backpressure.spill_dir),
+        options_.spill_budget != nullptr
+            ? options_.spill_budget
+            : std::make_shared<SpillBudget>(options_.backpressure.max_spill_bytes));
     if (!file.ok()) {
       spill_failed_ = true;
       LogOnceLocked("spill-open", absl::StrCat(file.status().message(), "; dropping instead"));

@@ -61,6 +61,9 @@ struct SenderOptions {
   uint64_t max_queue_bytes = 256 << 20;
   uint64_t max_chunk_bytes = 1 << 20;    // payload per chunk (the collector may lower it)
   BackpressureOptions backpressure;
+  // What the spill file may hold, shared with device values' spill file.
+  // Null: a budget of its own of backpressure.max_spill_bytes.
+  std::shared_ptr<SpillBudget> spill_budget;
   absl::Duration reconnect_min = absl::Milliseconds(100);
   absl::Duration reconnect_max = absl::Seconds(5);
   std::function<void(const v1::Action&)> on_action;  // called on the reader thread

@@ -126,33 +126,46 @@ absl::StatusOr<SpillRecord> Decode(const std::string& body) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SpillFile>> SpillFile::Create(const std::string& dir,
-                                                             uint64_t max_bytes) {
+                                                             std::shared_ptr<SpillBudget> budget) {
   absl::StatusOr<int> fd = CreateUnlinkedFile(dir, "sonde-spill", "a spill file");
   if (!fd.ok()) return fd.status();
-  return std::unique_ptr<SpillFile>(new SpillFile(*fd, max_bytes));
+  return std::unique_ptr<SpillFile>(new SpillFile(*fd, std::move(budget)));
 }
 
-SpillFile::~SpillFile() { close(fd_); }
+absl::StatusOr<std::unique_ptr<SpillFile>> SpillFile::Create(const std::string& dir,
+                                                             uint64_t max_bytes) {
+  return Create(dir, std::make_shared<SpillBudget>(max_bytes));
+}
+
+SpillFile::~SpillFile() {
+  close(fd_);
+  budget_->Give(end_);
+}
 
 absl::Status SpillFile::Append(const SpillRecord& record) {
   if (!record.is_step_end && record.tensor.pending != nullptr) {
     return absl::InvalidArgumentError("device tensors are not spilled");
   }
   const std::string body = Encode(record);
-  if (end_ + kHeader + body.size() > max_bytes_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the spill file would pass its limit of ", max_bytes_, " bytes"));
-  }
   if (body.size() > UINT32_MAX) return absl::InvalidArgumentError("spill record too large");
+  const uint64_t size = kHeader + body.size();
+  if (!budget_->TryTake(size)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the spill files would pass their limit of ", budget_->limit(),
+                     " bytes (max_spill_bytes; ", budget_->held(), " held)"));
+  }
   std::string header;
   PutU32(header, kMagic);
   PutU32(header, static_cast<uint32_t>(body.size()));
   PutU32(header, Crc32c(body));
   absl::Status s = PWriteAll(fd_, header.data(), header.size(), end_, "spill write");
   if (s.ok()) s = PWriteAll(fd_, body.data(), body.size(), end_ + kHeader, "spill write");
-  if (!s.ok()) return s;  // end_ unchanged: the partial record is overwritten next time
-  end_ += kHeader + body.size();
-  sizes_.push_back(kHeader + body.size());
+  if (!s.ok()) {
+    budget_->Give(size);
+    return s;  // end_ unchanged: the partial record is overwritten next time
+  }
+  end_ += size;
+  sizes_.push_back(size);
   is_step_end_.push_back(record.is_step_end);
   step_ends_ += record.is_step_end;
   return absl::OkStatus();
@@ -172,7 +185,10 @@ absl::StatusOr<SpillRecord> SpillFile::ReadNext() {
   if (sizes_.empty()) {
     // Every record is read: give the disk space back. (If truncating fails,
     // appending simply goes on after the old data.)
-    if (ftruncate(fd_, 0) == 0) head_ = end_ = 0;
+    if (ftruncate(fd_, 0) == 0) {
+      budget_->Give(end_);
+      head_ = end_ = 0;
+    }
   }
   return record;
 }

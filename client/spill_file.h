@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/queued_tensor.h"
+#include "client/spill_budget.h"
 #include "proto/collector.pb.h"
 
 namespace sonde {
@@ -29,12 +30,16 @@ struct SpillRecord {
 
 class SpillFile {
  public:
-  // Creates the (unlinked) file in `dir`.
+  // Creates the (unlinked) file in `dir`. Its bytes (until it is drained
+  // and truncated) are charged to `budget`, which it may share.
+  static absl::StatusOr<std::unique_ptr<SpillFile>> Create(const std::string& dir,
+                                                           std::shared_ptr<SpillBudget> budget);
+  // With a budget of its own of `max_bytes`.
   static absl::StatusOr<std::unique_ptr<SpillFile>> Create(const std::string& dir,
                                                            uint64_t max_bytes);
   ~SpillFile();
 
-  // ResourceExhausted when the record would pass max_bytes; Internal for a
+  // ResourceExhausted when the record does not fit in the budget; Internal for a
   // failed write (the file is then unchanged as far as readers go).
   // Device tensors (tensor.pending set) cannot be spilled: InvalidArgument;
   // the sender spills a record with tensor.device_id instead.
@@ -50,11 +55,11 @@ class SpillFile {
   uint64_t file_bytes() const { return end_; }
 
  private:
-  SpillFile(int fd, uint64_t max_bytes) : fd_(fd), max_bytes_(max_bytes) {}
+  SpillFile(int fd, std::shared_ptr<SpillBudget> budget) : fd_(fd), budget_(std::move(budget)) {}
   absl::StatusOr<SpillRecord> ReadAt(uint64_t at, uint64_t size) const;
 
   const int fd_;
-  const uint64_t max_bytes_;
+  const std::shared_ptr<SpillBudget> budget_;  // charged end_ bytes
   uint64_t end_ = 0;   // append offset
   uint64_t head_ = 0;  // read offset
   std::deque<uint64_t> sizes_;  // of the unread records, oldest first

@@ -4,8 +4,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 
+#include "client/spill_budget.h"
+#include "client/value_spill.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -106,6 +109,40 @@ TEST(SpillFile, AppendPastTheLimitIsResourceExhaustedAndLeavesEarlierRecords) {
   auto a = (*file)->ReadNext();
   ASSERT_THAT(a, IsOk());
   EXPECT_EQ(a->tensor.name, "a");
+}
+
+TEST(SpillFile, SharesOneLimitWithTheDeviceValuesSpill) {
+  // max_spill_bytes bounds both of a hook's spill files together.
+  TempDir dir;
+  auto budget = std::make_shared<SpillBudget>(10000);
+  auto file = SpillFile::Create(dir.path(), budget);
+  auto values = ValueSpill::Create(dir.path(), budget);
+  ASSERT_THAT(file, IsOk());
+  ASSERT_THAT(values, IsOk());
+  const std::string bytes(6000, 'v');
+  auto held = (*values)->Write(bytes.data(), bytes.size());
+  ASSERT_THAT(held, IsOk());
+  EXPECT_EQ(budget->held(), 6000u);
+  EXPECT_THAT((*file)->Append(Tensor("big", 0, 5000)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       "the spill files would pass their limit of 10000 bytes"));
+  SONDE_ASSERT_OK((*file)->Append(Tensor("small", 0, 2000)));
+  const uint64_t queued = budget->held() - 6000;
+  EXPECT_GT(queued, 2000u);
+  EXPECT_EQ((*file)->file_bytes(), queued);
+  EXPECT_THAT((*values)->Write(bytes.data(), 4000),
+              StatusIs(absl::StatusCode::kResourceExhausted, "limit of 10000 bytes"));
+  EXPECT_EQ((*values)->room(), 10000u - 6000u - queued);
+  // Space one gives back, the other may take.
+  (*values)->Release(*held);
+  EXPECT_EQ(budget->held(), queued);
+  SONDE_ASSERT_OK((*file)->Append(Tensor("big", 1, 5000)));
+  ASSERT_THAT((*file)->ReadNext(), IsOk());
+  ASSERT_THAT((*file)->ReadNext(), IsOk());  // drained: truncated
+  EXPECT_EQ(budget->held(), 0u);
+  ASSERT_THAT((*values)->Write(bytes.data(), bytes.size()), IsOk());
+  values->reset();  // a closed file holds nothing
+  EXPECT_EQ(budget->held(), 0u);
 }
 
 TEST(SpillFile, DeviceTensorsAreRefused) {

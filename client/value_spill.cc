@@ -12,28 +12,32 @@
 
 namespace sonde {
 
-absl::StatusOr<std::unique_ptr<ValueSpill>> ValueSpill::Create(const std::string& dir,
-                                                               uint64_t max_bytes) {
+absl::StatusOr<std::unique_ptr<ValueSpill>> ValueSpill::Create(
+    const std::string& dir, std::shared_ptr<SpillBudget> budget) {
   absl::StatusOr<int> fd = CreateUnlinkedFile(dir, "sonde-values", "a device values spill file");
   if (!fd.ok()) return fd.status();
-  return std::unique_ptr<ValueSpill>(new ValueSpill(*fd, max_bytes));
+  return std::unique_ptr<ValueSpill>(new ValueSpill(*fd, std::move(budget)));
 }
 
-ValueSpill::~ValueSpill() { close(fd_); }
-
-bool ValueSpill::FitsLocked(uint64_t bytes) const {
-  return bytes <= max_bytes_ && held_ <= max_bytes_ - bytes;
+absl::StatusOr<std::unique_ptr<ValueSpill>> ValueSpill::Create(const std::string& dir,
+                                                               uint64_t max_bytes) {
+  return Create(dir, std::make_shared<SpillBudget>(max_bytes));
 }
 
-uint64_t ValueSpill::room() const {
+ValueSpill::~ValueSpill() {
+  close(fd_);
   absl::MutexLock lock(&mu_);
-  return max_bytes_ - std::min(max_bytes_, held_);
+  budget_->Give(held_);
 }
+
+uint64_t ValueSpill::room() const { return budget_->room(); }
 
 void ValueSpill::PunchLocked(uint64_t offset, uint64_t bytes) {
   if (bytes > 0 && fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                              static_cast<off_t>(offset), static_cast<off_t>(bytes)) == 0) {
-    held_ -= std::min(held_, bytes);
+    bytes = std::min(held_, bytes);
+    held_ -= bytes;
+    budget_->Give(bytes);
   }
 }
 
@@ -41,9 +45,10 @@ absl::StatusOr<ValueSpill::Record> ValueSpill::Write(const char* data, uint64_t 
   Record r;
   {
     absl::MutexLock lock(&mu_);
-    if (!FitsLocked(bytes)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the device values spill file would pass its limit of ", max_bytes_, " bytes"));
+    if (!budget_->TryTake(bytes)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the spill files would pass their limit of ", budget_->limit(),
+                       " bytes (max_spill_bytes; ", budget_->held(), " held)"));
     }
     r.offset = end_;
     r.bytes = bytes;
@@ -83,7 +88,10 @@ void ValueSpill::Release(const Record& record) {
 
 void ValueSpill::MaybeTruncateLocked() {
   // (If truncating fails, writing simply goes on after the old data.)
-  if (live_ == 0 && writing_ == 0 && ftruncate(fd_, 0) == 0) end_ = held_ = 0;
+  if (live_ == 0 && writing_ == 0 && ftruncate(fd_, 0) == 0) {
+    budget_->Give(held_);
+    end_ = held_ = 0;
+  }
 }
 
 uint64_t ValueSpill::live_records() const {

@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/spill_budget.h"
 
 namespace sonde {
 
@@ -33,14 +34,18 @@ class ValueSpill {
     uint32_t crc = 0;
   };
 
-  // Creates the (unlinked) file in `dir`; Unavailable if it cannot.
+  // Creates the (unlinked) file in `dir`; Unavailable if it cannot. The
+  // bytes its records hold are charged to `budget`, which it may share.
+  static absl::StatusOr<std::unique_ptr<ValueSpill>> Create(const std::string& dir,
+                                                            std::shared_ptr<SpillBudget> budget);
+  // With a budget of its own of `max_bytes`.
   static absl::StatusOr<std::unique_ptr<ValueSpill>> Create(const std::string& dir,
                                                             uint64_t max_bytes);
   ~ValueSpill();
   ValueSpill(const ValueSpill&) = delete;
   ValueSpill& operator=(const ValueSpill&) = delete;
 
-  // Bytes that would fit under max_bytes now.
+  // Bytes that would fit in the budget now.
   uint64_t room() const;
   // Appends `bytes` bytes. ResourceExhausted when they do not fit,
   // Internal when the write fails (the disk is full).
@@ -56,8 +61,7 @@ class ValueSpill {
   uint64_t file_bytes() const;  // how far the file reaches (sparse where released)
 
  private:
-  ValueSpill(int fd, uint64_t max_bytes) : fd_(fd), max_bytes_(max_bytes) {}
-  bool FitsLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ValueSpill(int fd, std::shared_ptr<SpillBudget> budget) : fd_(fd), budget_(std::move(budget)) {}
   // Gives a region's blocks back (a hole punched; the file keeps its
   // size). Where the file system cannot, they count until the truncation.
   void PunchLocked(uint64_t offset, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -65,7 +69,7 @@ class ValueSpill {
   void MaybeTruncateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int fd_;
-  const uint64_t max_bytes_;
+  const std::shared_ptr<SpillBudget> budget_;  // charged held_ bytes
   mutable absl::Mutex mu_;
   uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;      // next record's offset
   uint64_t held_ ABSL_GUARDED_BY(mu_) = 0;     // bytes counted against max_bytes
