@@ -829,6 +829,34 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
           histogram = ToProto(h);
         }
       }
+      if (send_values) {
+        // Values the collector would refuse (and end the stream, losing
+        // the unacknowledged steps) go as statistics only, counted.
+        std::string why;
+        if (tensor_limit_ > 0 && values.size() > tensor_limit_) {
+          why = absl::StrCat("its ", values.size(), " bytes pass the collector's limit of ",
+                             tensor_limit_, " per tensor (--max_tensor_bytes)");
+        } else if (step_limit_ > 0 && built_step_values_ + values.size() > step_limit_) {
+          why = absl::StrCat("step ", queued.step, "'s values would pass the collector's limit of ",
+                             step_limit_, " bytes per step (--max_step_bytes)");
+        }
+        if (why.empty()) {
+          built_step_values_ += values.size();
+        } else {
+          if (queued.pending != nullptr && !queued.pending->status.ok()) {
+            // The device's statistics failed: take them from the values.
+            stats = ComputeStatistics(values, dtype);
+          }
+          send_values = false;
+          if (queued.pending != nullptr) queued.pending->values.reset();
+          absl::MutexLock lock(&mu_);
+          ++counters_.values_dropped;
+          ++built_values_dropped_;
+          LogOnceLocked("values-over-limit",
+                        absl::StrCat("values of tensor '", queued.name, "' not sent, statistics "
+                                     "kept: ", why, "; counted and reported to the collector"));
+        }
+      }
       const bool computed_by_collector =
           queued.pending != nullptr && send_values && !queued.pending->status.ok();
       const QueuedTensor& t = queued;
@@ -869,6 +897,7 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
       return true;
     }
     case Item::kStepEnd:
+      built_step_values_ = 0;
       *msg.mutable_step_end() = item.step_end;
       out->push_back(std::move(msg));
       return true;
@@ -962,6 +991,8 @@ void Sender::ReadServerMessages(Stream* stream) {
         {
           absl::MutexLock lock(&mu_);
           server_chunk_limit_ = in.hello_ack().max_chunk_bytes();
+          server_tensor_limit_ = in.hello_ack().max_tensor_bytes();
+          server_step_limit_ = in.hello_ack().max_step_bytes();
           resume_step_ = in.hello_ack().resume_step();
           connected_ = true;
         }
@@ -1157,6 +1188,8 @@ bool Sender::StreamOnce() {
       if (server_chunk_limit_ > 0) {
         chunk_limit_ = std::min<uint64_t>(chunk_limit_, server_chunk_limit_);
       }
+      tensor_limit_ = server_tensor_limit_;
+      step_limit_ = server_step_limit_;
       DropStoredLocked();
       for (Unacked& u : unacked_) resend.push_back(&u);
     }

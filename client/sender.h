@@ -262,6 +262,8 @@ class Sender {
   uint64_t stream_acked_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t resume_step_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t server_chunk_limit_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t server_tensor_limit_ ABSL_GUARDED_BY(mu_) = 0;  // 0: not said
+  uint64_t server_step_limit_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t open_step_dropped_ ABSL_GUARDED_BY(mu_) = 0;   // tensors of the open step
   // Tensors of the open step that reached EnqueueTensor (sent, spilled or
   // dropped). A step with none is not sent at all.
@@ -313,6 +315,11 @@ class Sender {
   // Used by the sender thread only.
   uint64_t seq_ = 0;
   uint64_t chunk_limit_ = 0;
+  // The stream's limits on values (0: none said), and the values bytes
+  // built into the current step so far.
+  uint64_t tensor_limit_ = 0;
+  uint64_t step_limit_ = 0;
+  uint64_t built_step_values_ = 0;
 
   std::thread thread_;
 };

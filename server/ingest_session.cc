@@ -386,6 +386,8 @@ absl::StatusOr<JoinResult> IngestSession::Join(StreamHandle* stream) {
   last_step_ = result.stored_last_step;
   same_client_ = result.same_client;
   result.ack.set_max_chunk_bytes(limits_.max_chunk_bytes);
+  result.ack.set_max_tensor_bytes(limits_.max_tensor_bytes);
+  result.ack.set_max_step_bytes(limits_.max_step_bytes);
   return result;
 }
 

@@ -359,6 +359,74 @@ TEST(EndToEnd, ReductionsOnlyTensorsHaveStatisticsButNoValues) {
   EXPECT_EQ((*series)[0].statistics().mean(), 3.5);
 }
 
+// A tensor bigger than the collector takes, or values past a step's limit,
+// once ended the stream: the hook lost every unacknowledged step, again at
+// each step. The hello now says the limits, and such values go as
+// statistics only, counted; every step is stored.
+TEST(EndToEnd, ValuesPastTheCollectorsLimitsGoAsStatisticsAndNoStepIsLost) {
+  server::IngestLimits limits;
+  limits.max_chunk_bytes = 1024;
+  limits.max_tensor_bytes = 4096;
+  limits.max_step_bytes = 10000;
+  InProcessCollector collector("", limits);
+  auto hook = Hook::Create(Options(collector.address(), "limits"));
+  SONDE_ASSERT_OK(hook);
+  constexpr int kSteps = 4;
+  std::vector<float> big(2048);  // 8 KiB: over the tensor limit
+  std::vector<std::vector<float>> small(4, std::vector<float>(768));  // 3 KiB each
+  for (int step = 0; step < kSteps; ++step) {
+    (*hook)->StartStep();
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(step + i % 7);
+    SONDE_ASSERT_OK((*hook)->SaveTensor("big", HostTensor(big.data(), {2048}), {"weights"}));
+    for (size_t t = 0; t < small.size(); ++t) {
+      for (size_t i = 0; i < small[t].size(); ++i) small[t][i] = static_cast<float>(step * 10 + t);
+      // The fourth passes the step's 10000 bytes (3 x 3072 + 3072).
+      SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("small", t),
+                                          HostTensor(small[t].data(), {768}), {"weights"}));
+    }
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  const Hook::Counters c = (*hook)->counters();
+  EXPECT_EQ(c.steps_dropped, 0u);
+  EXPECT_EQ(c.tensors_dropped, 0u);
+  EXPECT_EQ(c.values_dropped, 2u * kSteps);  // "big" and "small3", each step
+
+  auto q = QueryClient::Connect(collector.address());
+  auto steps = q->ListSteps("limits");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), static_cast<size_t>(kSteps));
+  for (const v1::StepInfo& info : *steps) {
+    EXPECT_EQ(info.tensor_count(), 5u) << "step " << info.step();
+    EXPECT_EQ(info.values_dropped(), 2u) << "step " << info.step();
+    EXPECT_FALSE(info.complete()) << "step " << info.step();
+    const int64_t step = info.step();
+    EXPECT_THAT(q->ReadTensor("limits", "big", step, v1::MODE_GLOBAL),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "statistics only"));
+    EXPECT_THAT(q->ReadTensor("limits", "small3", step, v1::MODE_GLOBAL),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "statistics only"));
+    for (int t = 0; t < 3; ++t) {
+      auto v = q->ReadTensor("limits", absl::StrCat("small", t), step, v1::MODE_GLOBAL);
+      SONDE_ASSERT_OK(v);
+      ASSERT_EQ(v->bytes.size(), 3072u);
+      float first;
+      std::memcpy(&first, v->bytes.data(), 4);
+      EXPECT_EQ(first, static_cast<float>(step * 10 + t));
+    }
+  }
+  // The statistics of values not sent are the tensor's own.
+  auto series = q->ReadSeries("limits", "big");
+  SONDE_ASSERT_OK(series);
+  ASSERT_EQ(series->size(), static_cast<size_t>(kSteps));
+  for (const v1::SeriesPoint& p : *series) {
+    EXPECT_EQ(p.statistics().count(), 2048u);
+    EXPECT_EQ(p.statistics().min(), static_cast<double>(p.step()));
+    EXPECT_EQ(p.statistics().max(), static_cast<double>(p.step() + 6));
+  }
+  auto job = q->GetJob("limits");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->values_dropped(), 2u * kSteps);
+}
+
 TEST(EndToEnd, DataAndRuleResultsSurviveACollectorRestart) {
   InProcessCollector collector(kStopOnNaN);
   {
