@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/backpressure.h"
+#include "client/spill_budget.h"
 #include "client/value_spill.h"
 #include "cuda/device_stats.h"
 

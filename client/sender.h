@@ -45,6 +45,7 @@
 #include "client/backpressure.h"
 #include "client/device_capture.h"
 #include "client/queued_tensor.h"
+#include "client/spill_budget.h"
 #include "client/spill_file.h"
 #include "client/spool/spool.h"
 #include "common/channel.h"

@@ -139,7 +139,7 @@ absl::StatusOr<std::unique_ptr<SpillFile>> SpillFile::Create(const std::string& 
 
 SpillFile::~SpillFile() {
   close(fd_);
-  budget_->Give(end_);
+  budget_->Give(end_ - punched_);
 }
 
 absl::Status SpillFile::Append(const SpillRecord& record) {
@@ -186,9 +186,15 @@ absl::StatusOr<SpillRecord> SpillFile::ReadNext() {
     // Every record is read: give the disk space back. (If truncating fails,
     // appending simply goes on after the old data.)
     if (ftruncate(fd_, 0) == 0) {
-      budget_->Give(end_);
-      head_ = end_ = 0;
+      budget_->Give(end_ - punched_);
+      head_ = end_ = punched_ = 0;
     }
+  } else if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(at),
+                       static_cast<off_t>(size)) == 0) {
+    // Read, never read again: its blocks come back now. (Where the file
+    // system cannot punch holes, they count until the truncation.)
+    budget_->Give(size);
+    punched_ += size;
   }
   return record;
 }

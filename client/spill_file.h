@@ -1,8 +1,9 @@
 // The sender's spill file: a FIFO of queued tensors and step ends on local
 // disk, used while the send queue's memory is full (backpressure policy
 // "spill"). Records are appended at the tail and read back in order from
-// the head; once every record has been read the file is truncated, so the
-// disk space comes back. The file is created in a directory and unlinked at
+// the head. A record read back gives its blocks back at once (a hole
+// punched in the file), and once every record has been read the file is
+// truncated, so steady spilling that keeps pace holds only what is unread. The file is created in a directory and unlinked at
 // once: it never outlives the process, whatever happens to it. Each record
 // carries a CRC-32C; a record that does not read back intact is reported
 // (DataLoss), never sent. Not thread-safe (the sender guards it).
@@ -59,8 +60,10 @@ class SpillFile {
   absl::StatusOr<SpillRecord> ReadAt(uint64_t at, uint64_t size) const;
 
   const int fd_;
-  const std::shared_ptr<SpillBudget> budget_;  // charged end_ bytes
+  // Charged end_ - punched_ bytes: what the file holds.
+  const std::shared_ptr<SpillBudget> budget_;
   uint64_t end_ = 0;   // append offset
+  uint64_t punched_ = 0;  // bytes below head_ given back as holes
   uint64_t head_ = 0;  // read offset
   std::deque<uint64_t> sizes_;  // of the unread records, oldest first
   std::deque<bool> is_step_end_;  // likewise

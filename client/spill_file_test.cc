@@ -111,6 +111,32 @@ TEST(SpillFile, AppendPastTheLimitIsResourceExhaustedAndLeavesEarlierRecords) {
   EXPECT_EQ(a->tensor.name, "a");
 }
 
+TEST(SpillFile, AReadRecordGivesItsSpaceBackBeforeTheFileDrains) {
+  // A collector that keeps pace with a spilling hook never lets the file
+  // drain; what it has read must not count against the limit.
+  TempDir dir;
+  auto budget = std::make_shared<SpillBudget>(10000);
+  auto file = SpillFile::Create(dir.path(), budget);
+  ASSERT_THAT(file, IsOk());
+  int next = 0;
+  for (; next < 3; ++next) SONDE_ASSERT_OK((*file)->Append(Tensor("t", next, 3000)));
+  const uint64_t one = (*file)->NextSize();
+  EXPECT_EQ(budget->held(), 3 * one);
+  EXPECT_THAT((*file)->Append(Tensor("t", next, 3000)),
+              StatusIs(absl::StatusCode::kResourceExhausted, "limit of 10000 bytes"));
+  for (int round = 0; round < 20; ++round) {  // 60 KB through a 10 KB limit
+    auto r = (*file)->ReadNext();
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->tensor.step, round);
+    EXPECT_EQ(budget->held(), 2 * one);
+    SONDE_ASSERT_OK((*file)->Append(Tensor("t", next++, 3000)));
+    EXPECT_EQ((*file)->records(), 3u);
+  }
+  while ((*file)->records() > 0) ASSERT_THAT((*file)->ReadNext(), IsOk());
+  EXPECT_EQ(budget->held(), 0u);
+  EXPECT_EQ((*file)->file_bytes(), 0u);
+}
+
 TEST(SpillFile, SharesOneLimitWithTheDeviceValuesSpill) {
   // max_spill_bytes bounds both of a hook's spill files together.
   TempDir dir;

@@ -72,7 +72,7 @@ class ValueSpill {
   const std::shared_ptr<SpillBudget> budget_;  // charged held_ bytes
   mutable absl::Mutex mu_;
   uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;      // next record's offset
-  uint64_t held_ ABSL_GUARDED_BY(mu_) = 0;     // bytes counted against max_bytes
+  uint64_t held_ ABSL_GUARDED_BY(mu_) = 0;     // bytes charged to budget_
   uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;     // records written and not released
   uint64_t writing_ ABSL_GUARDED_BY(mu_) = 0;  // writes under way
 };

@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job_registry.h"
+#include "server/notifier.h"
 #include "storage/store.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -248,10 +249,10 @@ class IngestSessionTest : public ::testing::Test {
   }
 
   void StartRegistry(std::vector<v1::RuleSpec> default_rules,
-                     absl::Duration step_wait = absl::Seconds(60)) {
+                     absl::Duration step_wait = absl::Seconds(60), Notifier* notifier = nullptr) {
     registry_.reset();
     registry_ = std::make_unique<JobRegistry>(store_.get(), &pool_, factory_.get(),
-                                              std::move(default_rules), step_wait);
+                                              std::move(default_rules), step_wait, notifier);
   }
 
   uint64_t JobId(const std::string& job) {
@@ -1072,6 +1073,29 @@ TEST_F(IngestSessionTest, HelloAskingForAnUnknownActionIsInvalidArgument) {
   r->set_rule_type("ExplodingTensor");
   r->add_actions("Reboot");
   EXPECT_THAT(w.Join(hello), StatusIs(absl::StatusCode::kInvalidArgument, "unknown action"));
+}
+
+TEST_F(IngestSessionTest, EmailWithoutARelayIsRefusedExceptOnClusterNodes) {
+  Notifier no_relay{NotifierOptions()};
+  StartRegistry({}, absl::Seconds(60), &no_relay);
+  v1::Hello hello = MakeHello("mail");
+  v1::RuleSpec* r = hello.add_rules();
+  r->set_rule_type("ExplodingTensor");
+  r->add_actions("Email:ops@example.com");
+  {
+    Worker w(registry_.get());
+    EXPECT_THAT(w.Join(hello),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "needs a mail relay"));
+  }
+  EXPECT_THAT(store_->GetJob("mail"), StatusIs(absl::StatusCode::kNotFound, ""));
+  // A cluster node applies a logged hello as every replica does, whatever
+  // its own flags: the mail is then counted as failed, not the job refused.
+  registry_->set_notification_gate([](const std::string&, const v1::Action&) { return true; });
+  {
+    Worker node(registry_.get());
+    EXPECT_THAT(node.Join(hello), IsOk());
+  }
+  registry_.reset();  // before the notifier it points to
 }
 
 // Regression: rule specs were once stored with the job before being checked,

@@ -185,9 +185,13 @@ void JobRegistry::PostNotification(const v1::Action& action) {
   notifier_->Post(action);
 }
 
-absl::Status JobRegistry::CheckRule(const v1::RuleSpec& spec) const {
+absl::Status JobRegistry::CheckRule(const v1::RuleSpec& spec) {
   SONDE_RETURN_IF_ERROR(rule_factory_->Create(spec).status());
   if (notifier_ == nullptr) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    if (notification_gate_) return absl::OkStatus();
+  }
   for (const std::string& action : spec.actions()) {
     absl::Status s = notifier_->CanDeliver(action);
     if (!s.ok()) {

@@ -78,7 +78,8 @@ class JobRegistry {
   // A worker says hello. Errors: InvalidArgument (bad names, rank out of
   // range, bad rule spec), NotFound (unknown rule type), AlreadyExists (the
   // worker is already streaming from another client), FailedPrecondition
-  // (the job has finished, or its world size differs). A hello from the
+  // (the job has finished, or its world size differs, or a rule asks for
+  // Email and this collector has no relay). A hello from the
   // client already streaming the worker (same nonzero client_id: it lost
   // its connection and the collector has not noticed yet) replaces the old
   // stream, which is aborted.
@@ -177,7 +178,10 @@ class JobRegistry {
 
   // A normalized rule can run here: its type is known, its parameters
   // valid, and the notifier can take its actions (Email needs a relay).
-  absl::Status CheckRule(const v1::RuleSpec& spec) const;
+  // Cluster nodes (a notification gate set) skip the last check: they
+  // apply logged entries, and every replica must decide alike whatever
+  // its own flags.
+  absl::Status CheckRule(const v1::RuleSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
 
   LiveJob* FindLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live job of that name; NotFound if none.

@@ -110,7 +110,9 @@ VerdictMail VerdictMailOf(const v1::Action& action) {
   doc["action"] = "Email";
   const std::string rule = r.rule().empty() ? action.rule() : r.rule();
   VerdictMail mail;
-  mail.subject = HeaderSafe(absl::StrCat("[sonde] job ", r.job(), ": ", rule,
+  // Within SMTP's 998-byte lines whatever the names (rules' may be long).
+  std::string short_rule = rule.size() > 200 ? rule.substr(0, 200) + "..." : rule;
+  mail.subject = HeaderSafe(absl::StrCat("[sonde] job ", r.job(), ": ", short_rule,
                                          " found issues at step ", r.step()));
   std::string where = absl::StrCat("step ", r.step());
   if (r.mode() != v1::MODE_UNSPECIFIED) {
@@ -200,16 +202,13 @@ Notifier::Counters Notifier::emails() const {
   return emails_;
 }
 
-bool Notifier::Attempt(const Delivery& d, std::string* error) {
-  return d.email ? AttemptMail(d, error) : AttemptPost(d, error);
+Notifier::Outcome Notifier::Attempt(const Delivery& d) {
+  return d.email ? AttemptMail(d) : AttemptPost(d);
 }
 
-bool Notifier::AttemptPost(const Delivery& d, std::string* error) {
+Notifier::Outcome Notifier::AttemptPost(const Delivery& d) {
   Transfer t;
-  if (t.curl == nullptr) {
-    *error = "cannot create a curl handle";
-    return false;
-  }
+  if (t.curl == nullptr) return {false, false, "cannot create a curl handle"};
   CURL* curl = t.curl;
   t.headers = curl_slist_append(nullptr, "Content-Type: application/json");
   curl_easy_setopt(curl, CURLOPT_URL, d.target.c_str());
@@ -223,28 +222,21 @@ bool Notifier::AttemptPost(const Delivery& d, std::string* error) {
   const CURLcode rc = curl_easy_perform(curl);
   long code = 0;
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);
-  if (rc != CURLE_OK) {
-    *error = curl_easy_strerror(rc);
-    return false;
-  }
+  if (rc != CURLE_OK) return {false, false, curl_easy_strerror(rc)};
   if (code < 200 || code >= 300) {
-    *error = absl::StrCat("HTTP ", code);
-    return false;
+    // The endpoint refused the request itself: the same one would be
+    // refused again (but a timeout or "too many requests").
+    const bool permanent = code >= 400 && code < 500 && code != 408 && code != 429;
+    return {false, permanent, absl::StrCat("HTTP ", code)};
   }
-  return true;
+  return {true, false, ""};
 }
 
-bool Notifier::AttemptMail(const Delivery& d, std::string* error) {
+Notifier::Outcome Notifier::AttemptMail(const Delivery& d) {
   const SmtpOptions& smtp = options_.smtp;
-  if (smtp.url.empty()) {
-    *error = "no mail relay (--smtp_url)";
-    return false;
-  }
+  if (smtp.url.empty()) return {false, true, "no mail relay (--smtp_url)"};
   Transfer t;
-  if (t.curl == nullptr) {
-    *error = "cannot create a curl handle";
-    return false;
-  }
+  if (t.curl == nullptr) return {false, false, "cannot create a curl handle"};
   CURL* curl = t.curl;
   static std::atomic<uint64_t> sequence{0};
   const absl::Time now = absl::Now();
@@ -262,8 +254,8 @@ bool Notifier::AttemptMail(const Delivery& d, std::string* error) {
     t.headers = curl_slist_append(t.headers, h.c_str());
   }
   t.recipients = curl_slist_append(nullptr, absl::StrCat("<", d.target, ">").c_str());
-  // One text part, quoted-printable: any line length, any UTF-8 in a
-  // message, and a line of "." in it is not the end of the mail.
+  // One text part, quoted-printable: any line length and any UTF-8 in a
+  // message travel. (libcurl dot-stuffs, so a line of "." does not end it.)
   t.mime = curl_mime_init(curl);
   curl_mimepart* part = curl_mime_addpart(t.mime);
   curl_mime_data(part, d.body.data(), d.body.size());
@@ -291,11 +283,15 @@ bool Notifier::AttemptMail(const Delivery& d, std::string* error) {
   if (rc != CURLE_OK) {
     long code = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);
-    *error = code > 0 ? absl::StrCat(curl_easy_strerror(rc), " (SMTP ", code, ")")
-                      : std::string(curl_easy_strerror(rc));
-    return false;
+    // 5xx: the relay refuses for good (no such mailbox, relaying denied);
+    // 4xx and a lost connection may pass.
+    const bool permanent = (code >= 500 && code < 600) || rc == CURLE_USE_SSL_FAILED ||
+                           rc == CURLE_LOGIN_DENIED;
+    return {false, permanent,
+            code > 0 ? absl::StrCat(curl_easy_strerror(rc), " (SMTP ", code, ")")
+                     : std::string(curl_easy_strerror(rc))};
   }
-  return true;
+  return {true, false, ""};
 }
 
 void Notifier::Run() {
@@ -320,11 +316,10 @@ void Notifier::Run() {
       delivering_ = true;
     }
     absl::Duration backoff = options_.initial_backoff;
-    std::string error;
-    bool ok = false;
-    for (int attempt = 1; attempt <= options_.max_attempts && !ok; ++attempt) {
-      ok = Attempt(d, &error);
-      if (ok || attempt == options_.max_attempts) break;
+    Outcome outcome;
+    for (int attempt = 1; attempt <= options_.max_attempts; ++attempt) {
+      outcome = Attempt(d);
+      if (outcome.ok || outcome.permanent || attempt == options_.max_attempts) break;
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) break;  // shutting down
@@ -332,11 +327,12 @@ void Notifier::Run() {
     }
     absl::MutexLock lock(&mu_);
     delivering_ = false;
-    if (ok) {
+    if (outcome.ok) {
       ++CountersOf(d).delivered;
     } else {
       ++CountersOf(d).failed;
-      LOG(WARNING) << (d.email ? "email to " : "webhook ") << d.target << ": giving up: " << error;
+      LOG(WARNING) << (d.email ? "email to " : "webhook ") << d.target << ": giving up"
+                   << (outcome.permanent ? " (not worth retrying)" : "") << ": " << outcome.error;
     }
   }
 }

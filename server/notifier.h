@@ -91,10 +91,18 @@ class Notifier {
     std::string body;    // JSON, or the mail's text
     std::string subject;
   };
+  // One try. On failure, `error` says why and `permanent` whether
+  // trying again cannot help (a missing relay, an HTTP 4xx but 408 and
+  // 429, an SMTP 5xx, TLS required and not offered).
+  struct Outcome {
+    bool ok = false;
+    bool permanent = false;
+    std::string error;
+  };
   void Run();
-  bool Attempt(const Delivery& d, std::string* error);
-  bool AttemptPost(const Delivery& d, std::string* error);
-  bool AttemptMail(const Delivery& d, std::string* error);
+  Outcome Attempt(const Delivery& d);
+  Outcome AttemptPost(const Delivery& d);
+  Outcome AttemptMail(const Delivery& d);
   Counters& CountersOf(const Delivery& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return d.email ? emails_ : webhooks_;
   }

@@ -93,6 +93,23 @@ TEST(Notifier, GivesUpAfterMaxAttemptsAndCountsIt) {
   EXPECT_EQ(server.requests().size(), 2u);
   Notifier unreachable(Fast(2));
   unreachable.Post(Verdict("http://127.0.0.1:1/h"));
+  ASSERT_TRUE(unreachable.WaitIdle(absl::Seconds(20)));
+  EXPECT_EQ(unreachable.webhooks().failed, 1u);
+  EXPECT_EQ(unreachable.webhooks().delivered, 0u);
+}
+
+TEST(Notifier, ARefusedRequestIsNotRetried) {
+  // 404 will not change in the next seconds; 429 (too many requests) may.
+  TestHttpServer server({404, 429});
+  Notifier notifier(Fast(5));
+  notifier.Post(Verdict(server.Url("/gone")));
+  ASSERT_TRUE(notifier.WaitIdle(absl::Seconds(20)));
+  EXPECT_EQ(server.requests().size(), 1u);
+  EXPECT_EQ(notifier.webhooks().failed, 1u);
+  notifier.Post(Verdict(server.Url("/busy")));
+  ASSERT_TRUE(notifier.WaitIdle(absl::Seconds(20)));
+  EXPECT_EQ(server.requests().size(), 3u);  // 429, then 200
+  EXPECT_EQ(notifier.webhooks().delivered, 1u);
 }
 
 TEST(Notifier, CountsDeliveriesAndFailures) {
@@ -205,8 +222,9 @@ TEST(Notifier, RetriesARelayThatSaysTryLater) {
 }
 
 TEST(Notifier, CountsAMailThatNeverGetsThrough) {
+  // 554 (transaction failed) is final: not tried again.
   TestSmtpServer relay({554, 554});
-  Notifier::Options o = Relay(relay, 2);
+  Notifier::Options o = Relay(relay, 3);
   Notifier notifier(o);
   notifier.Post(Mail("ops@example.com"));
   o.smtp.url = "smtp://127.0.0.1:1";  // nothing listens
@@ -214,7 +232,7 @@ TEST(Notifier, CountsAMailThatNeverGetsThrough) {
   unreachable.Post(Mail("ops@example.com"));
   ASSERT_TRUE(notifier.WaitIdle(absl::Seconds(20)));
   ASSERT_TRUE(unreachable.WaitIdle(absl::Seconds(20)));
-  EXPECT_EQ(relay.mails().size(), 2u);
+  EXPECT_EQ(relay.mails().size(), 1u);
   EXPECT_EQ(notifier.emails().failed, 1u);
   EXPECT_EQ(notifier.emails().delivered, 0u);
   EXPECT_EQ(unreachable.emails().failed, 1u);
@@ -229,6 +247,15 @@ TEST(Notifier, RequiredTlsSendsNothingToAPlainRelay) {
   ASSERT_TRUE(notifier.WaitIdle(absl::Seconds(20)));
   EXPECT_TRUE(relay.mails().empty());
   EXPECT_EQ(notifier.emails().failed, 1u);
+}
+
+TEST(Notifier, AMailsSubjectStaysOneShortLine) {
+  v1::Action a = Mail("ops@example.com");
+  a.mutable_verdict()->set_rule(std::string(1000, 'r'));
+  const VerdictMail mail = VerdictMailOf(a);
+  EXPECT_LT(mail.subject.size(), 300u);
+  EXPECT_THAT(mail.subject, HasSubstr(std::string(200, 'r') + "... found issues at step 12"));
+  EXPECT_EQ(mail.subject.find('\n'), std::string::npos);
 }
 
 TEST(Notifier, EmailNeedsARelay) {

@@ -30,7 +30,7 @@ void RuleActions::OnAction(const v1::Action& action) {
       if (targets_.may_post && !targets_.may_post(action)) {
         VLOG(1) << "job '" << job_ << "': " << action.target() << " of " << action.rule()
                 << " at step " << action.step()
-                << " was posted before or is not this node's to post";
+                << " was sent before or is not this node's to send";
       } else if (notifier_ != nullptr) {
         notifier_->Post(action);
       } else {

@@ -292,7 +292,8 @@ TEST(EndToEnd, AVerdictIsMailedOnceThroughTheRelay) {
     ASSERT_EQ(m.to.size(), 1u);
     to.push_back(m.to[0]);
     EXPECT_EQ(m.Header("Subject"), "[sonde] job mailed: ExplodingTensor found issues at step 2");
-    EXPECT_NE(m.data.find("1 NaN"), std::string::npos) << m.data;
+    EXPECT_NE(::sonde::testing::DecodeQuotedPrintable(m.data).find("1 NaN"), std::string::npos)
+        << m.data;
   }
   std::sort(to.begin(), to.end());
   EXPECT_EQ(to, (std::vector<std::string>{"ml@example.com", "ops@example.com"}));

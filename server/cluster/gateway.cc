@@ -166,7 +166,8 @@ void Gateway::WatchActions() {
       [this, prefix](const std::vector<Event>& events) {
         for (const Event& e : events) {
           if (e.type != Event::Type::kPut) continue;
-          // <job>/<worker>/...: webhooks (<job>/webhook/...) are not streamed.
+          // <job>/<worker>/...: webhooks and mails (<job>/webhook/...,
+          // <job>/email/...) are not streamed.
           std::vector<std::string> parts =
               absl::StrSplit(absl::string_view(e.kv.key).substr(prefix.size()), '/');
           int32_t worker = 0;

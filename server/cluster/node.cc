@@ -18,8 +18,8 @@ namespace {
 // gateway waits 30 s for a hello's answer, so one the owner died before
 // sending is still awaited when the standby takes over.
 constexpr int64_t kRetellMicros = 120'000'000;
-// At most this many answers, and as many webhooks, are held back per
-// partition; past it the oldest answers go, and new webhooks (each action
+// At most this many answers, and as many notifications, are held back per
+// partition; past it the oldest answers go, and new notifications (each action
 // given up is logged).
 constexpr size_t kMaxHeldBack = 100'000;
 // A copy is caught up while it is at most this many entries behind the
@@ -33,7 +33,7 @@ std::string ActionKey(const std::string& prefix, const std::string& job, int32_t
                       "/", a.rule(), "/", a.step());
 }
 
-std::string WebhookKey(const std::string& prefix, const std::string& job, const v1::Action& a) {
+std::string NotificationKey(const std::string& prefix, const std::string& job, const v1::Action& a) {
   return absl::StrCat(prefix, "/actions/", job,
                       a.type() == v1::ACTION_EMAIL ? "/email/" : "/webhook/", a.rule(), "/",
                       a.step(), "/", a.target());
@@ -74,8 +74,8 @@ struct ClusterNode::Applied {
 
   absl::Mutex mu;
   int64_t epoch ABSL_GUARDED_BY(mu) = 0;
-  // Webhooks the gate held back while standing by (rule threads add).
-  std::deque<std::pair<std::string, v1::Action>> webhooks ABSL_GUARDED_BY(mu);
+  // Notifications (webhooks, mails) held back while standing by (rule threads add).
+  std::deque<std::pair<std::string, v1::Action>> notifications ABSL_GUARDED_BY(mu);
 
   // Apply thread only: answers held back, those of the last kRetellMicros
   // whole, older ones reduced to their actions.
@@ -87,11 +87,11 @@ struct ClusterNode::Applied {
     absl::MutexLock lock(&mu);
     return epoch;
   }
-  // Apply thread only (recent and aged are its own; webhooks need mu).
+  // Apply thread only (recent and aged are its own; notifications need mu).
   bool HoldsBack() ABSL_LOCKS_EXCLUDED(mu) {
     if (!recent.empty() || !aged.empty()) return true;
     absl::MutexLock lock(&mu);
-    return !webhooks.empty();
+    return !notifications.empty();
   }
 
   std::thread thread;
@@ -212,21 +212,21 @@ bool ClusterNode::MayPost(const std::string& job, const v1::Action& action) {
     if (epoch == 0) {
       // Standing by: posted when this node takes the partition, unless its
       // owner did meanwhile.
-      if (a.webhooks.size() >= kMaxHeldBack) {
-        // Only the apply thread removes held webhooks (HoldBack counts on it).
+      if (a.notifications.size() >= kMaxHeldBack) {
+        // Only the apply thread removes held notifications (HoldBack counts on it).
         LOG(ERROR) << "partition " << p << ": " << kMaxHeldBack
-                   << " webhooks held back already; that of " << action.rule() << " at step "
+                   << " notifications held back already; that of " << action.rule() << " at step "
                    << action.step() << " is given up";
         return false;
       }
-      a.webhooks.emplace_back(job, action);
+      a.notifications.emplace_back(job, action);
       return false;
     }
   }
   absl::StatusOr<bool> fired = membership_->FireOnce(
-      p, epoch, WebhookKey(options_.membership.prefix, job, action), action.SerializeAsString());
+      p, epoch, NotificationKey(options_.membership.prefix, job, action), action.SerializeAsString());
   if (!fired.ok()) {
-    LOG(WARNING) << "job '" << job << "': webhook not posted: " << fired.status();
+    LOG(WARNING) << "job '" << job << "': notification not sent: " << fired.status();
     return false;
   }
   return *fired;
@@ -575,36 +575,36 @@ void ClusterNode::HoldBack(Applied* a, Answer answer) {
   std::vector<std::pair<std::string, v1::Action>> front;
   {
     absl::MutexLock lock(&a->mu);
-    for (size_t i = 0; i < a->webhooks.size() && i < 16; ++i) front.push_back(a->webhooks[i]);
+    for (size_t i = 0; i < a->notifications.size() && i < 16; ++i) front.push_back(a->notifications[i]);
   }
   std::vector<size_t> fired_before;
   for (size_t i = 0; i < front.size(); ++i) {
     absl::StatusOr<bool> fired =
-        membership_->Fired(WebhookKey(prefix, front[i].first, front[i].second));
+        membership_->Fired(NotificationKey(prefix, front[i].first, front[i].second));
     if (fired.ok() && *fired) fired_before.push_back(i);
   }
   a->held = a->recent.size() + a->aged.size();
   absl::MutexLock lock(&a->mu);
-  // Only this thread removes webhooks (others append), so the first ones
+  // Only this thread removes notifications (others append), so the first ones
   // are still those checked.
   for (auto it = fired_before.rbegin(); it != fired_before.rend(); ++it) {
-    a->webhooks.erase(a->webhooks.begin() + static_cast<std::ptrdiff_t>(*it));
+    a->notifications.erase(a->notifications.begin() + static_cast<std::ptrdiff_t>(*it));
   }
 }
 
 bool ClusterNode::TellHeldBack(Applied* a) {
   int64_t epoch;
-  std::deque<std::pair<std::string, v1::Action>> webhooks;
+  std::deque<std::pair<std::string, v1::Action>> notifications;
   {
     absl::MutexLock lock(&a->mu);
     epoch = a->epoch;
     if (epoch == 0) return true;
-    webhooks.swap(a->webhooks);
+    notifications.swap(a->notifications);
   }
   const int p = a->partition;
   LOG(INFO) << "partition " << p << ": telling what was held back while standing by: "
-            << a->aged.size() + a->recent.size() << " answers, " << webhooks.size()
-            << " webhooks";
+            << a->aged.size() + a->recent.size() << " answers, " << notifications.size()
+            << " notifications";
   bool ok = true;
   for (std::deque<Answer>* held : {&a->aged, &a->recent}) {
     while (ok && !held->empty()) {
@@ -612,26 +612,26 @@ bool ClusterNode::TellHeldBack(Applied* a) {
       if (ok) held->pop_front();
     }
   }
-  while (ok && !webhooks.empty()) {
-    const auto& [job, action] = webhooks.front();
+  while (ok && !notifications.empty()) {
+    const auto& [job, action] = notifications.front();
     absl::StatusOr<bool> fired = membership_->FireOnce(
-        p, epoch, WebhookKey(options_.membership.prefix, job, action), action.SerializeAsString());
+        p, epoch, NotificationKey(options_.membership.prefix, job, action), action.SerializeAsString());
     if (!fired.ok() && absl::IsFailedPrecondition(fired.status())) {
       ok = false;
       break;
     }
     if (!fired.ok()) {
-      LOG(WARNING) << "job '" << job << "': webhook not posted: " << fired.status();
+      LOG(WARNING) << "job '" << job << "': notification not sent: " << fired.status();
     } else if (*fired) {
       registry_->PostNotification(action);
     }
-    webhooks.pop_front();
+    notifications.pop_front();
   }
   a->held = a->recent.size() + a->aged.size();
-  if (!webhooks.empty()) {
+  if (!notifications.empty()) {
     // Fenced: keep them for whoever this node is next.
     absl::MutexLock lock(&a->mu);
-    a->webhooks.insert(a->webhooks.begin(), webhooks.begin(), webhooks.end());
+    a->notifications.insert(a->notifications.begin(), notifications.begin(), notifications.end());
   }
   return ok;
 }

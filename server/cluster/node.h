@@ -10,7 +10,7 @@
 // replay, then tells what it held back: answers of the last minutes, and
 // every action its owner had not fired.
 //
-// Actions (StopTraining, webhooks) go out only through
+// Actions (StopTraining, webhooks, mails) go out only through
 // Membership::FireOnce, fenced by the partition's epoch, so each fires once
 // per transition even across failovers and replays.
 #ifndef SONDE_SERVER_CLUSTER_NODE_H_
@@ -104,7 +104,7 @@ class ClusterNode {
   bool TellHeldBack(Applied* applied);
   // Stops applying; releases the partition if this node owned it.
   void Drop(int partition) ABSL_LOCKS_EXCLUDED(mu_);
-  // The registry's webhook gate: true once per transition, and only while
+  // The registry's notification gate: true once per transition, and only while
   // this node owns the job's partition.
   bool MayPost(const std::string& job, const v1::Action& action) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -133,7 +133,7 @@ class ClusterNode {
   // sonde_cluster_* in metrics::Registry::Default(), labelled with the
   // node's name (reset first when the node goes).
   std::vector<metrics::Registration> metrics_;
-  // The partition each job's entries came from (the webhook gate's
+  // The partition each job's entries came from (the notification gate's
   // question), as the apply loops met them.
   absl::Mutex jobs_mu_;
   std::map<std::string, int> job_partitions_ ABSL_GUARDED_BY(jobs_mu_);
