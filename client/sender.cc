@@ -1103,7 +1103,16 @@ bool Sender::AfterStream(const grpc::Status& status, bool hello_acked) {
       // network): sending it again would be refused again. Drop what is
       // unacknowledged, counted, and go on with what is queued.
       absl::MutexLock lock(&mu_);
-      for (const Unacked& u : unacked_) {
+      std::deque<Unacked> kept;
+      for (Unacked& u : unacked_) {
+        if (u.job_end && !job_end_refused_) {
+          // The refusal was of a step before it, most likely: the job end
+          // goes again once (with the drops in its counters), or the job
+          // would never end at the collector and Close would wait in vain.
+          job_end_refused_ = true;
+          kept.push_back(std::move(u));
+          continue;
+        }
         counters_.tensors_dropped += u.tensors;
         const bool step = u.complete && !u.job_end && !u.profile_only;
         counters_.steps_dropped += step;
@@ -1112,7 +1121,7 @@ bool Sender::AfterStream(const grpc::Status& status, bool hello_acked) {
         // Sent again later it would be refused again.
         if (u.spool_index != 0) acked_segments_.push_back(u.spool_index);
       }
-      unacked_.clear();
+      unacked_ = std::move(kept);
       LogOnceLocked(absl::StrCat("refused:", status.error_code()),
                     absl::StrCat("the collector refused data (", status.error_message(),
                                  "); the unacknowledged steps are dropped and counted"));

@@ -284,6 +284,9 @@ class Sender {
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // the sender thread has exited
   bool job_end_acked_ ABSL_GUARDED_BY(mu_) = false;
   bool give_up_ ABSL_GUARDED_BY(mu_) = false;   // Close timed out: stop retrying
+  // A refused stream's job end was kept to be sent again (once only: if
+  // the job end itself is what is refused, it is dropped the next time).
+  bool job_end_refused_ ABSL_GUARDED_BY(mu_) = false;
   std::string refusal_ ABSL_GUARDED_BY(mu_);    // why the collector refused the job
   bool connected_ ABSL_GUARDED_BY(mu_) = false;  // hello acked on the current stream
   bool broken_ ABSL_GUARDED_BY(mu_) = false;     // the current stream's reader ended

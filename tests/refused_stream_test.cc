@@ -1,0 +1,136 @@
+// What a hook does when a collector refuses what it sent (a permanent gRPC
+// error after the hello was taken): an older collector that does not tell
+// its limits, or a bug. The steps it refused are dropped and counted, and
+// the job still ends at the collector. The peer is a real gRPC server over
+// a real socket that plays such a collector: the real one no longer
+// refuses these steps (end_to_end_test, ValuesPastTheCollectorsLimits...).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/hook.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "proto/collector.grpc.pb.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde {
+namespace {
+
+// Its first stream takes the hello, reads everything up to the job end
+// without acknowledging any of it, then refuses the stream as a collector
+// refuses a tensor past its limit. Later streams acknowledge every step
+// end and the job end, and record them.
+class RefusingCollector final : public v1::Collector::Service {
+ public:
+  grpc::Status Stream(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) override {
+    int number;
+    {
+      absl::MutexLock lock(&mu_);
+      number = ++streams_;
+    }
+    v1::ClientMessage in;
+    while (stream->Read(&in)) {
+      v1::ServerMessage out;
+      if (in.has_hello()) {
+        out.mutable_hello_ack()->set_job_id(1);
+        out.mutable_hello_ack()->set_resume_step(-1);
+        out.mutable_hello_ack()->set_max_chunk_bytes(4 << 20);
+        stream->Write(out);
+        continue;
+      }
+      if (number == 1) {
+        if (in.has_job_end()) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "chunk 0 of tensor 'big' at step 0: 8192 bytes exceeds the limit");
+        }
+        continue;
+      }
+      if (in.has_step_end()) {
+        out.mutable_ack()->set_acked_seq(in.seq());
+        out.mutable_ack()->set_step(in.step_end().step());
+        out.mutable_ack()->set_mode(in.step_end().mode());
+        absl::MutexLock lock(&mu_);
+        step_ends_.push_back(in.step_end());
+      } else if (in.has_job_end()) {
+        out.mutable_ack()->set_acked_seq(in.seq());
+        absl::MutexLock lock(&mu_);
+        job_ends_.push_back(in.job_end());
+      } else {
+        continue;
+      }
+      stream->Write(out);
+    }
+    return grpc::Status::OK;
+  }
+
+  int streams() {
+    absl::MutexLock lock(&mu_);
+    return streams_;
+  }
+  std::vector<v1::StepEnd> step_ends() {
+    absl::MutexLock lock(&mu_);
+    return step_ends_;
+  }
+  std::vector<v1::JobEnd> job_ends() {
+    absl::MutexLock lock(&mu_);
+    return job_ends_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<v1::StepEnd> step_ends_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::JobEnd> job_ends_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(RefusedStream, TheRefusedStepsAreCountedAndTheJobStillEnds) {
+  RefusingCollector service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(port, 0);
+
+  HookOptions o;
+  o.collector = "127.0.0.1:" + std::to_string(port);
+  o.job = "refused";
+  o.config.save_config = SaveConfig::Every(1);
+  o.config.include_collections = {"weights"};
+  o.close_timeout = absl::Seconds(20);
+  o.spool_dir = "";  // nothing outlives the test
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  constexpr int kSteps = 3;
+  std::vector<float> w(256, 1.0f);
+  for (int step = 0; step < kSteps; ++step) {
+    (*hook)->StartStep();
+    SONDE_ASSERT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {256}), {"weights"}));
+  }
+  const absl::Time start = absl::Now();
+  // Before, the job end went with the refused steps: never sent again, it
+  // left the job unfinished at the collector and Close waited its 20 s.
+  SONDE_EXPECT_OK((*hook)->Close());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  const Hook::Counters c = (*hook)->counters();
+  EXPECT_EQ(c.steps_dropped, static_cast<uint64_t>(kSteps));
+  EXPECT_EQ(c.tensors_dropped, static_cast<uint64_t>(kSteps));
+  EXPECT_GE(service.streams(), 2);
+  EXPECT_TRUE(service.step_ends().empty());  // all refused, none resent
+  auto ends = service.job_ends();
+  ASSERT_EQ(ends.size(), 1u);
+  // The collector learns what was lost.
+  EXPECT_EQ(ends[0].counters().steps_dropped(), static_cast<uint64_t>(kSteps));
+  EXPECT_EQ(ends[0].counters().tensors_dropped(), static_cast<uint64_t>(kSteps));
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace sonde
