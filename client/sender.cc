@@ -829,6 +829,18 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
           histogram = ToProto(h);
         }
       }
+      if (tensor_count_limit_ > 0 && built_step_tensors_ >= tensor_count_limit_) {
+        // The collector would refuse the step (and the stream with it).
+        // (Checked here, once a device tensor's wait has released what it held.)
+        absl::MutexLock lock(&mu_);
+        ++counters_.tensors_dropped;
+        ++built_tensors_dropped_;
+        LogOnceLocked("tensors-over-limit",
+                      absl::StrCat("tensor '", queued.name, "' of step ", queued.step,
+                                   " dropped: the collector takes at most ", tensor_count_limit_,
+                                   " tensors per step; counted and reported to the collector"));
+        return false;
+      }
       if (send_values) {
         // Values the collector would refuse (and end the stream, losing
         // the unacknowledged steps) go as statistics only, counted.
@@ -894,10 +906,12 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
         }
         if (queued.pending != nullptr) queued.pending->values.reset();  // now in the messages
       }
+      ++built_step_tensors_;
       return true;
     }
     case Item::kStepEnd:
       built_step_values_ = 0;
+      built_step_tensors_ = 0;
       *msg.mutable_step_end() = item.step_end;
       out->push_back(std::move(msg));
       return true;
@@ -993,6 +1007,7 @@ void Sender::ReadServerMessages(Stream* stream) {
           server_chunk_limit_ = in.hello_ack().max_chunk_bytes();
           server_tensor_limit_ = in.hello_ack().max_tensor_bytes();
           server_step_limit_ = in.hello_ack().max_step_bytes();
+          server_tensor_count_limit_ = in.hello_ack().max_tensors_per_step();
           resume_step_ = in.hello_ack().resume_step();
           connected_ = true;
         }
@@ -1199,6 +1214,7 @@ bool Sender::StreamOnce() {
       }
       tensor_limit_ = server_tensor_limit_;
       step_limit_ = server_step_limit_;
+      tensor_count_limit_ = server_tensor_count_limit_;
       DropStoredLocked();
       for (Unacked& u : unacked_) resend.push_back(&u);
     }

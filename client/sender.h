@@ -265,6 +265,7 @@ class Sender {
   uint64_t server_chunk_limit_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t server_tensor_limit_ ABSL_GUARDED_BY(mu_) = 0;  // 0: not said
   uint64_t server_step_limit_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t server_tensor_count_limit_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t open_step_dropped_ ABSL_GUARDED_BY(mu_) = 0;   // tensors of the open step
   // Tensors of the open step that reached EnqueueTensor (sent, spilled or
   // dropped). A step with none is not sent at all.
@@ -323,7 +324,9 @@ class Sender {
   // built into the current step so far.
   uint64_t tensor_limit_ = 0;
   uint64_t step_limit_ = 0;
+  uint32_t tensor_count_limit_ = 0;
   uint64_t built_step_values_ = 0;
+  uint32_t built_step_tensors_ = 0;
 
   std::thread thread_;
 };

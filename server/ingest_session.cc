@@ -388,6 +388,7 @@ absl::StatusOr<JoinResult> IngestSession::Join(StreamHandle* stream) {
   result.ack.set_max_chunk_bytes(limits_.max_chunk_bytes);
   result.ack.set_max_tensor_bytes(limits_.max_tensor_bytes);
   result.ack.set_max_step_bytes(limits_.max_step_bytes);
+  result.ack.set_max_tensors_per_step(limits_.max_tensors_per_step);
   return result;
 }
 

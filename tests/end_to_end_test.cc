@@ -428,6 +428,37 @@ TEST(EndToEnd, ValuesPastTheCollectorsLimitsGoAsStatisticsAndNoStepIsLost) {
   EXPECT_EQ(job->values_dropped(), 2u * kSteps);
 }
 
+TEST(EndToEnd, TensorsPastTheCollectorsPerStepLimitAreDroppedCountedAndTheStepsStored) {
+  server::IngestLimits limits;
+  limits.max_tensors_per_step = 3;
+  InProcessCollector collector("", limits);
+  auto hook = Hook::Create(Options(collector.address(), "many"));
+  SONDE_ASSERT_OK(hook);
+  constexpr int kSteps = 3;
+  std::vector<float> w(16, 1.0f);
+  for (int step = 0; step < kSteps; ++step) {
+    (*hook)->StartStep();
+    for (int t = 0; t < 5; ++t) {
+      SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("w", t), HostTensor(w.data(), {16}),
+                                          {"weights"}));
+    }
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  const Hook::Counters c = (*hook)->counters();
+  EXPECT_EQ(c.steps_dropped, 0u);
+  EXPECT_EQ(c.tensors_dropped, 2u * kSteps);
+  auto q = QueryClient::Connect(collector.address());
+  auto steps = q->ListSteps("many");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), static_cast<size_t>(kSteps));
+  for (const v1::StepInfo& info : *steps) {
+    EXPECT_EQ(info.tensor_count(), 3u) << "step " << info.step();
+    EXPECT_EQ(info.tensors_dropped(), 2u) << "step " << info.step();
+    EXPECT_FALSE(info.complete());
+    SONDE_EXPECT_OK(q->ReadTensor("many", "w2", info.step(), v1::MODE_GLOBAL));
+  }
+}
+
 TEST(EndToEnd, DataAndRuleResultsSurviveACollectorRestart) {
   InProcessCollector collector(kStopOnNaN);
   {
