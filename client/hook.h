@@ -293,7 +293,7 @@ class Hook {
     uint64_t reconnects = 0;
     uint64_t memory_bytes = 0;     // held now (queued + unacknowledged)
     uint64_t profile_batches_queued = 0;
-    uint64_t profile_batches_dropped = 0;  // the queue was full, or the hook closing
+    uint64_t profile_batches_dropped = 0;  // the queue was full, the hook closing, or too big
     // The device path (zero until a device tensor is saved).
     uint64_t device_batches = 0;       // statistics batches enqueued
     uint64_t device_waits = 0;         // saves that waited for the device (slots, memory)

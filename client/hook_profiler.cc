@@ -119,11 +119,11 @@ void HookProfiler::RecordInit(absl::Time first_step_start, v1::Mode mode) {
 
 void HookProfiler::Flush(std::optional<v1::MetricSnapshot> snapshot) {
   v1::ProfileBatch batch;
+  std::vector<v1::TraceEvent> events;
   std::map<std::string, double> gauges;
   {
     absl::MutexLock lock(&mu_);
-    for (v1::TraceEvent& e : events_) *batch.add_events() = std::move(e);
-    events_.clear();
+    events.swap(events_);
     gauges = gauges_;
   }
   if (snapshot.has_value() || !gauges.empty()) {
@@ -138,6 +138,19 @@ void HookProfiler::Flush(std::optional<v1::MetricSnapshot> snapshot) {
       sample->set_name(name);
       sample->set_value(value);
     }
+  }
+  // Events follow, a batch cut wherever the next event would pass the
+  // size (each field costs its bytes, a tag and a length of at most 5).
+  size_t bytes = batch.ByteSizeLong();
+  for (v1::TraceEvent& e : events) {
+    const size_t cost = e.ByteSizeLong() + 6;
+    if (bytes + cost > kMaxBatchBytes && bytes > 0) {
+      sink_(std::move(batch));
+      batch = v1::ProfileBatch();
+      bytes = 0;
+    }
+    *batch.add_events() = std::move(e);
+    bytes += cost;
   }
   if (batch.events_size() == 0 && batch.snapshots_size() == 0) return;
   sink_(std::move(batch));

@@ -50,6 +50,9 @@ struct ProfilerOptions {
 class HookProfiler {
  public:
   using Sink = std::function<void(v1::ProfileBatch)>;
+  // Largest batch handed to the sink (serialized): well inside a stream's
+  // message limit and a cluster log entry, however many events piled up.
+  static constexpr size_t kMaxBatchBytes = 256 << 10;
 
   // Interval limits (the system sampler's); a non-empty nvml_library.
   static absl::Status ValidateOptions(const ProfilerOptions& options);
@@ -77,7 +80,8 @@ class HookProfiler {
 
  private:
   HookProfiler(ProfilerOptions options, Sink sink);
-  // Sends the queued events with `snapshot` (if any) as one batch.
+  // Sends the queued events with `snapshot` (if any), in batches of at
+  // most kMaxBatchBytes, the snapshot with the first.
   void Flush(std::optional<v1::MetricSnapshot> snapshot);
   void LogOnce(const absl::Status& dropped) ABSL_LOCKS_EXCLUDED(mu_);
 

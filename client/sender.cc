@@ -143,7 +143,18 @@ bool Sender::SpillLocked(const SpillRecord& record) {
 bool Sender::EnqueueProfile(v1::ProfileBatch batch) {
   absl::MutexLock lock(&mu_);
   Item item{Item::kProfile, {}, {}, {}, std::move(batch)};
-  item.cost = kItemOverhead + item.profile.ByteSizeLong();
+  const size_t bytes = item.profile.ByteSizeLong();
+  if (bytes > kMaxProfileBatchBytes) {
+    // Past a stream's message limit it would be refused at every
+    // reconnect, and all behind it would wait forever.
+    ++counters_.profile_batches_dropped;
+    LogOnceLocked("profile-too-big",
+                  absl::StrCat("dropping a profiler batch of ", bytes, " bytes: the most one "
+                               "message carries is ", kMaxProfileBatchBytes,
+                               " (HookProfiler cuts its batches to 256 KiB)"));
+    return false;
+  }
+  item.cost = kItemOverhead + bytes;
   if (closing_ || give_up_ || !Admit(item.cost)) {
     ++counters_.profile_batches_dropped;
     LogOnceLocked("profile-dropped", "dropping profiler data: the send queue is full or the "

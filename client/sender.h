@@ -141,7 +141,9 @@ class Sender {
   // collector stores it on arrival; it is acknowledged with the open step,
   // or at once between steps, and resent after a broken stream like
   // everything else.
+  // A batch larger than kMaxProfileBatchBytes (serialized) is dropped.
   bool EnqueueProfile(v1::ProfileBatch batch);
+  static constexpr size_t kMaxProfileBatchBytes = 512 << 10;
 
   // Sends the job end and waits up to `timeout` for the collector to
   // acknowledge everything. DeadlineExceeded if it did not.

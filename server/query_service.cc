@@ -30,10 +30,12 @@ bool StepComplete(const v1::StepInfo& s, int32_t world_size) {
 }
 
 // What ReadMetrics and ReadEvents return when the request sets no limit
-// (proto/query.proto): about 16 bytes a point and at most ~40 an event,
-// under gRPC's default 4 MiB message limit.
+// (proto/query.proto), and the most bytes one answer holds whatever the
+// request's limit: under gRPC's default 4 MiB message limit (Python's and
+// grpcurl's too), since events' and metrics' names may be 1024 bytes long.
 constexpr size_t kDefaultMaxMetricPoints = 200000;
 constexpr size_t kDefaultMaxEvents = 100000;
+constexpr size_t kMaxAnswerBytes = 3 << 20;
 
 absl::StatusOr<v1::JobInfo> FindJob(storage::Store* store, const std::string& job) {
   if (job.empty()) return absl::InvalidArgumentError("no job given");
@@ -182,7 +184,22 @@ grpc::Status QueryService::ReadMetrics(grpc::ServerContext*,
                                     request->start_unix_micros(), request->end_unix_micros(),
                                     max_points, &truncated);
   if (!series.ok()) return ToGrpcStatus(series.status());
-  for (v1::MetricSeries& s : *series) *response->add_series() = std::move(s);
+  size_t bytes = 0;
+  for (v1::MetricSeries& s : *series) {
+    bytes += s.name().size() + 16;
+    // A point costs its time (a varint of at most 10 bytes) and its value.
+    const size_t room = bytes < kMaxAnswerBytes ? (kMaxAnswerBytes - bytes) / 18 : 0;
+    if (static_cast<size_t>(s.unix_micros_size()) > room) {
+      // Cut here, as max_points cuts: the last series is partial.
+      s.mutable_unix_micros()->Truncate(static_cast<int>(room));
+      s.mutable_values()->Truncate(static_cast<int>(room));
+      if (room > 0) *response->add_series() = std::move(s);
+      truncated = true;
+      break;
+    }
+    bytes += 18 * static_cast<size_t>(s.unix_micros_size());
+    *response->add_series() = std::move(s);
+  }
   response->set_truncated(truncated);
   return grpc::Status::OK;
 }
@@ -202,7 +219,15 @@ grpc::Status QueryService::ReadEvents(grpc::ServerContext*, const v1::ReadEvents
                                    request->worker(), request->start_unix_micros(),
                                    request->end_unix_micros(), max_events, &truncated);
   if (!events.ok()) return ToGrpcStatus(events.status());
-  for (v1::WorkerEvent& e : *events) *response->add_events() = std::move(e);
+  size_t bytes = 0;
+  for (v1::WorkerEvent& e : *events) {
+    bytes += e.ByteSizeLong() + 6;
+    if (bytes > kMaxAnswerBytes && response->events_size() > 0) {
+      truncated = true;  // as max_events would have: the first ones, in order
+      break;
+    }
+    *response->add_events() = std::move(e);
+  }
   response->set_truncated(truncated);
   return grpc::Status::OK;
 }

@@ -157,6 +157,55 @@ TEST(ProfileIngest, ReadsOverTheirLimitReturnTheFirstPointsAndSayTruncated) {
   SONDE_ASSERT_OK(hook->Close());
 }
 
+// 300,000 points within a request's max_points pass gRPC's 4 MiB (the
+// answer used to fail with RESOURCE_EXHAUSTED): the answer is cut by its
+// size as well, the last series partial, and says so.
+TEST(ProfileIngest, AnAnswerPastAMessagesSizeIsCutAndSaysTruncated) {
+  InProcessCollector collector;
+  auto hook = Hook::Create(Options(collector.address(), "dense"));
+  SONDE_ASSERT_OK(hook);
+  constexpr int kSeries = 200, kBatches = 300, kSnapshots = 5;
+  for (int b = 0; b < kBatches; ++b) {
+    v1::ProfileBatch batch;
+    for (int i = 0; i < kSnapshots; ++i) {
+      v1::MetricSnapshot* s = batch.add_snapshots();
+      s->set_unix_micros(kT0 + (b * kSnapshots + i) * 1000);
+      for (int m = 0; m < kSeries; ++m) {
+        v1::MetricSample* sample = s->add_samples();
+        sample->set_name(absl::StrCat("framework.m", 1000 + m));
+        sample->set_value(b * kSnapshots + i);
+      }
+    }
+    ASSERT_TRUE((*hook)->SaveProfile(std::move(batch)));
+  }
+  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(60)));
+  Query q(collector.address());
+  auto read = q.client->ReadMetrics("dense", {}, "^framework\\.m", -1, 0, 0, 1000000);
+  SONDE_ASSERT_OK(read);
+  EXPECT_TRUE(read->truncated);
+  size_t points = 0;
+  for (size_t i = 0; i < read->series.size(); ++i) {
+    const v1::MetricSeries& s = read->series[i];
+    ASSERT_EQ(s.unix_micros_size(), s.values_size());
+    if (i + 1 < read->series.size()) {
+      EXPECT_EQ(s.values_size(), kBatches * kSnapshots) << s.name();  // whole
+    }
+    points += s.values_size();
+  }
+  EXPECT_GT(points, 150000u);
+  EXPECT_LT(points, 200000u);
+  EXPECT_LT(points, static_cast<size_t>(kSeries * kBatches * kSnapshots));
+  // The rest of the cut series reads on from its last time, as the
+  // Python trial does.
+  const v1::MetricSeries& last = read->series.back();
+  MetricsRead rest =
+      q.Metrics("dense", {last.name()}, last.unix_micros(last.unix_micros_size() - 1) + 1);
+  ASSERT_EQ(rest.series.size(), 1u);
+  EXPECT_FALSE(rest.truncated);
+  EXPECT_EQ(last.values_size() + rest.series[0].values_size(), kBatches * kSnapshots);
+  SONDE_ASSERT_OK((*hook)->Close());
+}
+
 TEST(ProfileIngest, ARegexThatDoesNotCompileIsInvalidArgumentNamingIt) {
   InProcessCollector collector;
   std::unique_ptr<Hook> hook = RunAndFlush(collector, "regex", 1);

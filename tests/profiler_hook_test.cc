@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/hook.h"
 #include "client/query_client.h"
@@ -145,6 +146,62 @@ TEST(ProfilerHook, EventsTheCollectorWouldRefuseAreDroppedAndTheStreamGoesOn) {
   SONDE_ASSERT_OK(listed);
   ASSERT_EQ(listed->size(), 1u);
   for (const std::string& name : (*listed)[0].names()) EXPECT_NE(name, "framework.nan");
+}
+
+// Events pile up between samples; a batch past the stream's message limit
+// would be refused again at every reconnect, and everything behind it with
+// it. Batches are cut to size instead. And an answer holding them all
+// would pass gRPC's message limit: it is cut too, flagged as truncated.
+TEST(ProfilerHook, ManyLongEventsTravelAndAreReadInPiecesThatFit) {
+  InProcessCollector collector;
+  HookOptions o;
+  o.collector = collector.address();
+  o.job = "many-events";
+  o.config.save_config = SaveConfig::Every(1);
+  o.profiler.enabled = true;
+  o.profiler.interval = absl::Seconds(60);  // everything waits for Close
+  o.close_timeout = absl::Seconds(30);
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  // 4 x 1000 events with 1000-byte names: 4 MB, twice a stream's 2 MiB
+  // message limit (1 MiB chunks and 1 MiB more) and past gRPC's 4 MiB.
+  constexpr int kRounds = 4, kPerRound = 1000;
+  std::vector<int64_t> bounds = {absl::ToUnixMicros(absl::Now())};
+  (*hook)->StartStep();
+  for (int r = 0; r < kRounds; ++r) {
+    for (int i = 0; i < kPerRound; ++i) {
+      auto span = (*hook)->Span(absl::StrCat(r * kPerRound + i, "-", std::string(990, 's')));
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+    bounds.push_back(absl::ToUnixMicros(absl::Now()));
+  }
+  SONDE_ASSERT_OK((*hook)->SaveScalar("loss", 1, {"losses"}));
+  SONDE_ASSERT_OK((*hook)->Close());
+  EXPECT_EQ((*hook)->counters().reconnects, 0u);
+  EXPECT_EQ((*hook)->counters().steps_dropped, 0u);
+  EXPECT_EQ((*hook)->counters().profile_batches_dropped, 0u);
+  auto q = QueryClient::Connect(collector.address());
+  auto all = q->ReadEvents("many-events", v1::TraceEvent::KIND_SPAN, "", -1, 0, 0, 1000000);
+  SONDE_ASSERT_OK(all);
+  EXPECT_TRUE(all->truncated);
+  EXPECT_GT(all->events.size(), 2000u);
+  EXPECT_LT(all->events.size(), static_cast<size_t>(kRounds * kPerRound));
+  for (size_t i = 1; i < all->events.size(); ++i) {
+    ASSERT_LT(all->events[i - 1].event().name(), all->events[i].event().name());
+  }
+  size_t stored = 0;
+  for (int r = 0; r < kRounds; ++r) {
+    auto part = q->ReadEvents("many-events", v1::TraceEvent::KIND_SPAN, "", -1, bounds[r],
+                              bounds[r + 1]);
+    SONDE_ASSERT_OK(part);
+    EXPECT_FALSE(part->truncated);
+    EXPECT_EQ(part->events.size(), static_cast<size_t>(kPerRound)) << "round " << r;
+    stored += part->events.size();
+  }
+  EXPECT_EQ(stored, static_cast<size_t>(kRounds * kPerRound));
+  auto steps = q->ListSteps("many-events");
+  SONDE_ASSERT_OK(steps);
+  EXPECT_EQ(steps->size(), 1u);
 }
 
 TEST(ProfilerHook, OffByDefaultSendsNothing) {
