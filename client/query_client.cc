@@ -71,15 +71,27 @@ absl::StatusOr<std::vector<v1::TensorInfo>> QueryClient::ListTensors(const std::
 
 absl::StatusOr<std::vector<v1::StepInfo>> QueryClient::ListSteps(const std::string& job,
                                                                  v1::Mode mode) {
-  grpc::ClientContext ctx;
-  SetDeadline(ctx);
-  v1::ListStepsRequest req;
-  req.set_job(job);
-  req.set_mode(mode);
-  v1::ListStepsResponse resp;
-  grpc::Status s = stub_->ListSteps(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return std::vector<v1::StepInfo>(resp.steps().begin(), resp.steps().end());
+  // In pages, so a long job's list never passes a message's limit.
+  const bool by_mode_step =
+      mode == v1::MODE_TRAIN || mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT;
+  std::vector<v1::StepInfo> steps;
+  int64_t from = 0;
+  while (true) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::ListStepsRequest req;
+    req.set_job(job);
+    req.set_mode(mode);
+    req.set_start_step(from);
+    req.set_max_steps(kPageSize);
+    v1::ListStepsResponse resp;
+    grpc::Status s = stub_->ListSteps(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s);
+    for (v1::StepInfo& step : *resp.mutable_steps()) steps.push_back(std::move(step));
+    // An older collector ignores the paging and says nothing of it.
+    if (!resp.truncated() || steps.empty()) return steps;
+    from = (by_mode_step ? steps.back().mode_step() : steps.back().step()) + 1;
+  }
 }
 
 absl::StatusOr<TensorValue> QueryClient::ReadTensor(const std::string& job,
@@ -121,19 +133,29 @@ absl::StatusOr<TensorValue> QueryClient::ReadTensor(const std::string& job,
 absl::StatusOr<std::vector<v1::SeriesPoint>> QueryClient::ReadSeries(
     const std::string& job, const std::string& tensor, v1::Mode mode, int64_t start_step,
     int64_t end_step, int32_t worker) {
-  grpc::ClientContext ctx;
-  SetDeadline(ctx);
-  v1::ReadSeriesRequest req;
-  req.set_job(job);
-  req.set_tensor(tensor);
-  req.set_mode(mode);
-  req.set_start_step(start_step);
-  req.set_end_step(end_step);
-  req.set_worker(worker);
-  v1::ReadSeriesResponse resp;
-  grpc::Status s = stub_->ReadSeries(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return std::vector<v1::SeriesPoint>(resp.points().begin(), resp.points().end());
+  // In pages, so a long series never passes a message's limit.
+  const bool by_mode_step =
+      mode == v1::MODE_TRAIN || mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT;
+  std::vector<v1::SeriesPoint> points;
+  int64_t from = start_step;
+  while (true) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::ReadSeriesRequest req;
+    req.set_job(job);
+    req.set_tensor(tensor);
+    req.set_mode(mode);
+    req.set_start_step(from);
+    req.set_end_step(end_step);
+    req.set_worker(worker);
+    req.set_max_points(kPageSize);
+    v1::ReadSeriesResponse resp;
+    grpc::Status s = stub_->ReadSeries(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s);
+    for (v1::SeriesPoint& p : *resp.mutable_points()) points.push_back(std::move(p));
+    if (!resp.truncated() || points.empty()) return points;
+    from = (by_mode_step ? points.back().mode_step() : points.back().step()) + 1;
+  }
 }
 
 absl::StatusOr<std::vector<v1::RuleResult>> QueryClient::RuleResults(const std::string& job) {

@@ -122,6 +122,10 @@ class QueryClient {
   absl::StatusOr<std::string> GetReport(const std::string& job);
 
  private:
+  // Steps or points asked for per call by ListSteps and ReadSeries, which
+  // read on until the collector says nothing more follows.
+  static constexpr uint32_t kPageSize = 100000;
+
   QueryClient(std::unique_ptr<v1::Query::Stub> stub, absl::Duration timeout)
       : stub_(std::move(stub)), timeout_(timeout) {}
   void SetDeadline(class grpc::ClientContext& ctx) const;

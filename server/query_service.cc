@@ -264,9 +264,24 @@ grpc::Status QueryService::ListSteps(grpc::ServerContext*, const v1::ListStepsRe
   if (!job.ok()) return ToGrpcStatus(job.status());
   auto steps = store_->ListSteps(job->job_id(), request->mode());
   if (!steps.ok()) return ToGrpcStatus(steps.status());
+  const bool by_mode_step = request->mode() == v1::MODE_TRAIN ||
+                            request->mode() == v1::MODE_EVAL ||
+                            request->mode() == v1::MODE_PREDICT;
+  const bool paged = request->max_steps() > 0;
+  size_t bytes = 0;
   for (auto& s : *steps) {
+    if ((by_mode_step ? s.mode_step() : s.step()) < request->start_step()) continue;
     s.set_complete(StepComplete(s, job->world_size()));
     for (int32_t w : MissingWorkers(s.workers(), job->world_size())) s.add_missing_workers(w);
+    if (paged) {
+      bytes += s.ByteSizeLong() + 6;
+      if (response->steps_size() > 0 &&
+          (static_cast<uint32_t>(response->steps_size()) >= request->max_steps() ||
+           bytes > kMaxAnswerBytes)) {
+        response->set_truncated(true);
+        break;
+      }
+    }
     *response->add_steps() = std::move(s);
   }
   return grpc::Status::OK;
@@ -292,10 +307,26 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
                                    by_mode_step ? request->start_step() : 0,
                                    by_mode_step ? end : -1, request->worker());
   if (!points.ok()) return ToGrpcStatus(points.status());
+  const bool paged = request->max_points() > 0;
+  auto number = [by_mode_step](const v1::SeriesPoint& p) {
+    return by_mode_step ? p.mode_step() : p.step();
+  };
+  size_t bytes = 0;
   for (auto& p : *points) {
     if (!by_mode_step &&
         (p.step() < request->start_step() || (end >= 0 && p.step() >= end))) {
       continue;
+    }
+    const int n = response->points_size();
+    const bool new_step = n == 0 || number(response->points(n - 1)) != number(p);
+    if (paged) {
+      // Cut between steps only: every worker's point of a step, or none.
+      bytes += p.ByteSizeLong() + 6;
+      if (new_step && n > 0 &&
+          (static_cast<uint32_t>(n) >= request->max_points() || bytes > kMaxAnswerBytes)) {
+        response->set_truncated(true);
+        break;
+      }
     }
     *response->add_points() = std::move(p);
   }

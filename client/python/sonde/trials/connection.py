@@ -19,6 +19,10 @@ from sonde.v1 import query_pb2_grpc
 # tensor's statistics; chunks are at most the collector's piece size).
 MAX_RECEIVE_BYTES = 64 << 20
 
+# Steps or points asked for per ListSteps or ReadSeries call; the trial
+# reads on while the collector says more follow (it also cuts at ~3 MiB).
+PAGE_SIZE = 100000
+
 
 def _pem(value, what):
     """PEM bytes as given, or read from a path."""

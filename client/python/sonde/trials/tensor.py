@@ -16,6 +16,7 @@ from sonde.exceptions import (
 )
 from sonde.modes import ModeKeys
 from sonde.trials import reductions
+from sonde.trials.connection import PAGE_SIZE
 from sonde.trials.steps import StepState, as_mode, as_step, as_worker
 from sonde.trials.values import assemble, decode
 from sonde.v1 import query_pb2, tensor_pb2
@@ -40,7 +41,18 @@ class Tensor:
         if step is not None:
             request.start_step = step
             request.end_step = step + 1
-        return self.trial._conn.call("ReadSeries", request, job=self.trial.job).points
+        # In pages, so a long series never passes a message's limit; each
+        # page ends between steps, the next starts after its last one.
+        request.max_points = PAGE_SIZE
+        points = []
+        while True:
+            response = self.trial._conn.call("ReadSeries", request, job=self.trial.job)
+            points.extend(response.points)
+            if not response.truncated or not response.points:
+                return points
+            last = response.points[-1]
+            request.start_step = (last.step if wire == tensor_pb2.MODE_UNSPECIFIED
+                                  else last.mode_step) + 1
 
     def _saved_at(self, step, mode):
         """Whether any worker saved the tensor at the step (any step: None)."""

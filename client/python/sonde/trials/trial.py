@@ -26,7 +26,7 @@ from sonde.exceptions import (
 )
 from sonde.modes import ModeKeys
 from sonde.trials import profiler
-from sonde.trials.connection import Connection
+from sonde.trials.connection import PAGE_SIZE, Connection
 from sonde.trials.steps import Progress, StepList, StepState, as_mode, as_step, as_worker
 from sonde.trials.tensor import Tensor
 from sonde.v1 import query_pb2, rule_pb2, tensor_pb2
@@ -134,9 +134,17 @@ class Trial:
 
     def _steps(self, mode):
         wire = tensor_pb2.MODE_UNSPECIFIED if mode == ModeKeys.GLOBAL else int(mode)
-        response = self._conn.call("ListSteps", query_pb2.ListStepsRequest(job=self.job, mode=wire),
-                                   job=self.job)
-        return StepList(response.steps, mode)
+        # In pages, so a long job's list never passes a message's limit.
+        request = query_pb2.ListStepsRequest(job=self.job, mode=wire, max_steps=PAGE_SIZE)
+        steps = []
+        while True:
+            response = self._conn.call("ListSteps", request, job=self.job)
+            steps.extend(response.steps)
+            if not response.truncated or not response.steps:
+                return StepList(steps, mode)
+            last = response.steps[-1]
+            request.start_step = (last.step if wire == tensor_pb2.MODE_UNSPECIFIED
+                                  else last.mode_step) + 1
 
     def _snapshot(self, mode):
         # The job first, then its steps: a step committed in between shows

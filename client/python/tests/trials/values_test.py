@@ -385,3 +385,25 @@ def test_the_older_smdebug_names_read_the_same(trial):
     assert at.reduction_values() == t.reduction_values(3, mode=TRAIN, worker=1)
     with pytest.raises(StepUnavailable):
         t.step(5).value  # noqa: B018 (global step 5 saved nothing)
+
+
+def test_long_answers_are_read_in_pages(trial, monkeypatch):
+    # One step or point per page: what a job past one message's size gets
+    # (pages end between steps, every worker's point of a step together).
+    from sonde.trials import tensor as tensor_module
+    from sonde.trials import trial as trial_module
+    modes = (GLOBAL, TRAIN, EVAL)
+    steps = {m: trial.steps(mode=m) for m in modes}
+    loss_steps = {m: trial.tensor("loss").steps(mode=m) for m in modes}
+    means = {(s, w): trial.tensor("loss").reduction_value(s, "mean", worker=w)
+             for s in steps[GLOBAL] for w in (0, 1)}
+    monkeypatch.setattr(trial_module, "PAGE_SIZE", 1)
+    monkeypatch.setattr(tensor_module, "PAGE_SIZE", 1)
+    with create_trial(trial._conn.address, JOB) as paged:
+        assert {m: paged.steps(mode=m) for m in modes} == steps
+        t = paged.tensor("loss")
+        assert {m: t.steps(mode=m) for m in modes} == loss_steps
+        assert {(s, w): t.reduction_value(s, "mean", worker=w)
+                for s in steps[GLOBAL] for w in (0, 1)} == means
+        assert sorted(t.values()) == steps[GLOBAL]
+        same_bits(t.values(worker=1)[6], loss(6, 1))

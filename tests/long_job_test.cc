@@ -1,0 +1,163 @@
+// A long job read back whole: a tensor with its histogram at each of
+// 10,000 steps of one worker of 512. Its series (a histogram a point) and
+// its step list (511 missing workers a step) are larger than one gRPC
+// message carries (the collector sends at most 5 MiB, Python and grpcurl
+// take 4 MiB); readers page through them and get every point once.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "client/hook.h"
+#include "client/query_client.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "proto/query.grpc.pb.h"
+#include "tests/testing/in_process_collector.h"
+#include "tests/testing/status_matchers.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::InProcessCollector;
+using ::sonde::testing::StatusIs;
+
+constexpr int kSteps = 10000;
+constexpr int kWorkers = 512;
+
+class LongJobTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    collector_ = new InProcessCollector();
+    HookOptions o;
+    o.collector = collector_->address();
+    o.job = "long";
+    o.world_size = kWorkers;
+    o.spool_dir = "";
+    o.config.save_config = SaveConfig::Every(1);
+    CollectionConfig weights;
+    weights.name = "weights";
+    weights.save_histogram = true;
+    o.config.collections.push_back(weights);
+    o.config.include_collections = {"weights"};
+    o.close_timeout = absl::Seconds(120);
+    auto hook = Hook::Create(o);
+    ASSERT_TRUE(hook.ok()) << hook.status();
+    const absl::Time start = absl::Now();
+    for (int step = 0; step < kSteps; ++step) {
+      (*hook)->StartStep();
+      std::vector<float> w(16, 1.0f / (1 + step));
+      ASSERT_TRUE((*hook)->SaveTensor("w", HostTensor(w.data(), {16}), {"weights"}).ok());
+    }
+    ASSERT_TRUE((*hook)->Close().ok());
+    std::cerr << kSteps << " steps stored in " << absl::Now() - start << "\n";
+  }
+  static void TearDownTestSuite() { delete collector_; }
+  static InProcessCollector* collector_;
+};
+InProcessCollector* LongJobTest::collector_ = nullptr;
+
+TEST_F(LongJobTest, TheWholeSeriesReadsBackInPages) {
+  auto q = QueryClient::Connect(collector_->address(), absl::Seconds(60));
+  auto series = q->ReadSeries("long", "w");
+  SONDE_ASSERT_OK(series);
+  ASSERT_EQ(series->size(), static_cast<size_t>(kSteps));
+  for (int step = 0; step < kSteps; ++step) {
+    ASSERT_EQ((*series)[step].step(), step);
+    ASSERT_FLOAT_EQ((*series)[step].statistics().mean(), 1.0f / (1 + step));
+    ASSERT_TRUE((*series)[step].has_histogram());
+  }
+}
+
+TEST_F(LongJobTest, TheWholeStepListReadsBackInPages) {
+  auto q = QueryClient::Connect(collector_->address(), absl::Seconds(60));
+  auto steps = q->ListSteps("long");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), static_cast<size_t>(kSteps));
+  for (int step = 0; step < kSteps; ++step) {
+    ASSERT_EQ((*steps)[step].step(), step);
+    ASSERT_EQ((*steps)[step].missing_workers_size(), kWorkers - 1);
+  }
+}
+
+TEST_F(LongJobTest, APageStopsWhereAskedAndTheNextStartsAfterIt) {
+  auto channel = grpc::CreateChannel(collector_->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Query::NewStub(channel);
+  v1::ListStepsRequest req;
+  req.set_job("long");
+  req.set_start_step(100);
+  req.set_max_steps(7);
+  v1::ListStepsResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->ListSteps(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.steps_size(), 7);
+  EXPECT_TRUE(resp.truncated());
+  EXPECT_EQ(resp.steps(0).step(), 100);
+  EXPECT_EQ(resp.steps(6).step(), 106);
+  // By size alone: about 3 MiB, however many were asked for.
+  req.set_start_step(0);
+  req.set_max_steps(1000000);
+  v1::ListStepsResponse big;
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(stub->ListSteps(&ctx2, req, &big).ok());
+  EXPECT_TRUE(big.truncated());
+  EXPECT_LT(big.ByteSizeLong(), size_t{4} << 20);
+  EXPECT_GT(big.steps_size(), 1000);
+  // The last page says nothing more follows.
+  req.set_start_step(kSteps - 3);
+  v1::ListStepsResponse last;
+  grpc::ClientContext ctx3;
+  ASSERT_TRUE(stub->ListSteps(&ctx3, req, &last).ok());
+  EXPECT_EQ(last.steps_size(), 3);
+  EXPECT_FALSE(last.truncated());
+}
+
+// Two workers: a page ends between steps, never between the workers of one.
+TEST(Paging, ASeriesPageHoldsEveryWorkerOfItsSteps) {
+  InProcessCollector collector;
+  std::vector<std::unique_ptr<Hook>> hooks;
+  for (int worker = 0; worker < 2; ++worker) {
+    HookOptions o;
+    o.collector = collector.address();
+    o.job = "two";
+    o.worker = worker;
+    o.world_size = 2;
+    o.spool_dir = "";
+    o.config.save_config = SaveConfig::Every(1);
+    auto hook = Hook::Create(o);
+    SONDE_ASSERT_OK(hook);
+    hooks.push_back(std::move(*hook));
+  }
+  for (int step = 0; step < 5; ++step) {
+    for (int worker = 0; worker < 2; ++worker) {
+      hooks[worker]->StartStep();
+      SONDE_ASSERT_OK(hooks[worker]->SaveScalar("loss", step + worker, {"losses"}));
+    }
+  }
+  for (auto& h : hooks) SONDE_ASSERT_OK(h->Close());
+  auto stub = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  v1::ReadSeriesRequest req;
+  req.set_job("two");
+  req.set_tensor("loss");
+  req.set_worker(-1);
+  req.set_max_points(3);
+  v1::ReadSeriesResponse page;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->ReadSeries(&ctx, req, &page).ok());
+  ASSERT_EQ(page.points_size(), 4);  // steps 0 and 1, both workers
+  EXPECT_TRUE(page.truncated());
+  EXPECT_EQ(page.points(3).step(), 1);
+  req.set_start_step(2);
+  v1::ReadSeriesResponse next;
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(stub->ReadSeries(&ctx2, req, &next).ok());
+  EXPECT_EQ(next.points(0).step(), 2);
+  auto q = QueryClient::Connect(collector.address());
+  auto all = q->ReadSeries("two", "loss");
+  SONDE_ASSERT_OK(all);
+  EXPECT_EQ(all->size(), 10u);
+}
+
+}  // namespace
+}  // namespace sonde
