@@ -17,7 +17,7 @@
 #include "glog/logging.h"
 #include "rules/rule_config.h"
 #include "server/collector.h"
-#include "server/notifier.h"
+#include "server/smtp_flags.h"
 #include "server/tensorboard/summary.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
@@ -43,14 +43,6 @@ ABSL_FLAG(std::string, rules_config, "",
           "JSON file of rules run for every job (replaces --rules when given)");
 ABSL_FLAG(std::vector<std::string>, rule_plugins, {},
           "comma-separated shared libraries of rule types (see rules/plugin_api.h)");
-ABSL_FLAG(std::string, smtp_url, "",
-          "mail relay of Email actions: smtp://host:port (STARTTLS when offered) or "
-          "smtps://host:port. Empty: rules asking for Email are refused");
-ABSL_FLAG(std::string, smtp_from, "", "sender of Email actions (default sonde@<host name>)");
-ABSL_FLAG(std::string, smtp_user, "", "user name for the relay's AUTH (implies --smtp_require_tls)");
-ABSL_FLAG(std::string, smtp_password_file, "", "file whose first line is --smtp_user's password");
-ABSL_FLAG(bool, smtp_require_tls, false,
-          "send no mail unencrypted: smtp:// must upgrade with STARTTLS");
 ABSL_FLAG(bool, sync_writes, false,
           "fsync the write-ahead log on every commit (survives power loss, slower)");
 ABSL_FLAG(uint64_t, max_chunk_bytes, 4 << 20, "largest chunk payload a client may send");
@@ -182,10 +174,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  absl::StatusOr<sonde::server::SmtpOptions> smtp = sonde::server::SmtpOptionsFromFlags(
-      absl::GetFlag(FLAGS_smtp_url), absl::GetFlag(FLAGS_smtp_from),
-      absl::GetFlag(FLAGS_smtp_user), absl::GetFlag(FLAGS_smtp_password_file),
-      absl::GetFlag(FLAGS_smtp_require_tls));
+  absl::StatusOr<sonde::server::SmtpOptions> smtp = sonde::server::SmtpOptionsFromCommandLine();
   if (!smtp.ok()) {
     std::cerr << "sonde-collector: " << smtp.status().message() << "\n";
     return 2;

@@ -237,19 +237,25 @@ TEST(EndToEnd, WaitUntilConnectedTimesOutWithoutACollector) {
               StatusIs(absl::StatusCode::kDeadlineExceeded, "127.0.0.1:1"));
 }
 
+// Five steps of job `job` whose gradient is NaN from step `nan_from` on:
+// one transition to IssuesFound for ExplodingTensor.
+void TrainWithNaNFrom(int nan_from, const std::string& address, const std::string& job) {
+  auto hook = Hook::Create(Options(address, job));
+  SONDE_ASSERT_OK(hook);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int step = 0; step < 5; ++step) {
+    (*hook)->StartStep();
+    std::vector<float> g = {step >= nan_from ? nan : 1.0f};
+    SONDE_ASSERT_OK((*hook)->SaveTensor("gradient/w", HostTensor(g.data(), {1}), {"gradients"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+}
+
 TEST(EndToEnd, AVerdictIsPostedToTheWebhookOnceAndLogged) {
   ::sonde::testing::TestHttpServer hook_server;
   InProcessCollector collector(absl::StrCat(
       "ExplodingTensor(actions=Webhook:", hook_server.Url("/sonde"), "|Log|StopTraining)"));
-  auto hook = Hook::Create(Options(collector.address(), "notify"));
-  SONDE_ASSERT_OK(hook);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int step = 0; step < 5; ++step) {  // NaN from step 2 on: one transition
-    (*hook)->StartStep();
-    std::vector<float> g = {step >= 2 ? nan : 1.0f};
-    SONDE_ASSERT_OK((*hook)->SaveTensor("gradient/w", HostTensor(g.data(), {1}), {"gradients"}));
-  }
-  SONDE_ASSERT_OK((*hook)->Close());
+  TrainWithNaNFrom(2, collector.address(), "notify");
   auto q = QueryClient::Connect(collector.address());
   FinalResults(*q, "notify");
   collector.Stop();  // waits for queued webhook deliveries
@@ -272,15 +278,7 @@ TEST(EndToEnd, AVerdictIsMailedOnceThroughTheRelay) {
         o.notifications.smtp.url = relay.Url();
         o.notifications.smtp.from = "sonde@ci.example";
       });
-  auto hook = Hook::Create(Options(collector.address(), "mailed"));
-  SONDE_ASSERT_OK(hook);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int step = 0; step < 5; ++step) {  // NaN from step 2 on: one transition
-    (*hook)->StartStep();
-    std::vector<float> g = {step >= 2 ? nan : 1.0f};
-    SONDE_ASSERT_OK((*hook)->SaveTensor("gradient/w", HostTensor(g.data(), {1}), {"gradients"}));
-  }
-  SONDE_ASSERT_OK((*hook)->Close());
+  TrainWithNaNFrom(2, collector.address(), "mailed");
   auto q = QueryClient::Connect(collector.address());
   auto results = FinalResults(*q, "mailed");
   collector.Stop();  // waits for queued deliveries

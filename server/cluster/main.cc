@@ -35,7 +35,7 @@
 #include "server/cluster/query_front.h"
 #include "server/auth.h"
 #include "server/collector.h"
-#include "server/notifier.h"
+#include "server/smtp_flags.h"
 #include "server/security.h"
 
 ABSL_FLAG(std::string, role, "", "node or gateway");
@@ -70,14 +70,6 @@ ABSL_FLAG(std::string, rules, "ExplodingTensor(actions=StopTraining);LossNotDecr
           "rules run for every job, as sonde-collector --rules");
 ABSL_FLAG(std::string, rules_config, "",
           "JSON file of rules run for every job (replaces --rules when given)");
-ABSL_FLAG(std::string, smtp_url, "",
-          "mail relay of Email actions: smtp://host:port (STARTTLS when offered) or "
-          "smtps://host:port. Empty: rules asking for Email are refused");
-ABSL_FLAG(std::string, smtp_from, "", "sender of Email actions (default sonde@<host name>)");
-ABSL_FLAG(std::string, smtp_user, "", "user name for the relay's AUTH (implies --smtp_require_tls)");
-ABSL_FLAG(std::string, smtp_password_file, "", "file whose first line is --smtp_user's password");
-ABSL_FLAG(bool, smtp_require_tls, false,
-          "send no mail unencrypted: smtp:// must upgrade with STARTTLS");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(5),
           "how long a node's partitions outlive it when it stops answering etcd");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(30),
@@ -164,10 +156,7 @@ int RunNode(const sigset_t& stop) {
     return 2;
   }
   sonde::server::CollectorOptions co;
-  absl::StatusOr<sonde::server::SmtpOptions> smtp = sonde::server::SmtpOptionsFromFlags(
-      absl::GetFlag(FLAGS_smtp_url), absl::GetFlag(FLAGS_smtp_from),
-      absl::GetFlag(FLAGS_smtp_user), absl::GetFlag(FLAGS_smtp_password_file),
-      absl::GetFlag(FLAGS_smtp_require_tls));
+  absl::StatusOr<sonde::server::SmtpOptions> smtp = sonde::server::SmtpOptionsFromCommandLine();
   if (!smtp.ok()) {
     std::cerr << "sonde-cluster: " << smtp.status().message() << "\n";
     return 2;
