@@ -82,14 +82,14 @@ TEST_F(LongJobTest, TheWholeStepListReadsBackInPages) {
 
 TEST_F(LongJobTest, APageStopsWhereAskedAndTheNextStartsAfterIt) {
   auto channel = grpc::CreateChannel(collector_->address(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Query::NewStub(channel);
+  auto query = v1::Query::NewStub(channel);
   v1::ListStepsRequest req;
   req.set_job("long");
   req.set_start_step(100);
   req.set_max_steps(7);
   v1::ListStepsResponse resp;
   grpc::ClientContext ctx;
-  ASSERT_TRUE(stub->ListSteps(&ctx, req, &resp).ok());
+  ASSERT_TRUE(query->ListSteps(&ctx, req, &resp).ok());
   ASSERT_EQ(resp.steps_size(), 7);
   EXPECT_TRUE(resp.truncated());
   EXPECT_EQ(resp.steps(0).step(), 100);
@@ -99,7 +99,7 @@ TEST_F(LongJobTest, APageStopsWhereAskedAndTheNextStartsAfterIt) {
   req.set_max_steps(1000000);
   v1::ListStepsResponse big;
   grpc::ClientContext ctx2;
-  ASSERT_TRUE(stub->ListSteps(&ctx2, req, &big).ok());
+  ASSERT_TRUE(query->ListSteps(&ctx2, req, &big).ok());
   EXPECT_TRUE(big.truncated());
   EXPECT_LT(big.ByteSizeLong(), size_t{4} << 20);
   EXPECT_GT(big.steps_size(), 1000);
@@ -107,7 +107,7 @@ TEST_F(LongJobTest, APageStopsWhereAskedAndTheNextStartsAfterIt) {
   req.set_start_step(kSteps - 3);
   v1::ListStepsResponse last;
   grpc::ClientContext ctx3;
-  ASSERT_TRUE(stub->ListSteps(&ctx3, req, &last).ok());
+  ASSERT_TRUE(query->ListSteps(&ctx3, req, &last).ok());
   EXPECT_EQ(last.steps_size(), 3);
   EXPECT_FALSE(last.truncated());
 }
@@ -135,7 +135,7 @@ TEST(Paging, ASeriesPageHoldsEveryWorkerOfItsSteps) {
     }
   }
   for (auto& h : hooks) SONDE_ASSERT_OK(h->Close());
-  auto stub = v1::Query::NewStub(
+  auto query = v1::Query::NewStub(
       grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
   v1::ReadSeriesRequest req;
   req.set_job("two");
@@ -144,14 +144,14 @@ TEST(Paging, ASeriesPageHoldsEveryWorkerOfItsSteps) {
   req.set_max_points(3);
   v1::ReadSeriesResponse page;
   grpc::ClientContext ctx;
-  ASSERT_TRUE(stub->ReadSeries(&ctx, req, &page).ok());
+  ASSERT_TRUE(query->ReadSeries(&ctx, req, &page).ok());
   ASSERT_EQ(page.points_size(), 4);  // steps 0 and 1, both workers
   EXPECT_TRUE(page.truncated());
   EXPECT_EQ(page.points(3).step(), 1);
   req.set_start_step(2);
   v1::ReadSeriesResponse next;
   grpc::ClientContext ctx2;
-  ASSERT_TRUE(stub->ReadSeries(&ctx2, req, &next).ok());
+  ASSERT_TRUE(query->ReadSeries(&ctx2, req, &next).ok());
   EXPECT_EQ(next.points(0).step(), 2);
   auto q = QueryClient::Connect(collector.address());
   auto all = q->ReadSeries("two", "loss");

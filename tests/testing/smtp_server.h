@@ -160,7 +160,7 @@ class TestSmtpServer {
         Send(c, "221 Bye\r\n");
         return;
       } else {
-        Send(c, "502 Command not implemented\r\n");
+        Send(c, "502 Command unrecognized\r\n");
       }
     }
   }
