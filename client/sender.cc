@@ -1223,9 +1223,9 @@ bool Sender::StreamOnce() {
       if (server_chunk_limit_ > 0) {
         chunk_limit_ = std::min<uint64_t>(chunk_limit_, server_chunk_limit_);
       }
-      tensor_limit_ = server_tensor_limit_;
-      step_limit_ = server_step_limit_;
-      tensor_count_limit_ = server_tensor_count_limit_;
+      if (server_tensor_limit_ > 0) tensor_limit_ = server_tensor_limit_;
+      if (server_step_limit_ > 0) step_limit_ = server_step_limit_;
+      if (server_tensor_count_limit_ > 0) tensor_count_limit_ = server_tensor_count_limit_;
       DropStoredLocked();
       for (Unacked& u : unacked_) resend.push_back(&u);
     }

@@ -322,11 +322,14 @@ class Sender {
   // Used by the sender thread only.
   uint64_t seq_ = 0;
   uint64_t chunk_limit_ = 0;
-  // The stream's limits on values (0: none said), and the values bytes
-  // built into the current step so far.
-  uint64_t tensor_limit_ = 0;
-  uint64_t step_limit_ = 0;
-  uint32_t tensor_count_limit_ = 0;
+  // The collector's limits on one step, and the values bytes and tensors
+  // built into the current step so far. Until a hello ack says them (and
+  // where an older collector's ack does not), the collector's defaults:
+  // steps built while it was unreachable are then refused only where it
+  // was configured below them (server/ingest_limits.h).
+  uint64_t tensor_limit_ = uint64_t{1} << 30;
+  uint64_t step_limit_ = uint64_t{2} << 30;
+  uint32_t tensor_count_limit_ = 100000;
   uint64_t built_step_values_ = 0;
   uint32_t built_step_tensors_ = 0;
 

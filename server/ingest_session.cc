@@ -246,7 +246,9 @@ absl::Status IngestSession::OpenStep(int64_t step, v1::Mode mode, int64_t mode_s
 
 absl::Status IngestSession::AddTensor(storage::TensorWrite tensor) {
   if (step_->tensors.size() >= limits_.max_tensors_per_step) {
-    return absl::ResourceExhaustedError(
+    // Permanent (sent again, the step would be refused again), unlike the
+    // shared open-step budget below, which frees as other streams commit.
+    return absl::InvalidArgumentError(
         absl::StrCat("step ", step_->step.step(), " has more than ",
                      limits_.max_tensors_per_step, " tensors"));
   }
@@ -279,9 +281,9 @@ absl::Status IngestSession::OnChunk(const v1::TensorChunk& chunk) {
         TensorAssembler::Limits{limits_.max_chunk_bytes, limits_.max_tensor_bytes});
   }
   if (step_bytes_ + chunk.payload().size() > limits_.max_step_bytes) {
-    return absl::ResourceExhaustedError(
+    return absl::InvalidArgumentError(
         absl::StrCat("step ", chunk.step(), " exceeds ", limits_.max_step_bytes,
-                     " bytes of tensor values"));
+                     " bytes of tensor values (--max_step_bytes)"));
   }
   const uint64_t payload = chunk.payload().size();
   if (limits_.open_steps != nullptr && !limits_.open_steps->TryTake(payload, budget_held_)) {

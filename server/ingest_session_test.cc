@@ -850,14 +850,14 @@ TEST_F(IngestSessionTest, SummaryWithoutADtypeIsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, "unsupported dtype"));
 }
 
-TEST_F(IngestSessionTest, StepBytesOverTheLimitIsResourceExhausted) {
+TEST_F(IngestSessionTest, StepBytesOverTheLimitIsRefusedForGood) {
   IngestLimits limits;
   limits.max_step_bytes = 48;
   Worker w(registry_.get(), limits);
   ASSERT_THAT(w.Join(MakeHello("step-bytes")), IsOk());
   SONDE_ASSERT_OK(w.SendTensor(Header("a", 0, {10}), F32Bytes(kWeights), 16));  // 40 bytes
   EXPECT_THAT(w.SendTensor(Header("b", 0, {10}), F32Bytes(kWeights), 16),
-              StatusIs(absl::StatusCode::kResourceExhausted, "exceeds 48 bytes"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "exceeds 48 bytes"));
 }
 
 TEST_F(IngestSessionTest, StepBytesLimitAppliesPerStep) {
@@ -871,7 +871,7 @@ TEST_F(IngestSessionTest, StepBytesLimitAppliesPerStep) {
   }
 }
 
-TEST_F(IngestSessionTest, TensorsPerStepOverTheLimitIsResourceExhausted) {
+TEST_F(IngestSessionTest, TensorsPerStepOverTheLimitIsRefusedForGood) {
   IngestLimits limits;
   limits.max_tensors_per_step = 2;
   Worker w(registry_.get(), limits);
@@ -879,7 +879,7 @@ TEST_F(IngestSessionTest, TensorsPerStepOverTheLimitIsResourceExhausted) {
   SONDE_ASSERT_OK(w.SendTensor(Header("a", 0, {1}), F32Bytes({1})));
   SONDE_ASSERT_OK(w.SendSummary(ScalarSummary("b", 0, 1.0)));
   EXPECT_THAT(w.SendSummary(ScalarSummary("c", 0, 1.0)),
-              StatusIs(absl::StatusCode::kResourceExhausted, "more than 2 tensors"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "more than 2 tensors"));
 }
 
 TEST_F(IngestSessionTest, ChunkOverTheChunkLimitIsInvalidArgument) {

@@ -49,6 +49,8 @@ ABSL_FLAG(uint64_t, max_chunk_bytes, 4 << 20, "largest chunk payload a client ma
 ABSL_FLAG(uint64_t, max_tensor_bytes, uint64_t{1} << 30, "largest tensor a client may send");
 ABSL_FLAG(uint64_t, max_step_bytes, uint64_t{2} << 30,
           "largest total of tensor values one worker may send for one step");
+ABSL_FLAG(uint32_t, max_tensors_per_step, 100000,
+          "most tensors one worker may send for one step");
 ABSL_FLAG(uint64_t, max_open_step_bytes, uint64_t{1} << 30,
           "bytes of open (received, not yet committed) steps all streams together may hold in "
           "memory; past it a stream is ended with RESOURCE_EXHAUSTED and its client resends "
@@ -139,6 +141,11 @@ int main(int argc, char** argv) {
   options.limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   options.limits.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.limits.max_step_bytes = absl::GetFlag(FLAGS_max_step_bytes);
+  options.limits.max_tensors_per_step = absl::GetFlag(FLAGS_max_tensors_per_step);
+  if (options.limits.max_tensors_per_step == 0) {
+    std::cerr << "sonde-collector: --max_tensors_per_step must be at least 1\n";
+    return 2;
+  }
   options.max_open_step_bytes = absl::GetFlag(FLAGS_max_open_step_bytes);
   options.storage_threads = absl::GetFlag(FLAGS_storage_threads);
   options.step_wait = absl::GetFlag(FLAGS_step_wait);

@@ -308,5 +308,62 @@ TEST(Reliability, ACollectorRestartInPlaceLosesNothing) {
   EXPECT_EQ(CheckStored(*q, "restart", 30, 5000), 30);
 }
 
+TEST(Reliability, StepsBuiltBeforeTheCollectorSaidItsLimitsAreRefusedOnceDroppedAndCounted) {
+  // The collector is down when the run starts: steps go to the spool built
+  // with the default limits, which this collector is configured below. Its
+  // refusal is for good (sent again, they would be refused again): the
+  // steps are dropped and counted, never resent in a loop, and the steps
+  // after the hello ack are cut to its limit and stored.
+  CollectorLater collector;
+  TempDir spool;
+  HookOptions o = Options(collector.address(), "early");
+  o.spool_dir = spool.path();
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  std::vector<float> w(16, 1.0f);
+  auto save_step = [&] {
+    (*hook)->StartStep();
+    for (int t = 0; t < 5; ++t) {
+      SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("w", t),
+                                          HostTensor(w.data(), {16}), {"weights"}));
+    }
+  };
+  save_step();
+  save_step();
+  (*hook)->StartStep();  // ends step 1
+  ASSERT_TRUE(::sonde::testing::WaitUntil(
+      [&] { return (*hook)->counters().entries_spooled >= 2; }));
+
+  server::IngestLimits limits;
+  limits.max_tensors_per_step = 3;
+  collector.Start(limits);
+  ASSERT_TRUE(::sonde::testing::WaitUntil(
+      [&] { return (*hook)->counters().steps_dropped >= 2; }))
+      << "steps refused for good are resent in a loop";
+  for (int t = 0; t < 5; ++t) {  // step 2, after the ack
+    SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("w", t),
+                                        HostTensor(w.data(), {16}), {"weights"}));
+  }
+  save_step();  // step 3
+  SONDE_ASSERT_OK((*hook)->Close());
+  const Hook::Counters c = (*hook)->counters();
+  EXPECT_EQ(c.steps_dropped, 2u);
+  EXPECT_EQ(c.tensors_dropped, 2u * 5 + 2u * 2);
+
+  auto q = QueryClient::Connect(collector.address());
+  auto steps = q->ListSteps("early");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 2u);
+  for (const v1::StepInfo& info : *steps) {
+    EXPECT_GE(info.step(), 2);
+    EXPECT_EQ(info.tensor_count(), 3u) << "step " << info.step();
+    EXPECT_EQ(info.tensors_dropped(), 2u) << "step " << info.step();
+    EXPECT_FALSE(info.complete());
+  }
+  auto job = q->GetJob("early");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->steps_dropped(), 2u);
+}
+
 }  // namespace
 }  // namespace sonde

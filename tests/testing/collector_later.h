@@ -17,10 +17,11 @@ namespace sonde::testing {
 class CollectorLater {
  public:
   const std::string& address() const { return reserved_.address(); }
-  void Start() {
+  void Start(const server::IngestLimits& limits = server::IngestLimits()) {
     server::CollectorOptions o;
     o.listen = reserved_.address();
     o.data_dir = dir_.Sub("db");
+    o.limits = limits;
     auto c = server::Collector::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     collector_ = std::move(*c);
