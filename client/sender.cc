@@ -1139,6 +1139,14 @@ bool Sender::AfterStream(const grpc::Status& status, bool hello_acked) {
           kept.push_back(std::move(u));
           continue;
         }
+        if (u.job_end) {
+          // Refused again: it is the job end itself the collector will not
+          // take. Nothing is left to send; Close says why at once.
+          refusal_ = absl::StrCat("the collector refused the end of job '", options_.hello.job(),
+                                  "' twice: ", status.error_message(), " (code ",
+                                  status.error_code(), ")");
+          give_up_ = true;
+        }
         counters_.tensors_dropped += u.tensors;
         const bool step = u.complete && !u.job_end && !u.profile_only;
         counters_.steps_dropped += step;

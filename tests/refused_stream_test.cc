@@ -26,6 +26,9 @@ namespace {
 // end and the job end, and record them.
 class RefusingCollector final : public v1::Collector::Service {
  public:
+  // Every stream refuses, the job end's too.
+  explicit RefusingCollector(bool always = false) : always_(always) {}
+
   grpc::Status Stream(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) override {
@@ -44,7 +47,7 @@ class RefusingCollector final : public v1::Collector::Service {
         stream->Write(out);
         continue;
       }
-      if (number == 1) {
+      if (number == 1 || always_) {
         if (in.has_job_end()) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               "chunk 0 of tensor 'big' at step 0: 8192 bytes exceeds the limit");
@@ -83,22 +86,22 @@ class RefusingCollector final : public v1::Collector::Service {
   }
 
  private:
+  const bool always_;
   absl::Mutex mu_;
   int streams_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::StepEnd> step_ends_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::JobEnd> job_ends_ ABSL_GUARDED_BY(mu_);
 };
 
-TEST(RefusedStream, TheRefusedStepsAreCountedAndTheJobStillEnds) {
-  RefusingCollector service;
+std::unique_ptr<grpc::Server> Serve(RefusingCollector* service, int* port) {
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  ASSERT_GT(port, 0);
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
 
+// A hook of job "refused" that has saved `steps` steps of one tensor.
+std::unique_ptr<Hook> HookWithSteps(int port, int steps) {
   HookOptions o;
   o.collector = "127.0.0.1:" + std::to_string(port);
   o.job = "refused";
@@ -107,19 +110,31 @@ TEST(RefusedStream, TheRefusedStepsAreCountedAndTheJobStillEnds) {
   o.close_timeout = absl::Seconds(20);
   o.spool_dir = "";  // nothing outlives the test
   auto hook = Hook::Create(o);
-  SONDE_ASSERT_OK(hook);
-  constexpr int kSteps = 3;
+  EXPECT_TRUE(hook.ok()) << hook.status();
+  if (!hook.ok()) return nullptr;
   std::vector<float> w(256, 1.0f);
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     (*hook)->StartStep();
-    SONDE_ASSERT_OK((*hook)->SaveTensor("w", HostTensor(w.data(), {256}), {"weights"}));
+    EXPECT_TRUE((*hook)->SaveTensor("w", HostTensor(w.data(), {256}), {"weights"}).ok());
   }
+  return std::move(*hook);
+}
+
+TEST(RefusedStream, TheRefusedStepsAreCountedAndTheJobStillEnds) {
+  RefusingCollector service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(&service, &port);
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(port, 0);
+  constexpr int kSteps = 3;
+  std::unique_ptr<Hook> hook = HookWithSteps(port, kSteps);
+  ASSERT_NE(hook, nullptr);
   const absl::Time start = absl::Now();
   // Before, the job end went with the refused steps: never sent again, it
   // left the job unfinished at the collector and Close waited its 20 s.
-  SONDE_EXPECT_OK((*hook)->Close());
+  SONDE_EXPECT_OK(hook->Close());
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
-  const Hook::Counters c = (*hook)->counters();
+  const Hook::Counters c = hook->counters();
   EXPECT_EQ(c.steps_dropped, static_cast<uint64_t>(kSteps));
   EXPECT_EQ(c.tensors_dropped, static_cast<uint64_t>(kSteps));
   EXPECT_GE(service.streams(), 2);
@@ -129,6 +144,26 @@ TEST(RefusedStream, TheRefusedStepsAreCountedAndTheJobStillEnds) {
   // The collector learns what was lost.
   EXPECT_EQ(ends[0].counters().steps_dropped(), static_cast<uint64_t>(kSteps));
   EXPECT_EQ(ends[0].counters().tensors_dropped(), static_cast<uint64_t>(kSteps));
+  server->Shutdown();
+}
+
+TEST(RefusedStream, AJobEndRefusedTwiceEndsCloseAtOnceWithTheReason) {
+  RefusingCollector service(/*always=*/true);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(&service, &port);
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(port, 0);
+  std::unique_ptr<Hook> hook = HookWithSteps(port, 2);
+  ASSERT_NE(hook, nullptr);
+  const absl::Time start = absl::Now();
+  // Before, the job end was dropped after its second refusal and Close
+  // waited out its 20 s for an ack that could not come.
+  EXPECT_THAT(hook->Close(), ::sonde::testing::StatusIs(absl::StatusCode::kUnavailable,
+                                                        "refused the end of job 'refused' twice"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_EQ(service.streams(), 2);  // sent again once, not in a loop
+  EXPECT_EQ(hook->counters().steps_dropped, 2u);
+  EXPECT_EQ(hook->counters().tensors_dropped, 2u);
   server->Shutdown();
 }
 
