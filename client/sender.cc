@@ -1148,6 +1148,15 @@ bool Sender::AfterStream(const grpc::Status& status, bool hello_acked) {
           give_up_ = true;
         }
         counters_.tensors_dropped += u.tensors;
+        if (!u.complete) {
+          // The open step's tensors sent so far: the collector let go of
+          // them with the stream. The rest of the step goes on a new
+          // stream, its end counting these as a gap; its limits start
+          // afresh there.
+          built_tensors_dropped_ += u.tensors;
+          built_step_values_ = 0;
+          built_step_tensors_ = 0;
+        }
         const bool step = u.complete && !u.job_end && !u.profile_only;
         counters_.steps_dropped += step;
         steps_dropped_pending_ += step;

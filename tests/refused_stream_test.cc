@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "proto/collector.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace sonde {
 namespace {
@@ -144,6 +145,93 @@ TEST(RefusedStream, TheRefusedStepsAreCountedAndTheJobStillEnds) {
   // The collector learns what was lost.
   EXPECT_EQ(ends[0].counters().steps_dropped(), static_cast<uint64_t>(kSteps));
   EXPECT_EQ(ends[0].counters().tensors_dropped(), static_cast<uint64_t>(kSteps));
+  server->Shutdown();
+}
+
+// Its first stream refuses the stream at the first chunk of tensor "bad";
+// later ones acknowledge step ends and the job end and record the step
+// ends. Every hello ack says at most 3 tensors per step.
+class MidStepRefuser final : public v1::Collector::Service {
+ public:
+  grpc::Status Stream(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) override {
+    int number;
+    {
+      absl::MutexLock lock(&mu_);
+      number = ++streams_;
+    }
+    v1::ClientMessage in;
+    while (stream->Read(&in)) {
+      v1::ServerMessage out;
+      if (in.has_hello()) {
+        out.mutable_hello_ack()->set_job_id(1);
+        out.mutable_hello_ack()->set_resume_step(-1);
+        out.mutable_hello_ack()->set_max_chunk_bytes(4 << 20);
+        out.mutable_hello_ack()->set_max_tensors_per_step(3);
+      } else if (number == 1 && in.has_chunk() && in.chunk().tensor_name() == "bad") {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "tensor 'bad' is refused");
+      } else if (in.has_step_end()) {
+        out.mutable_ack()->set_acked_seq(in.seq());
+        out.mutable_ack()->set_step(in.step_end().step());
+        out.mutable_ack()->set_mode(in.step_end().mode());
+        absl::MutexLock lock(&mu_);
+        step_ends_.push_back(in.step_end());
+      } else if (in.has_job_end()) {
+        out.mutable_ack()->set_acked_seq(in.seq());
+      } else {
+        continue;
+      }
+      stream->Write(out);
+    }
+    return grpc::Status::OK;
+  }
+
+  int streams() {
+    absl::MutexLock lock(&mu_);
+    return streams_;
+  }
+  std::vector<v1::StepEnd> step_ends() {
+    absl::MutexLock lock(&mu_);
+    return step_ends_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<v1::StepEnd> step_ends_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(RefusedStream, TensorsOfAStepRefusedMidStepAreAGapInThatStep) {
+  MidStepRefuser service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Hook> hook = HookWithSteps(port, 0);
+  ASSERT_NE(hook, nullptr);
+  std::vector<float> w(64, 1.0f);
+  hook->StartStep();
+  for (const char* name : {"a", "bad"}) {
+    SONDE_ASSERT_OK(hook->SaveTensor(name, HostTensor(w.data(), {64}), {"weights"}));
+  }
+  // The stream is refused while the step is open; the hook reconnects.
+  ASSERT_TRUE(::sonde::testing::WaitUntil([&] { return service.streams() >= 2; }));
+  for (const char* name : {"c", "d"}) {
+    SONDE_ASSERT_OK(hook->SaveTensor(name, HostTensor(w.data(), {64}), {"weights"}));
+  }
+  SONDE_ASSERT_OK(hook->Close());
+  const Hook::Counters c = hook->counters();
+  EXPECT_EQ(c.tensors_dropped, 2u);
+  EXPECT_EQ(c.steps_dropped, 0u);
+  auto ends = service.step_ends();
+  ASSERT_EQ(ends.size(), 1u);
+  // Before, the step looked whole but for d: "a" and "bad" were not
+  // counted, and the limit of 3 still counted them, dropping "d".
+  EXPECT_EQ(ends[0].tensor_count(), 2u);
+  EXPECT_EQ(ends[0].tensors_dropped(), 2u);
   server->Shutdown();
 }
 
