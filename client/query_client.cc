@@ -11,6 +11,20 @@
 #include "grpcpp/create_channel.h"
 
 namespace sonde {
+namespace {
+
+// Where the page after one cut at step `last` starts: past `last`, or an
+// error when the collector said it cut a page that holds nothing past
+// `from` (asking again would loop).
+absl::StatusOr<int64_t> NextPage(const char* what, int page_size, int64_t from, int64_t last) {
+  if (page_size == 0 || last < from) {
+    return absl::InternalError(absl::StrCat("the collector cut its answer of ", what,
+                                            " from step ", from, " without going past it"));
+  }
+  return last + 1;
+}
+
+}  // namespace
 
 std::unique_ptr<QueryClient> QueryClient::Connect(const std::string& address,
                                                   absl::Duration timeout) {
@@ -87,10 +101,16 @@ absl::StatusOr<std::vector<v1::StepInfo>> QueryClient::ListSteps(const std::stri
     v1::ListStepsResponse resp;
     grpc::Status s = stub_->ListSteps(&ctx, req, &resp);
     if (!s.ok()) return FromGrpcStatus(s);
-    for (v1::StepInfo& step : *resp.mutable_steps()) steps.push_back(std::move(step));
     // An older collector ignores the paging and says nothing of it.
-    if (!resp.truncated() || steps.empty()) return steps;
-    from = (by_mode_step ? steps.back().mode_step() : steps.back().step()) + 1;
+    const bool more = resp.truncated();
+    const int page = resp.steps_size();
+    for (v1::StepInfo& step : *resp.mutable_steps()) steps.push_back(std::move(step));
+    if (!more) return steps;
+    auto next = NextPage("steps", page, from,
+                         page == 0 ? from - 1
+                                   : (by_mode_step ? steps.back().mode_step() : steps.back().step()));
+    if (!next.ok()) return next.status();
+    from = *next;
   }
 }
 
@@ -152,9 +172,15 @@ absl::StatusOr<std::vector<v1::SeriesPoint>> QueryClient::ReadSeries(
     v1::ReadSeriesResponse resp;
     grpc::Status s = stub_->ReadSeries(&ctx, req, &resp);
     if (!s.ok()) return FromGrpcStatus(s);
+    const bool more = resp.truncated();
+    const int page = resp.points_size();
     for (v1::SeriesPoint& p : *resp.mutable_points()) points.push_back(std::move(p));
-    if (!resp.truncated() || points.empty()) return points;
-    from = (by_mode_step ? points.back().mode_step() : points.back().step()) + 1;
+    if (!more) return points;
+    auto next = NextPage("series points", page, from,
+                         page == 0 ? from - 1
+                                   : (by_mode_step ? points.back().mode_step() : points.back().step()));
+    if (!next.ok()) return next.status();
+    from = *next;
   }
 }
 

@@ -274,10 +274,17 @@ grpc::Status QueryService::ListSteps(grpc::ServerContext*, const v1::ListStepsRe
     s.set_complete(StepComplete(s, job->world_size()));
     for (int32_t w : MissingWorkers(s.workers(), job->world_size())) s.add_missing_workers(w);
     if (paged) {
+      // Cut between step numbers only: the next page starts past the last
+      // one, so two entries with one number (modes that share a global
+      // step) go in one page.
+      const int n = response->steps_size();
+      const int64_t number = by_mode_step ? s.mode_step() : s.step();
+      const bool new_number =
+          n == 0 || (by_mode_step ? response->steps(n - 1).mode_step()
+                                  : response->steps(n - 1).step()) != number;
       bytes += s.ByteSizeLong() + 6;
-      if (response->steps_size() > 0 &&
-          (static_cast<uint32_t>(response->steps_size()) >= request->max_steps() ||
-           bytes > kMaxAnswerBytes)) {
+      if (new_number && n > 0 &&
+          (static_cast<uint32_t>(n) >= request->max_steps() || bytes > kMaxAnswerBytes)) {
         response->set_truncated(true);
         break;
       }

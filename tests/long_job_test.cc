@@ -11,6 +11,8 @@
 #include "client/hook.h"
 #include "client/query_client.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "proto/query.grpc.pb.h"
 #include "tests/testing/in_process_collector.h"
@@ -157,6 +159,87 @@ TEST(Paging, ASeriesPageHoldsEveryWorkerOfItsSteps) {
   auto all = q->ReadSeries("two", "loss");
   SONDE_ASSERT_OK(all);
   EXPECT_EQ(all->size(), 10u);
+}
+
+// Two workers in two modes at each global step: the step list has two
+// entries per number, and a page never separates them (the next page
+// starts past the number).
+TEST(Paging, AStepListPageHoldsEveryEntryOfItsLastNumber) {
+  InProcessCollector collector;
+  std::vector<std::unique_ptr<Hook>> hooks;
+  for (int worker = 0; worker < 2; ++worker) {
+    HookOptions o;
+    o.collector = collector.address();
+    o.job = "modes";
+    o.worker = worker;
+    o.world_size = 2;
+    o.spool_dir = "";
+    o.config.save_config = SaveConfig::Every(1);
+    auto hook = Hook::Create(o);
+    SONDE_ASSERT_OK(hook);
+    (*hook)->SetMode(worker == 0 ? v1::MODE_TRAIN : v1::MODE_EVAL);
+    hooks.push_back(std::move(*hook));
+  }
+  for (int step = 0; step < 4; ++step) {
+    for (int worker = 0; worker < 2; ++worker) {
+      hooks[worker]->StartStep();
+      SONDE_ASSERT_OK(hooks[worker]->SaveScalar("loss", step + worker, {"losses"}));
+    }
+  }
+  for (auto& h : hooks) SONDE_ASSERT_OK(h->Close());
+  auto q = QueryClient::Connect(collector.address());
+  auto all = q->ListSteps("modes");
+  SONDE_ASSERT_OK(all);
+  ASSERT_EQ(all->size(), 8u);  // one entry per step and mode
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  v1::ListStepsRequest req;
+  req.set_job("modes");
+  req.set_max_steps(1);
+  v1::ListStepsResponse page;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(query->ListSteps(&ctx, req, &page).ok());
+  ASSERT_EQ(page.steps_size(), 2);  // before: 1, and the next page skipped the other
+  EXPECT_TRUE(page.truncated());
+  EXPECT_EQ(page.steps(0).step(), 0);
+  EXPECT_EQ(page.steps(1).step(), 0);
+  EXPECT_NE(page.steps(0).mode(), page.steps(1).mode());
+}
+
+// A peer that says its pages are cut but sends nothing in them: a reader
+// that asked again would loop, one that stopped would return a short list
+// as if it were whole.
+class StallingQuery final : public v1::Query::Service {
+ public:
+  grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
+                         v1::ListStepsResponse* response) override {
+    response->set_truncated(true);
+    return grpc::Status::OK;
+  }
+  grpc::Status ReadSeries(grpc::ServerContext*, const v1::ReadSeriesRequest* request,
+                          v1::ReadSeriesResponse* response) override {
+    // A point before where it was asked to start: no progress either.
+    v1::SeriesPoint* p = response->add_points();
+    p->set_step(request->start_step() - 1);
+    response->set_truncated(true);
+    return grpc::Status::OK;
+  }
+};
+
+TEST(Paging, APageCutWithoutProgressIsAnError) {
+  StallingQuery service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto q = QueryClient::Connect("127.0.0.1:" + std::to_string(port));
+  EXPECT_THAT(q->ListSteps("any"),
+              StatusIs(absl::StatusCode::kInternal, "cut its answer of steps from step 0"));
+  EXPECT_THAT(q->ReadSeries("any", "loss"),
+              StatusIs(absl::StatusCode::kInternal, "without going past it"));
+  server->Shutdown();
 }
 
 }  // namespace

@@ -24,6 +24,18 @@ MAX_RECEIVE_BYTES = 64 << 20
 PAGE_SIZE = 100000
 
 
+def next_page_start(what, job, items, start, global_steps):
+    """Where the page after a cut one starts: past its last step (a global
+    or a mode step). A cut page that holds nothing past `start` is an error,
+    not a short answer: asking again would loop."""
+    if items:
+        last = items[-1].step if global_steps else items[-1].mode_step
+        if last >= start:
+            return last + 1
+    raise QueryError("the collector cut its answer of {} of job '{}' from step {} without "
+                     "going past it".format(what, job, start))
+
+
 def _pem(value, what):
     """PEM bytes as given, or read from a path."""
     if value is None:

@@ -16,7 +16,7 @@ from sonde.exceptions import (
 )
 from sonde.modes import ModeKeys
 from sonde.trials import reductions
-from sonde.trials.connection import PAGE_SIZE
+from sonde.trials.connection import PAGE_SIZE, next_page_start
 from sonde.trials.steps import StepState, as_mode, as_step, as_worker
 from sonde.trials.values import assemble, decode
 from sonde.v1 import query_pb2, tensor_pb2
@@ -48,11 +48,11 @@ class Tensor:
         while True:
             response = self.trial._conn.call("ReadSeries", request, job=self.trial.job)
             points.extend(response.points)
-            if not response.truncated or not response.points:
+            if not response.truncated:
                 return points
-            last = response.points[-1]
-            request.start_step = (last.step if wire == tensor_pb2.MODE_UNSPECIFIED
-                                  else last.mode_step) + 1
+            request.start_step = next_page_start(
+                "series points", self.trial.job, response.points, request.start_step,
+                wire == tensor_pb2.MODE_UNSPECIFIED)
 
     def _saved_at(self, step, mode):
         """Whether any worker saved the tensor at the step (any step: None)."""

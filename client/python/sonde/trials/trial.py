@@ -26,7 +26,7 @@ from sonde.exceptions import (
 )
 from sonde.modes import ModeKeys
 from sonde.trials import profiler
-from sonde.trials.connection import PAGE_SIZE, Connection
+from sonde.trials.connection import PAGE_SIZE, Connection, next_page_start
 from sonde.trials.steps import Progress, StepList, StepState, as_mode, as_step, as_worker
 from sonde.trials.tensor import Tensor
 from sonde.v1 import query_pb2, rule_pb2, tensor_pb2
@@ -140,11 +140,11 @@ class Trial:
         while True:
             response = self._conn.call("ListSteps", request, job=self.job)
             steps.extend(response.steps)
-            if not response.truncated or not response.steps:
+            if not response.truncated:
                 return StepList(steps, mode)
-            last = response.steps[-1]
-            request.start_step = (last.step if wire == tensor_pb2.MODE_UNSPECIFIED
-                                  else last.mode_step) + 1
+            request.start_step = next_page_start("steps", self.job, response.steps,
+                                                 request.start_step,
+                                                 wire == tensor_pb2.MODE_UNSPECIFIED)
 
     def _snapshot(self, mode):
         # The job first, then its steps: a step committed in between shows

@@ -18,6 +18,7 @@ from sonde.modes import ModeKeys
 from sonde.trials import (
     InvalidWorker,
     NoMoreData,
+    QueryError,
     StepState,
     StepUnavailable,
     TensorUnavailable,
@@ -407,3 +408,28 @@ def test_long_answers_are_read_in_pages(trial, monkeypatch):
                 for s in steps[GLOBAL] for w in (0, 1)} == means
         assert sorted(t.values()) == steps[GLOBAL]
         same_bits(t.values(worker=1)[6], loss(6, 1))
+
+
+def test_a_page_cut_without_progress_is_an_error(trial, monkeypatch):
+    # A collector (or a proxy) that says a page was cut but sends nothing
+    # past where it started: asking again would loop, stopping would pass a
+    # short list off as whole.
+    with create_trial(trial._conn.address, JOB) as stalled:
+        real = stalled._conn.call
+
+        def stalling(method, request, **kwargs):
+            response = real(method, request, **kwargs)
+            if method == "ListSteps":
+                del response.steps[:]
+                response.truncated = True
+            elif method == "ReadSeries":
+                del response.points[:]
+                response.truncated = True
+            return response
+
+        loss = stalled.tensor("loss")
+        monkeypatch.setattr(stalled._conn, "call", stalling)
+        with pytest.raises(QueryError, match="cut its answer of steps of job 'values-job'"):
+            stalled.steps()
+        with pytest.raises(QueryError, match="series points .* without going past it"):
+            loss.steps()
