@@ -186,7 +186,14 @@ grpc::Status QueryService::ReadMetrics(grpc::ServerContext*,
   if (!series.ok()) return ToGrpcStatus(series.status());
   size_t bytes = 0;
   for (v1::MetricSeries& s : *series) {
-    bytes += s.name().size() + 16;
+    const size_t head = s.name().size() + 16;
+    if (response->series_size() > 0 && bytes + head > kMaxAnswerBytes) {
+      // Even a series with no point in the range costs its name: the
+      // answer ends before it (the reader goes on after the last series).
+      truncated = true;
+      break;
+    }
+    bytes += head;
     // A point costs its time (a varint of at most 10 bytes) and its value.
     const size_t room = bytes < kMaxAnswerBytes ? (kMaxAnswerBytes - bytes) / 18 : 0;
     if (static_cast<size_t>(s.unix_micros_size()) > room) {

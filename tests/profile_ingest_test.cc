@@ -206,6 +206,38 @@ TEST(ProfileIngest, AnAnswerPastAMessagesSizeIsCutAndSaysTruncated) {
   SONDE_ASSERT_OK((*hook)->Close());
 }
 
+TEST(ProfileIngest, ManySeriesWithoutPointsInTheRangeAreCutToo) {
+  // 11,200 series of 500-byte names, none with a point in the range read:
+  // the empty series alone pass a message's size.
+  InProcessCollector collector;
+  auto hook = Hook::Create(Options(collector.address(), "names"));
+  SONDE_ASSERT_OK(hook);
+  constexpr int kBatches = 28, kPerBatch = 400;
+  const std::string stem(490, 'n');
+  for (int b = 0; b < kBatches; ++b) {
+    v1::ProfileBatch batch;
+    v1::MetricSnapshot* s = batch.add_snapshots();
+    s->set_unix_micros(kT0 + b);
+    for (int m = 0; m < kPerBatch; ++m) {
+      v1::MetricSample* sample = s->add_samples();
+      sample->set_name(absl::StrCat("framework.", stem, 100000 + b * kPerBatch + m));
+      sample->set_value(m);
+    }
+    ASSERT_TRUE((*hook)->SaveProfile(std::move(batch)));
+  }
+  SONDE_ASSERT_OK((*hook)->Flush(absl::Seconds(60)));
+  Query q(collector.address());
+  // Before, every empty series went in: 5.8 MB, past the collector's
+  // 5 MiB send limit (RESOURCE_EXHAUSTED).
+  auto read = q.client->ReadMetrics("names", {}, "^framework\\.", -1, kT0 + kBatches, 0, 0);
+  SONDE_ASSERT_OK(read);
+  EXPECT_TRUE(read->truncated);
+  EXPECT_GT(read->series.size(), 1000u);
+  EXPECT_LT(read->series.size(), static_cast<size_t>(kBatches * kPerBatch));
+  for (const v1::MetricSeries& series : read->series) EXPECT_EQ(series.values_size(), 0);
+  SONDE_ASSERT_OK((*hook)->Close());
+}
+
 TEST(ProfileIngest, ARegexThatDoesNotCompileIsInvalidArgumentNamingIt) {
   InProcessCollector collector;
   std::unique_ptr<Hook> hook = RunAndFlush(collector, "regex", 1);
