@@ -222,7 +222,8 @@ class Hook {
   // Profiler data (proto/profile.proto: metric snapshots, trace events),
   // streamed in order with the tensors and stored by the collector as it
   // arrives. Never blocks; false when the batch was dropped (the queue is
-  // full or the hook closed), which is counted.
+  // full, the hook closed, or the batch passes 512 KiB: send larger ones in
+  // parts), which is counted.
   bool SaveProfile(v1::ProfileBatch batch);
 
   // Framework timings for the profiler (no-ops while it is off): an event
@@ -277,11 +278,16 @@ class Hook {
 
   struct Counters {
     uint64_t tensors_saved = 0;    // queued for sending
-    uint64_t tensors_dropped = 0;  // refused by the backpressure policy, or Sonde disabled
-    // Device tensors stored with statistics only: their values were lost
-    // (snapshot memory full under the policy, a device error).
+    // Refused by the backpressure policy, past the collector's tensors per
+    // step, refused by the collector with their step, or Sonde disabled.
+    uint64_t tensors_dropped = 0;
+    // Tensors stored with statistics only although their values were saved:
+    // lost on the device path (snapshot memory full under the policy, a
+    // device error) or past the collector's --max_tensor_bytes or
+    // --max_step_bytes.
     uint64_t values_dropped = 0;
-    uint64_t steps_dropped = 0;    // whole steps dropped (the queue was at its item limit)
+    // Whole steps: the queue at its item limit, or refused by the collector.
+    uint64_t steps_dropped = 0;
     uint64_t tensors_spilled = 0;  // values written to the spill file
     uint64_t bytes_spilled = 0;
     uint64_t steps = 0;

@@ -82,9 +82,14 @@ struct SenderOptions {
 
 struct SenderCounters {
   uint64_t tensors_queued = 0;
-  uint64_t tensors_dropped = 0;   // refused by the backpressure policy, or Sonde disabled
-  uint64_t values_dropped = 0;    // device tensors sent with statistics only: values lost
-  uint64_t steps_dropped = 0;     // step ends refused (queue at its item limit)
+  // Refused by the backpressure policy, past the collector's tensors per
+  // step, refused by the collector with their step, or Sonde disabled.
+  uint64_t tensors_dropped = 0;
+  // Tensors sent with statistics only although their values were saved:
+  // lost on the device path, or past the collector's byte limits.
+  uint64_t values_dropped = 0;
+  // Whole steps: the queue at its item limit, or refused by the collector.
+  uint64_t steps_dropped = 0;
   uint64_t tensors_spilled = 0;
   uint64_t bytes_spilled = 0;
   // Device values the capture wrote to its own spill file (CountDeviceSpill).

@@ -255,7 +255,7 @@ TEST(EndToEnd, AVerdictIsPostedToTheWebhookOnceAndLogged) {
   ::sonde::testing::TestHttpServer hook_server;
   InProcessCollector collector(absl::StrCat(
       "ExplodingTensor(actions=Webhook:", hook_server.Url("/sonde"), "|Log|StopTraining)"));
-  TrainWithNaNFrom(2, collector.address(), "notify");
+  ASSERT_NO_FATAL_FAILURE(TrainWithNaNFrom(2, collector.address(), "notify"));
   auto q = QueryClient::Connect(collector.address());
   FinalResults(*q, "notify");
   collector.Stop();  // waits for queued webhook deliveries
@@ -278,7 +278,7 @@ TEST(EndToEnd, AVerdictIsMailedOnceThroughTheRelay) {
         o.notifications.smtp.url = relay.Url();
         o.notifications.smtp.from = "sonde@ci.example";
       });
-  TrainWithNaNFrom(2, collector.address(), "mailed");
+  ASSERT_NO_FATAL_FAILURE(TrainWithNaNFrom(2, collector.address(), "mailed"));
   auto q = QueryClient::Connect(collector.address());
   auto results = FinalResults(*q, "mailed");
   collector.Stop();  // waits for queued deliveries

@@ -12,8 +12,8 @@ zone ("2024-05-01T12:00:00Z"); a naive datetime is refused, its zone would
 be a guess. Ranges are [start, end), as the collector's.
 
 Reading everything. The collector answers each call with one message, so it
-stops at a limit (200000 points, 100000 events, or `page_size`) and says
-the answer was truncated. These functions read on until the range is
+stops at a limit (200000 points, 100000 events, or `page_size`, and about
+3 MiB whatever the count) and says the answer was truncated. These functions read on until the range is
 exhausted, without gaps or repeats:
 
 - Metrics come by worker, then metric, then time, so only the last series
@@ -264,7 +264,8 @@ def read_events(conn, job, workers, kind=None, name=None, worker=None, start=Non
     def too_many(w, k, at):
         return QueryError(
             "more events of kind '{}' of worker {} of job '{}' start at unix microsecond {} "
-            "than one answer holds ({}): ask with a larger page_size".format(
+            "than one answer holds ({}, and about 3 MiB): ask with a larger page_size if the "
+            "count is the limit".format(
                 _KIND_NAMES.get(k, k), w, job, at,
                 max_events if max_events else "the collector's limit"))
 
