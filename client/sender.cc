@@ -218,6 +218,7 @@ bool Sender::EnqueueTensorLocked(QueuedTensor tensor) {
         item.tensor.pending = pending;
         if (spilled) {
           ++counters_.tensors_queued;
+          ++open_step_queued_;
           if (device) spilled_device_[item.tensor.device_id] = std::move(pending);
           // The values are on disk: recycle the memory.
           std::string& buf = item.tensor.bytes;
@@ -239,6 +240,7 @@ bool Sender::EnqueueTensorLocked(QueuedTensor tensor) {
   }
   memory_bytes_ += item.cost;
   ++counters_.tensors_queued;
+  ++open_step_queued_;
   queue_.push_back(std::move(item));
   return true;
 }
@@ -284,7 +286,13 @@ void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, doub
   // sent. Completion still works, since a worker's later step passes it.
   if (open_step_tensors_ == 0 && steps_dropped_pending_ == 0) return;
   open_step_tensors_ = 0;
-  if (queue_.size() >= kMaxQueuedItems) {
+  // A step with tensors on their way gets its end whatever the item limit
+  // (its tensors were admitted below it, so the queue passes it by one
+  // at most): without its end, they would reach the collector as part of
+  // the next step, which it refuses.
+  const bool has_queued = open_step_queued_ > 0;
+  open_step_queued_ = 0;
+  if (queue_.size() >= kMaxQueuedItems && !has_queued && !spilling()) {
     // Even the step end does not fit: the whole step is a gap, reported
     // with the next step end that gets through.
     ++counters_.steps_dropped;
@@ -305,10 +313,13 @@ void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, doub
     record.is_step_end = true;
     record.step_end = item.step_end;
     if (!SpillLocked(record)) {
-      // The step's tensors are in the spill file but its end is not: the
-      // step is a gap (its spilled tensors go with the next step's).
+      // The step's end does not fit in the spill file: the step is a gap,
+      // and the tensors of it that are queued or spilled are dropped when
+      // the sender reaches them (counted).
       ++counters_.steps_dropped;
       ++steps_dropped_pending_;
+      open_step_dropped_ = 0;
+      if (has_queued) endless_steps_.push_back(step);
       return;
     }
   } else {
@@ -588,6 +599,17 @@ Sender::Unacked* Sender::BuildAndAppend(Item& item, size_t* from) {
   return AppendLocked(item, messages, usable, from);
 }
 
+void Sender::DropEndlessEntryLocked(const char* why) {
+  Unacked& open = unacked_.back();
+  counters_.tensors_dropped += open.tensors;
+  LogOnceLocked("endless-step",
+                absl::StrCat(open.tensors, " tensors of step ", open.step, " dropped: ", why,
+                             "; counted and reported to the collector"));
+  if (open.partly_written) restart_stream_ = true;
+  memory_bytes_ -= open.cost;
+  unacked_.pop_back();
+}
+
 Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>& messages,
                                       bool usable, size_t* from) {
   Unacked* entry = nullptr;
@@ -601,6 +623,28 @@ Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>
     }
   }
   if (!usable) return nullptr;
+  if (item.kind == Item::kTensor || item.kind == Item::kStepEnd) {
+    const int64_t step = item.kind == Item::kTensor ? item.tensor.step : item.step_end.step();
+    // Steps before this one are behind the sender: their tensors are all
+    // taken.
+    endless_steps_.erase(std::remove_if(endless_steps_.begin(), endless_steps_.end(),
+                                        [step](int64_t s) { return s < step; }),
+                         endless_steps_.end());
+    const bool endless = item.kind == Item::kTensor &&
+                         std::find(endless_steps_.begin(), endless_steps_.end(), step) !=
+                             endless_steps_.end();
+    if (!unacked_.empty() && !unacked_.back().complete &&
+        (endless || unacked_.back().step != step)) {
+      // The open entry's step will never end (its end was lost): another
+      // step's data behind it would be refused.
+      DropEndlessEntryLocked(endless ? "its step end did not fit in the spill file"
+                                     : "its step end was lost");
+    }
+    if (endless) {
+      ++counters_.tensors_dropped;
+      return nullptr;
+    }
+  }
   if (unacked_.empty() || unacked_.back().complete) {
     unacked_.emplace_back();
     unacked_.back().step = item.kind == Item::kTensor ? item.tensor.step : -1;
@@ -629,15 +673,8 @@ Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>
     if (!entry->messages.empty()) {
       // Tensors saved after the last step end have no step end: they
       // cannot be stored, and are counted. (The hook always ends the step
-      // first.)
-      counters_.tensors_dropped += entry->tensors;
-      if (entry->tensors > 0) {
-        LogOnceLocked("open-at-job-end",
-                      absl::StrCat(entry->tensors, " tensors saved after the last step end "
-                                   "are dropped at the job end"));
-      }
-      memory_bytes_ -= entry->cost;
-      unacked_.pop_back();
+      // first; the end of a step may have been lost on the way.)
+      DropEndlessEntryLocked("no step end came before the job end");
       unacked_.emplace_back();
       entry = &unacked_.back();
       *from = 0;
@@ -777,6 +814,12 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
   switch (item.kind) {
     case Item::kTensor: {
       QueuedTensor& queued = item.tensor;
+      if (queued.step != built_step_number_) {
+        // The first of a step (its predecessor's end may have been lost).
+        built_step_number_ = queued.step;
+        built_step_values_ = 0;
+        built_step_tensors_ = 0;
+      }
       absl::StatusOr<v1::Statistics> stats;
       std::optional<v1::Histogram> histogram;
       absl::string_view values = queued.bytes;
@@ -884,7 +927,12 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
           queued.pending != nullptr && send_values && !queued.pending->status.ok();
       const QueuedTensor& t = queued;
       if (!stats.ok()) {
-        LogOnce("bad-tensor", absl::StrCat("tensor '", t.name, "' skipped: ", stats.status().ToString()));
+        absl::MutexLock lock(&mu_);
+        ++counters_.tensors_dropped;
+        ++built_tensors_dropped_;  // a gap in its step, as every drop
+        LogOnceLocked("bad-tensor", absl::StrCat("tensor '", t.name, "' dropped: ",
+                                                 stats.status().ToString(),
+                                                 "; counted and reported to the collector"));
         return false;
       }
       if (!send_values) {
@@ -982,6 +1030,8 @@ bool Sender::WriteEntry(Stream* stream, Unacked* entry, size_t from) {
     entry->end_seq = seq_;
     entry->written = true;
     PopAckedLocked();  // its ack may already have come
+  } else if (from < entry->messages.size()) {
+    entry->partly_written = true;
   }
   return true;
 }
@@ -1106,6 +1156,11 @@ bool Sender::SendQueued(Stream* stream) {
     }
     size_t from = 0;
     Unacked* entry = BuildAndAppend(item, &from);
+    if (restart_stream_) {
+      // What it built stays unacknowledged and goes on the next stream.
+      restart_stream_ = false;
+      return false;
+    }
     if (entry == nullptr) continue;
     const uint64_t spooled = entry->complete ? SpoolEntry(entry) : 0;
     const bool ok = WriteEntry(stream, entry, from);
@@ -1211,8 +1266,12 @@ bool Sender::StreamOnce() {
     connected_ = false;
     broken_ = false;
     stream_was_accepted_ = false;
-    for (Unacked& u : unacked_) u.end_seq = 0;
+    for (Unacked& u : unacked_) {
+      u.end_seq = 0;
+      u.partly_written = false;
+    }
   }
+  restart_stream_ = false;
   auto stream = stub->Stream(&context);
   seq_ = 0;
   chunk_limit_ = options_.max_chunk_bytes;

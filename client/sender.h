@@ -189,6 +189,9 @@ class Sender {
     uint64_t cost = 0;
     uint64_t end_seq = 0;  // seq of its last message on this stream; 0: not (fully) written
     bool written = false;  // fully written on some stream: the collector may have stored it
+    // Not complete, and some of its messages written on the current stream:
+    // the collector holds its step open.
+    bool partly_written = false;
     uint32_t tensors = 0;  // tensors among the messages (summaries and first chunks)
     uint64_t spool_index = 0;  // its segment in the spool; 0: not spooled
     bool evicted = false;      // spooled, messages dropped from memory (read back to send)
@@ -257,6 +260,9 @@ class Sender {
   bool CanTakeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PopAckedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ClientCounters WireCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the incomplete entry at the back of unacked_ (its step's end
+  // was lost), counted; ends the stream if some of it was written.
+  void DropEndlessEntryLocked(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogOnce(const std::string& key, const std::string& message);
   void LogOnceLocked(const std::string& key, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -277,6 +283,14 @@ class Sender {
   // Tensors of the open step that reached EnqueueTensor (sent, spilled or
   // dropped). A step with none is not sent at all.
   uint32_t open_step_tensors_ ABSL_GUARDED_BY(mu_) = 0;
+  // Of those, the ones queued or spilled (on their way to the sender): a
+  // step with any is never left without its step end.
+  uint32_t open_step_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // Steps whose end was lost (the spill file refused it) although some of
+  // their tensors were queued or spilled: counted as dropped whole, and
+  // their tensors are dropped as the sender reaches them, since the
+  // collector refuses a step's data until the previous step has ended.
+  std::vector<int64_t> endless_steps_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_dropped_pending_ ABSL_GUARDED_BY(mu_) = 0;  // not yet reported
   // Device tensors whose loss the sender thread found while building their
   // messages: added to the next step end it builds (the same step's).
@@ -337,6 +351,10 @@ class Sender {
   uint32_t tensor_count_limit_ = 100000;
   uint64_t built_step_values_ = 0;
   uint32_t built_step_tensors_ = 0;
+  int64_t built_step_number_ = -1;  // the step those count
+  // An open step whose end will never come was dropped after some of its
+  // messages went out: the stream must end, so the collector lets go of it.
+  bool restart_stream_ = false;
 
   std::thread thread_;
 };

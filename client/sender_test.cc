@@ -1,0 +1,133 @@
+// The sender against a real collector (RocksDB, gRPC on a loopback port)
+// where the hook's own tests cannot reach: its spill budget, shared with
+// the test, runs out between a step's tensors and its step end.
+#include "client/sender.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/query_client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/collector_later.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
+
+namespace sonde {
+namespace {
+
+using ::sonde::testing::CollectorLater;
+using ::sonde::testing::TempDir;
+
+constexpr size_t kFloats = 1024;  // 4 KiB a tensor
+
+QueuedTensor Tensor(const std::string& name, int64_t step) {
+  QueuedTensor t;
+  t.name = name;
+  t.collections = {"weights"};
+  t.dtype = v1::DTYPE_F32;
+  t.shape = {static_cast<int64_t>(kFloats)};
+  std::vector<float> v(kFloats, static_cast<float>(step));
+  t.bytes.assign(reinterpret_cast<const char*>(v.data()), kFloats * sizeof(float));
+  t.step = step;
+  t.mode_step = step;
+  return t;
+}
+
+// Step 0 loses its end to a full spill file after its six tensors were
+// taken (three in memory, three spilled); steps 1 to 3 follow. With the
+// collector up from the start, step 0's first tensors are on the wire
+// already when its end is lost: the stream is ended so the collector lets
+// go of the step. Otherwise they are dropped before they are sent.
+void RunEndlessStep(bool collector_first) {
+  CollectorLater collector;
+  TempDir spill;
+  auto budget = std::make_shared<SpillBudget>(uint64_t{64} << 20);
+  SenderOptions o;
+  o.collector = collector.address();
+  o.hello.set_job("endless");
+  o.hello.set_world_size(1);
+  // Three tensors in memory, queued or unacknowledged: the rest of step 0
+  // is spilled while the collector is down and while it waits for the
+  // step's end to acknowledge it.
+  o.max_queue_bytes = 3 * (kFloats * sizeof(float) + 256);
+  o.backpressure.policy = BackpressurePolicy::kSpill;
+  o.backpressure.spill_dir = spill.path();
+  o.spill_budget = budget;
+  o.reconnect_min = absl::Milliseconds(20);
+  o.reconnect_max = absl::Milliseconds(200);
+  if (collector_first) {
+    collector.Start();
+  }
+  Sender sender(o);
+  if (collector_first) {
+    ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
+  }
+
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
+  if (collector_first) {
+    // On the wire: the hello and the three tensors.
+    ASSERT_TRUE(::sonde::testing::WaitUntil([&] { return sender.counters().messages_sent >= 4; }));
+  }
+  for (int i = 3; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
+  ASSERT_EQ(sender.counters().tensors_spilled, 3u);
+  const uint64_t taken = budget->room();  // the device's values took the rest
+  ASSERT_TRUE(budget->TryTake(taken));
+  sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
+  EXPECT_EQ(sender.counters().steps_dropped, 1u);
+  budget->Give(taken);
+
+  if (!collector_first) {
+    collector.Start();
+  }
+  ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), step)));
+    }
+    sender.EnqueueStepEnd(step, v1::MODE_GLOBAL, step, 0.1);
+  }
+  SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
+  const SenderCounters c = sender.counters();
+  EXPECT_EQ(c.steps_dropped, 1u);
+  EXPECT_EQ(c.tensors_dropped, 6u);  // step 0's, none of the later steps'
+  if (collector_first) {
+    EXPECT_GE(c.reconnects, 1u);  // the stream that held step 0 open was ended
+  }
+  // Before, step 0's tensors went out as part of step 1, the collector
+  // ended the stream ("data for step 1 while step 0 is open") and step 1
+  // lost what was sent of it with the refused stream.
+
+  auto q = QueryClient::Connect(collector.address());
+  auto steps = q->ListSteps("endless");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 3u);
+  for (const v1::StepInfo& info : *steps) {
+    EXPECT_GE(info.step(), 1);
+    EXPECT_EQ(info.tensor_count(), 2u) << "step " << info.step();
+    EXPECT_EQ(info.tensors_dropped(), 0u) << "step " << info.step();
+    EXPECT_TRUE(info.complete()) << "step " << info.step();
+    auto w = q->ReadTensor("endless", "w1", info.step(), v1::MODE_GLOBAL);
+    SONDE_ASSERT_OK(w);
+    float first;
+    std::memcpy(&first, w->bytes.data(), sizeof(first));
+    EXPECT_EQ(first, static_cast<float>(info.step()));
+  }
+  auto job = q->GetJob("endless");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->steps_dropped(), 1u);
+}
+
+TEST(Sender, AStepWhoseEndDidNotFitInTheSpillFileIsAGapNotARefusedStream) {
+  RunEndlessStep(/*collector_first=*/false);
+}
+
+TEST(Sender, AStepPartlySentWhenItsEndWasLostIsLetGoByEndingTheStream) {
+  RunEndlessStep(/*collector_first=*/true);
+}
+
+}  // namespace
+}  // namespace sonde
