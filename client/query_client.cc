@@ -2,6 +2,7 @@
 
 #include <iterator>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -311,7 +312,7 @@ namespace {
 // Reads a watch until it ends, `fn` returns false (then cancels it: OK), or
 // its deadline passes.
 template <typename T, typename Reader, typename Fn>
-absl::Status Follow(grpc::ClientContext& ctx, Reader& reader, const Fn& fn) {
+absl::Status Follow(grpc::ClientContext& ctx, Reader& reader, Fn&& fn) {
   T message;
   while (reader->Read(&message)) {
     if (!fn(message)) {
@@ -346,7 +347,39 @@ absl::Status QueryClient::WatchSteps(const std::string& job, int64_t from_step,
   req.set_job(job);
   req.set_from_step(from_step);
   auto reader = stub_->WatchSteps(&ctx, req);
-  return Follow<v1::CompletedStep>(ctx, reader, fn);
+  // A step past a message's size comes in parts: `fn` gets it whole.
+  std::optional<v1::CompletedStep> joined;
+  absl::Status followed = Follow<v1::CompletedStep>(ctx, reader, [&](v1::CompletedStep& part) {
+    if (joined.has_value()) {
+      if (part.step() != joined->step() || part.mode() != joined->mode()) {
+        // A part without its rest (an older collector, or a bug): the step
+        // is given as it came, not merged with another.
+        const bool go_on = fn(*joined);
+        joined.reset();
+        if (!go_on) return false;
+      } else {
+        for (v1::TensorRecord& t : *part.mutable_tensors()) {
+          *joined->add_tensors() = std::move(t);
+        }
+        *joined->mutable_missing_workers() = std::move(*part.mutable_missing_workers());
+        joined->set_more(part.more());
+        if (joined->more()) return true;
+        const bool go_on = fn(*joined);
+        joined.reset();
+        return go_on;
+      }
+    }
+    if (part.more()) {
+      joined = std::move(part);
+      return true;
+    }
+    return fn(part);
+  });
+  if (followed.ok() && joined.has_value()) {
+    return absl::UnavailableError(absl::StrCat("the watch ended in the middle of step ",
+                                               joined->step(), ", which came in parts"));
+  }
+  return followed;
 }
 
 }  // namespace sonde

@@ -199,6 +199,10 @@ class RuleResultsWatch final : public WatchCall<v1::RuleResult> {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// A step's records past this go in parts (gRPC's default receive limit is
+// 4 MiB, the collector sends at most 5 MiB).
+constexpr size_t kMaxPartBytes = 3 << 20;
+
 v1::CompletedStep ToCompleted(const rules::StepData& d) {
   v1::CompletedStep c;
   c.set_step(d.step);
@@ -279,6 +283,13 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
 
   bool NextLocked(v1::CompletedStep* out, bool may_block) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!parts_.empty()) {
+      // The rest of a step cut in parts (its tensors are in already).
+      *out = std::move(parts_.front());
+      parts_.pop_front();
+      read_stored_ = false;
+      return true;
+    }
     if (next_backlog_ < backlog_.size()) {
       // Not from a sink callback: the store read would hold up ingest. The
       // write in flight (or Start) comes back for it.
@@ -307,15 +318,47 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
       absl::MutexLock lock(&mu_);
       read = read_stored_;
     }
-    if (!read) return absl::OkStatus();
-    absl::StatusOr<std::vector<v1::TensorRecord>> records =
-        store_->TensorsAtStep(job_id_, out->mode(), out->mode_step());
-    if (!records.ok()) return records.status();
-    for (v1::TensorRecord& r : *records) *out->add_tensors() = std::move(r);
+    if (read) {
+      absl::StatusOr<std::vector<v1::TensorRecord>> records =
+          store_->TensorsAtStep(job_id_, out->mode(), out->mode_step());
+      if (!records.ok()) return records.status();
+      for (v1::TensorRecord& r : *records) *out->add_tensors() = std::move(r);
+    }
+    if (out->ByteSizeLong() > kMaxPartBytes) Split(out);
     return absl::OkStatus();
   }
+  // A step past a message's size goes in parts: `out` keeps the first, the
+  // others are written next, before anything else.
+  void Split(v1::CompletedStep* out) {
+    std::deque<v1::CompletedStep> parts;
+    auto start_part = [&] {
+      v1::CompletedStep& p = parts.emplace_back();
+      p.set_step(out->step());
+      p.set_mode(out->mode());
+      p.set_mode_step(out->mode_step());
+      p.set_more(true);
+      return &p;
+    };
+    v1::CompletedStep* part = start_part();
+    size_t bytes = 0;
+    for (v1::TensorRecord& r : *out->mutable_tensors()) {
+      const size_t size = r.ByteSizeLong() + 6;
+      if (bytes + size > kMaxPartBytes && part->tensors_size() > 0) {
+        part = start_part();
+        bytes = 0;
+      }
+      bytes += size;
+      *part->add_tensors() = std::move(r);
+    }
+    *part->mutable_missing_workers() = std::move(*out->mutable_missing_workers());
+    part->set_more(false);
+    *out = std::move(parts.front());
+    parts.pop_front();
+    absl::MutexLock lock(&mu_);
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) parts_.push_front(std::move(*it));
+  }
   bool DoneLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ended_ && next_backlog_ == backlog_.size() && queue_.empty();
+    return ended_ && parts_.empty() && next_backlog_ == backlog_.size() && queue_.empty();
   }
 
   storage::Store* const store_;
@@ -324,6 +367,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
   std::vector<v1::StepInfo> backlog_ ABSL_GUARDED_BY(mu_);  // stored steps to send first
   size_t next_backlog_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<v1::CompletedStep> queue_ ABSL_GUARDED_BY(mu_);  // delivered, not yet written
+  std::deque<v1::CompletedStep> parts_ ABSL_GUARDED_BY(mu_);  // of the step being written
   int64_t sent_through_ ABSL_GUARDED_BY(mu_) = -1;
   bool read_stored_ ABSL_GUARDED_BY(mu_) = false;  // the message being written needs its tensors
   bool ended_ ABSL_GUARDED_BY(mu_) = false;

@@ -13,12 +13,14 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/hook.h"
+#include "client/query_client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/query.grpc.pb.h"
@@ -218,6 +220,97 @@ TEST(Watch, ASlowStepsReaderIsCutOffWithWhereToResumeAndResumingLosesNothing) {
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// A step whose records pass a message's size (20,000 tensors of long
+// names: 6.5 MB) comes in parts, live and replayed from storage, and the
+// query client joins them. Before, the collector could not send it
+// ("Sent message larger than max") and the watch failed.
+TEST(Watch, AStepPastAMessagesSizeComesInPartsAndIsJoined) {
+  testing::InProcessCollector collector;
+  auto hook = Hook::Create(Options(collector.address(), "wide"));
+  SONDE_ASSERT_OK(hook);
+  SONDE_ASSERT_OK((*hook)->WaitUntilConnected(absl::Seconds(20)));
+  auto query = QueryClient::Connect(collector.address(), absl::Seconds(60));
+
+  std::vector<v1::CompletedStep> live;
+  absl::Status live_status;
+  std::thread watcher([&] {
+    live_status = query->WatchSteps(
+        "wide", 0,
+        [&](const v1::CompletedStep& step) {
+          live.push_back(step);
+          return true;
+        },
+        absl::Seconds(120));
+  });
+  ASSERT_TRUE(sonde::testing::WaitUntil([&] { return collector.collector().open_watches() == 1; }));
+
+  constexpr int kWide = 20000;
+  const std::string stem(200, 'p');
+  std::vector<float> w(1);
+  for (int64_t step = 0; step < 3; ++step) {
+    (*hook)->StartStep();
+    const int tensors = step == 1 ? kWide : 3;
+    for (int t = 0; t < tensors; ++t) {
+      w[0] = static_cast<float>(step * 100000 + t);
+      SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("t", t, "/", stem),
+                                          HostTensor(w.data(), {1}), {"weights"}));
+    }
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  watcher.join();  // the watch ends with the job
+
+  auto check = [&](const std::vector<v1::CompletedStep>& steps, const char* how) {
+    ASSERT_EQ(steps.size(), 3u) << how;
+    for (int64_t step = 0; step < 3; ++step) {
+      const v1::CompletedStep& c = steps[step];
+      ASSERT_EQ(c.step(), step) << how;
+      EXPECT_FALSE(c.more()) << how;
+      ASSERT_EQ(c.tensors_size(), step == 1 ? kWide : 3) << how;
+      std::set<double> values;
+      for (const v1::TensorRecord& t : c.tensors()) values.insert(t.statistics().max());
+      EXPECT_EQ(values.size(), static_cast<size_t>(c.tensors_size())) << how << ": each once";
+      EXPECT_EQ(*values.begin(), static_cast<double>(step * 100000)) << how;
+    }
+  };
+  SONDE_ASSERT_OK(live_status);
+  check(live, "live");
+
+  std::vector<v1::CompletedStep> stored;
+  SONDE_ASSERT_OK(query->WatchSteps(
+      "wide", 0,
+      [&](const v1::CompletedStep& step) {
+        stored.push_back(step);
+        return true;
+      },
+      absl::Seconds(120)));
+  check(stored, "from storage");
+
+  // On the wire: parts under gRPC's default 4 MiB, `more` on all but the
+  // last, the step's number on each.
+  auto stub = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::WatchStepsRequest request;
+  request.set_job("wide");
+  request.set_from_step(1);
+  auto reader = stub->WatchSteps(&ctx, request);
+  std::vector<v1::CompletedStep> parts;
+  v1::CompletedStep c;
+  while (reader->Read(&c)) parts.push_back(c);
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_GE(parts.size(), 3u);  // step 1 in two parts at least, then step 2
+  int tensors = 0;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    EXPECT_EQ(parts[i].step(), 1);
+    EXPECT_LT(parts[i].ByteSizeLong(), size_t{4} << 20);
+    EXPECT_EQ(parts[i].more(), i + 2 < parts.size()) << "part " << i;
+    tensors += parts[i].tensors_size();
+  }
+  EXPECT_EQ(tensors, kWide);
+  EXPECT_EQ(parts.back().step(), 2);
+  EXPECT_FALSE(parts.back().more());
 }
 
 }  // namespace
