@@ -72,16 +72,32 @@ absl::StatusOr<v1::JobInfo> QueryClient::GetJob(const std::string& job) {
 absl::StatusOr<std::vector<v1::TensorInfo>> QueryClient::ListTensors(const std::string& job,
                                                                      const std::string& collection,
                                                                      const std::string& regex) {
-  grpc::ClientContext ctx;
-  SetDeadline(ctx);
-  v1::ListTensorsRequest req;
-  req.set_job(job);
-  req.set_collection(collection);
-  req.set_regex(regex);
-  v1::ListTensorsResponse resp;
-  grpc::Status s = stub_->ListTensors(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return std::vector<v1::TensorInfo>(resp.tensors().begin(), resp.tensors().end());
+  // In pages, so a job with many names never passes a message's limit.
+  std::vector<v1::TensorInfo> tensors;
+  std::string after;
+  while (true) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::ListTensorsRequest req;
+    req.set_job(job);
+    req.set_collection(collection);
+    req.set_regex(regex);
+    req.set_start_after(after);
+    req.set_max_tensors(kPageSize);
+    v1::ListTensorsResponse resp;
+    grpc::Status s = stub_->ListTensors(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s);
+    const bool more = resp.truncated();
+    for (v1::TensorInfo& t : *resp.mutable_tensors()) tensors.push_back(std::move(t));
+    if (!more) return tensors;
+    // Names come in byte order: the next page starts past the last.
+    if (resp.tensors_size() == 0 || tensors.back().name() <= after) {
+      return absl::InternalError(absl::StrCat(
+          "the collector cut its answer of tensor names after '", after,
+          "' without going past it"));
+    }
+    after = tensors.back().name();
+  }
 }
 
 absl::StatusOr<std::vector<v1::StepInfo>> QueryClient::ListSteps(const std::string& job,

@@ -131,22 +131,39 @@ grpc::Status QueryService::ListTensors(grpc::ServerContext* context,
   if (!job.ok()) return ToGrpcStatus(job.status());
   auto regex = CompileRegex(request->regex());
   if (!regex.ok()) return ToGrpcStatus(regex.status());
-  auto tensors = store_->ListTensors(job->job_id());
-  if (!tensors.ok()) return ToGrpcStatus(tensors.status());
+  const bool paged = request->max_tensors() > 0;
   size_t seen = 0;
-  for (auto& t : *tensors) {
-    // Work for a client that has gone stops (checked every 1024 names).
-    if (++seen % 1024 == 0 && context->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled ListTensors");
-    }
-    if (!request->collection().empty() &&
-        std::find(t.collections().begin(), t.collections().end(), request->collection()) ==
-            t.collections().end()) {
-      continue;
-    }
-    if (regex->has_value() && !(*regex)->Search(t.name())) continue;
-    *response->add_tensors() = std::move(t);
+  size_t bytes = 0;
+  bool cancelled = false;
+  absl::Status scanned = store_->ForEachTensor(
+      job->job_id(), request->start_after(), [&](v1::TensorInfo& t) {
+        // Work for a client that has gone stops (checked every 1024 names).
+        if (++seen % 1024 == 0 && context->IsCancelled()) {
+          cancelled = true;
+          return false;
+        }
+        if (!request->collection().empty() &&
+            std::find(t.collections().begin(), t.collections().end(), request->collection()) ==
+                t.collections().end()) {
+          return true;
+        }
+        if (regex->has_value() && !(*regex)->Search(t.name())) return true;
+        if (paged) {
+          bytes += t.ByteSizeLong() + 6;
+          if (response->tensors_size() > 0 &&
+              (static_cast<uint32_t>(response->tensors_size()) >= request->max_tensors() ||
+               bytes > kMaxAnswerBytes)) {
+            response->set_truncated(true);
+            return false;
+          }
+        }
+        *response->add_tensors() = std::move(t);
+        return true;
+      });
+  if (cancelled) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled ListTensors");
   }
+  if (!scanned.ok()) return ToGrpcStatus(scanned);
   return grpc::Status::OK;
 }
 

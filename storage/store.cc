@@ -446,6 +446,30 @@ absl::StatusOr<std::vector<v1::TensorInfo>> Store::ListTensors(uint64_t job_id) 
   return out;
 }
 
+absl::Status Store::ForEachTensor(uint64_t job_id, absl::string_view start_after,
+                                  const std::function<bool(v1::TensorInfo&)>& fn) {
+  const std::string prefix = TensorNamePrefix(job_id);
+  const std::string end = PrefixEnd(prefix);
+  // A name's key ends in '\0', so "name\0" sorts before every longer name
+  // that starts with it: seek just past it.
+  std::string start = prefix;
+  if (!start_after.empty()) {
+    start = TensorNameKey(job_id, start_after);
+    start.push_back('\0');
+  }
+  rocksdb::ReadOptions ro;
+  rocksdb::Slice upper(end);
+  if (!end.empty()) ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[kJobs]));
+  for (it->Seek(start); it->Valid(); it->Next()) {
+    SONDE_ASSIGN_OR_RETURN(
+        auto t, Parse<v1::TensorInfo>(
+                    absl::string_view(it->value().data(), it->value().size()), "tensor info"));
+    if (!fn(t)) break;
+  }
+  return FromRocks(it->status(), "scanning tensor names");
+}
+
 absl::StatusOr<v1::TensorRecord> Store::ReadTensor(
     uint64_t job_id, v1::Mode mode, int64_t mode_step, absl::string_view name,
     int32_t worker, const PieceFn& on_piece) {

@@ -136,6 +136,10 @@ class Store {
   // Names of every tensor ever stored for the job, with their last known
   // dtype, shape and collections.
   absl::StatusOr<std::vector<v1::TensorInfo>> ListTensors(uint64_t job_id);
+  // The same in name order from the first name after `start_after` (empty:
+  // the first), one at a time until `fn` returns false.
+  absl::Status ForEachTensor(uint64_t job_id, absl::string_view start_after,
+                             const std::function<bool(v1::TensorInfo&)>& fn);
 
   // Reads one tensor: its raw bytes piece by piece through `on_piece` (with
   // the record; not called for statistics-only tensors), then returns the

@@ -151,6 +151,31 @@ TEST(Store, SeriesIsARangeOverStepsForOneTensorOnly) {
   EXPECT_EQ(store->ListTensors(1)->size(), 2u);
 }
 
+TEST(Store, TensorNamesAreWalkedInByteOrderFromAfterAName) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  StepWrite w = Step(1, 0);
+  // Names that are prefixes of one another, and a job after this one.
+  for (const char* name : {"ab", "a", "a/b", "b", "a0"}) w.tensors.push_back(Tensor(name, 0, "x"));
+  SONDE_ASSERT_OK(store->CommitStep(w));
+  StepWrite other = Step(2, 0);
+  other.tensors.push_back(Tensor("0", 0, "x"));
+  SONDE_ASSERT_OK(store->CommitStep(other));
+  auto walk = [&](absl::string_view after, size_t most) {
+    std::vector<std::string> names;
+    SONDE_EXPECT_OK(store->ForEachTensor(1, after, [&](v1::TensorInfo& t) {
+      names.push_back(t.name());
+      return names.size() < most;
+    }));
+    return names;
+  };
+  EXPECT_EQ(walk("", 100), (std::vector<std::string>{"a", "a/b", "a0", "ab", "b"}));
+  EXPECT_EQ(walk("a", 100), (std::vector<std::string>{"a/b", "a0", "ab", "b"}));
+  EXPECT_EQ(walk("a0", 2), (std::vector<std::string>{"ab", "b"}));
+  EXPECT_EQ(walk("aa", 100), (std::vector<std::string>{"ab", "b"}));  // not itself a name
+  EXPECT_TRUE(walk("b", 100).empty());  // nothing of job 2
+}
+
 TEST(Store, WorkersOfOneStepAreKeptApartAndMergedInStepLists) {
   TempDir dir;
   auto store = OpenStore(dir.path());

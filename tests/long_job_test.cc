@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/hook.h"
 #include "client/query_client.h"
@@ -240,6 +241,66 @@ TEST(Paging, APageCutWithoutProgressIsAnError) {
   EXPECT_THAT(q->ReadSeries("any", "loss"),
               StatusIs(absl::StatusCode::kInternal, "without going past it"));
   server->Shutdown();
+}
+
+// 25,000 names of 250 bytes (7 MB of TensorInfo): more than one answer
+// carries. Before, ListTensors failed with RESOURCE_EXHAUSTED.
+TEST(Paging, ManyTensorNamesAreListedInPagesWithTheirFilters) {
+  InProcessCollector collector;
+  HookOptions o;
+  o.collector = collector.address();
+  o.job = "names";
+  o.spool_dir = "";
+  o.config.save_config = SaveConfig::Every(1);
+  o.config.include_collections = {"weights", "gradients"};
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  constexpr int kNames = 25000;
+  const std::string stem(240, 'n');
+  std::vector<float> w(1, 1.0f);
+  (*hook)->StartStep();
+  for (int t = 0; t < kNames; ++t) {
+    SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat(stem, 100000 + t), HostTensor(w.data(), {1}),
+                                        {t % 2 == 0 ? "weights" : "gradients"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+
+  auto q = QueryClient::Connect(collector.address(), absl::Seconds(60));
+  auto all = q->ListTensors("names");
+  SONDE_ASSERT_OK(all);
+  ASSERT_EQ(all->size(), static_cast<size_t>(kNames));
+  for (int t = 0; t < kNames; ++t) {
+    ASSERT_EQ((*all)[t].name(), absl::StrCat(stem, 100000 + t));  // each once, in order
+  }
+  auto gradients = q->ListTensors("names", "gradients");
+  SONDE_ASSERT_OK(gradients);
+  ASSERT_EQ(gradients->size(), static_cast<size_t>(kNames / 2));
+  EXPECT_EQ(gradients->front().name(), absl::StrCat(stem, 100001));
+  auto some = q->ListTensors("names", "", "12[0-9]{3}$");
+  SONDE_ASSERT_OK(some);
+  EXPECT_EQ(some->size(), 1000u);
+
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  v1::ListTensorsRequest req;
+  req.set_job("names");
+  req.set_max_tensors(7);
+  req.set_start_after(absl::StrCat(stem, 100010));
+  v1::ListTensorsResponse page;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(query->ListTensors(&ctx, req, &page).ok());
+  ASSERT_EQ(page.tensors_size(), 7);
+  EXPECT_TRUE(page.truncated());
+  EXPECT_EQ(page.tensors(0).name(), absl::StrCat(stem, 100011));
+  // By size alone: about 3 MiB, however many were asked for.
+  req.clear_start_after();
+  req.set_max_tensors(1000000);
+  v1::ListTensorsResponse big;
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(query->ListTensors(&ctx2, req, &big).ok());
+  EXPECT_TRUE(big.truncated());
+  EXPECT_LT(big.ByteSizeLong(), size_t{4} << 20);
+  EXPECT_GT(big.tensors_size(), 10000);
 }
 
 }  // namespace

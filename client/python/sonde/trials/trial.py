@@ -255,8 +255,21 @@ class Trial:
     # --- tensors ----------------------------------------------------------
 
     def _tensor_infos(self, collection=None):
-        request = query_pb2.ListTensorsRequest(job=self.job, collection=collection or "")
-        return self._conn.call("ListTensors", request, job=self.job).tensors
+        # In pages, so a job with many names never passes a message's limit;
+        # names come in byte order, each page after the last one's name.
+        request = query_pb2.ListTensorsRequest(job=self.job, collection=collection or "",
+                                               max_tensors=PAGE_SIZE)
+        tensors = []
+        while True:
+            response = self._conn.call("ListTensors", request, job=self.job)
+            tensors.extend(response.tensors)
+            if not response.truncated:
+                return tensors
+            if not response.tensors or response.tensors[-1].name <= request.start_after:
+                raise QueryError("the collector cut its answer of tensor names of job '{}' "
+                                 "after '{}' without going past it"
+                                 .format(self.job, request.start_after))
+            request.start_after = response.tensors[-1].name
 
     def tensor_names(self, *, step=None, mode=ModeKeys.GLOBAL, regex=None, collection=None):
         """Names of saved tensors, sorted.

@@ -400,7 +400,10 @@ def test_long_answers_are_read_in_pages(trial, monkeypatch):
              for s in steps[GLOBAL] for w in (0, 1)}
     monkeypatch.setattr(trial_module, "PAGE_SIZE", 1)
     monkeypatch.setattr(tensor_module, "PAGE_SIZE", 1)
+    names = trial.tensor_names()
+    assert len(names) > 1
     with create_trial(trial._conn.address, JOB) as paged:
+        assert paged.tensor_names() == names
         assert {m: paged.steps(mode=m) for m in modes} == steps
         t = paged.tensor("loss")
         assert {m: t.steps(mode=m) for m in modes} == loss_steps
