@@ -286,35 +286,39 @@ grpc::Status QueryService::ListSteps(grpc::ServerContext*, const v1::ListStepsRe
                                      v1::ListStepsResponse* response) {
   auto job = FindJob(store_, request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
-  auto steps = store_->ListSteps(job->job_id(), request->mode());
-  if (!steps.ok()) return ToGrpcStatus(steps.status());
   const bool by_mode_step = request->mode() == v1::MODE_TRAIN ||
                             request->mode() == v1::MODE_EVAL ||
                             request->mode() == v1::MODE_PREDICT;
   const bool paged = request->max_steps() > 0;
+  // GLOBAL's index is by its own mode steps, which need not be the global
+  // steps start_step counts (a job may switch modes): read it whole.
+  const bool seek = request->mode() != v1::MODE_GLOBAL;
   size_t bytes = 0;
-  for (auto& s : *steps) {
-    if ((by_mode_step ? s.mode_step() : s.step()) < request->start_step()) continue;
-    s.set_complete(StepComplete(s, job->world_size()));
-    for (int32_t w : MissingWorkers(s.workers(), job->world_size())) s.add_missing_workers(w);
-    if (paged) {
-      // Cut between step numbers only: the next page starts past the last
-      // one, so two entries with one number (modes that share a global
-      // step) go in one page.
-      const int n = response->steps_size();
-      const int64_t number = by_mode_step ? s.mode_step() : s.step();
-      const bool new_number =
-          n == 0 || (by_mode_step ? response->steps(n - 1).mode_step()
-                                  : response->steps(n - 1).step()) != number;
-      bytes += s.ByteSizeLong() + 6;
-      if (new_number && n > 0 &&
-          (static_cast<uint32_t>(n) >= request->max_steps() || bytes > kMaxAnswerBytes)) {
-        response->set_truncated(true);
-        break;
-      }
-    }
-    *response->add_steps() = std::move(s);
-  }
+  absl::Status scanned = store_->ForEachStep(
+      job->job_id(), request->mode(), seek ? request->start_step() : 0, [&](v1::StepInfo& s) {
+        if (!seek && s.step() < request->start_step()) return true;
+        s.set_complete(StepComplete(s, job->world_size()));
+        for (int32_t w : MissingWorkers(s.workers(), job->world_size())) s.add_missing_workers(w);
+        if (paged) {
+          // Cut between step numbers only: the next page starts past the
+          // last one, so two entries with one number (modes that share a
+          // global step) go in one page.
+          const int n = response->steps_size();
+          const int64_t number = by_mode_step ? s.mode_step() : s.step();
+          const bool new_number =
+              n == 0 || (by_mode_step ? response->steps(n - 1).mode_step()
+                                      : response->steps(n - 1).step()) != number;
+          bytes += s.ByteSizeLong() + 6;
+          if (new_number && n > 0 &&
+              (static_cast<uint32_t>(n) >= request->max_steps() || bytes > kMaxAnswerBytes)) {
+            response->set_truncated(true);
+            return false;
+          }
+        }
+        *response->add_steps() = std::move(s);
+        return true;
+      });
+  if (!scanned.ok()) return ToGrpcStatus(scanned);
   return grpc::Status::OK;
 }
 
@@ -334,19 +338,16 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
                             request->mode() == v1::MODE_EVAL ||
                             request->mode() == v1::MODE_PREDICT;
   const int64_t end = request->end_step() > 0 ? request->end_step() : -1;
-  auto points = store_->ReadSeries(job->job_id(), request->tensor(), request->mode(),
-                                   by_mode_step ? request->start_step() : 0,
-                                   by_mode_step ? end : -1, request->worker());
-  if (!points.ok()) return ToGrpcStatus(points.status());
   const bool paged = request->max_points() > 0;
   auto number = [by_mode_step](const v1::SeriesPoint& p) {
     return by_mode_step ? p.mode_step() : p.step();
   };
   size_t bytes = 0;
-  for (auto& p : *points) {
+  // Adds a point in range; false once the page is full.
+  auto add = [&](v1::SeriesPoint& p) {
     if (!by_mode_step &&
         (p.step() < request->start_step() || (end >= 0 && p.step() >= end))) {
-      continue;
+      return true;
     }
     const int n = response->points_size();
     const bool new_step = n == 0 || number(response->points(n - 1)) != number(p);
@@ -356,10 +357,27 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
       if (new_step && n > 0 &&
           (static_cast<uint32_t>(n) >= request->max_points() || bytes > kMaxAnswerBytes)) {
         response->set_truncated(true);
-        break;
+        return false;
       }
     }
     *response->add_points() = std::move(p);
+    return true;
+  };
+  if (by_mode_step) {
+    // One mode's index, from its start: a page reads what it sends.
+    absl::Status scanned = store_->ForEachSeriesPoint(job->job_id(), request->tensor(),
+                                                      request->mode(), request->start_step(),
+                                                      end, request->worker(), add);
+    if (!scanned.ok()) return ToGrpcStatus(scanned);
+    return grpc::Status::OK;
+  }
+  // Global steps: every mode's points (or GLOBAL's, whose own mode steps
+  // are not global steps) read and ordered by global step, each page anew.
+  auto points = store_->ReadSeries(job->job_id(), request->tensor(), request->mode(), 0, -1,
+                                   request->worker());
+  if (!points.ok()) return ToGrpcStatus(points.status());
+  for (auto& p : *points) {
+    if (!add(p)) break;
   }
   return grpc::Status::OK;
 }

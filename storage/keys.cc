@@ -114,9 +114,14 @@ std::string GlobalStepKey(uint64_t job_id, int64_t step, int32_t worker) {
 }
 
 std::string GlobalStepPrefix(uint64_t job_id, int64_t step) {
+  std::string k = GlobalStepsPrefix(job_id);
+  AppendI64(k, step);
+  return k;
+}
+
+std::string GlobalStepsPrefix(uint64_t job_id) {
   std::string k = "G";
   AppendU64(k, job_id);
-  AppendI64(k, step);
   return k;
 }
 

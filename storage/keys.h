@@ -91,6 +91,7 @@ std::string StepKey(uint64_t job_id, uint8_t mode, int64_t mode_step, int32_t wo
 std::string StepPrefix(uint64_t job_id, uint8_t mode);       // one mode's steps
 std::string GlobalStepKey(uint64_t job_id, int64_t step, int32_t worker);
 std::string GlobalStepPrefix(uint64_t job_id, int64_t step);  // one global step
+std::string GlobalStepsPrefix(uint64_t job_id);               // all of them
 std::string TensorNameKey(uint64_t job_id, absl::string_view name);
 std::string TensorNamePrefix(uint64_t job_id);
 

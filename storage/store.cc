@@ -376,31 +376,57 @@ absl::Status Store::PutLogPosition(uint32_t partition, const v1::LogPosition& po
 
 absl::StatusOr<std::vector<v1::StepInfo>> Store::ListSteps(uint64_t job_id, v1::Mode mode) {
   std::vector<v1::StepInfo> steps;
-  auto scan_mode = [&](uint8_t m) -> absl::Status {
-    return ScanPrefix(kJobs, StepPrefix(job_id, m),
-                      [&](absl::string_view, absl::string_view value) {
-                        SONDE_ASSIGN_OR_RETURN(auto s, Parse<v1::StepInfo>(value, "step"));
-                        if (!steps.empty() && steps.back().mode() == s.mode() &&
-                            steps.back().mode_step() == s.mode_step()) {
-                          MergeStepInfo(steps.back(), s);
-                        } else {
-                          steps.push_back(std::move(s));
-                        }
-                        return absl::OkStatus();
-                      });
-  };
-  if (mode == v1::MODE_UNSPECIFIED) {
-    for (int m = v1::MODE_TRAIN; m <= v1::MODE_GLOBAL; ++m) {
-      SONDE_RETURN_IF_ERROR(scan_mode(static_cast<uint8_t>(m)));
-    }
-    std::stable_sort(steps.begin(), steps.end(),
-                     [](const v1::StepInfo& a, const v1::StepInfo& b) {
-                       return a.step() < b.step();
-                     });
-  } else {
-    SONDE_RETURN_IF_ERROR(scan_mode(ModeKeyByte(mode)));
-  }
+  SONDE_RETURN_IF_ERROR(ForEachStep(job_id, mode, 0, [&](v1::StepInfo& s) {
+    steps.push_back(std::move(s));
+    return true;
+  }));
   return steps;
+}
+
+absl::Status Store::ForEachStep(uint64_t job_id, v1::Mode mode, int64_t start,
+                                const std::function<bool(v1::StepInfo&)>& fn) {
+  const bool every_mode = mode == v1::MODE_UNSPECIFIED;
+  // Every mode: the global step index, whose entries (one per worker) of
+  // one global step are merged by mode and mode step, in mode order. One
+  // mode: its own index, entries of one mode step merged.
+  const std::string prefix =
+      every_mode ? GlobalStepsPrefix(job_id) : StepPrefix(job_id, ModeKeyByte(mode));
+  std::string seek = prefix;
+  AppendI64(seek, std::max<int64_t>(start, 0));
+  const std::string end = PrefixEnd(prefix);
+  rocksdb::ReadOptions ro;
+  rocksdb::Slice upper(end);
+  if (!end.empty()) ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[kJobs]));
+  // The entries of the step being read, by (mode, mode step).
+  std::map<std::pair<int, int64_t>, v1::StepInfo> open;
+  int64_t open_number = -1;
+  bool stopped = false;
+  auto flush = [&] {
+    for (auto& [key, info] : open) {
+      if (!stopped && !fn(info)) stopped = true;
+    }
+    open.clear();
+  };
+  for (it->Seek(seek); it->Valid() && !stopped; it->Next()) {
+    SONDE_ASSIGN_OR_RETURN(
+        auto s, Parse<v1::StepInfo>(absl::string_view(it->value().data(), it->value().size()),
+                                    "step"));
+    const int64_t number = every_mode ? s.step() : s.mode_step();
+    if (number != open_number) {
+      flush();
+      open_number = number;
+    }
+    auto [at, added] = open.try_emplace({static_cast<int>(s.mode()), s.mode_step()});
+    if (added) {
+      at->second = std::move(s);
+    } else {
+      MergeStepInfo(at->second, s);
+    }
+  }
+  SONDE_RETURN_IF_ERROR(FromRocks(it->status(), "scanning steps"));
+  flush();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::StepInfo> Store::FindGlobalStep(uint64_t job_id, int64_t step) {
@@ -519,21 +545,11 @@ absl::StatusOr<std::vector<v1::SeriesPoint>> Store::ReadSeries(
   SONDE_RETURN_IF_ERROR(ValidateDataName("tensor name", name));
   std::vector<v1::SeriesPoint> points;
   auto scan_mode = [&](uint8_t m) -> absl::Status {
-    rocksdb::ReadOptions ro;
-    const std::string start = SeriesSeek(job_id, name, m, from);
-    const std::string end = to >= 0 ? SeriesSeek(job_id, name, m, to)
-                                    : PrefixEnd(SeriesPrefix(job_id, name, m));
-    rocksdb::Slice upper(end);
-    ro.iterate_upper_bound = &upper;
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[kSeries]));
-    for (it->Seek(start); it->Valid(); it->Next()) {
-      SONDE_ASSIGN_OR_RETURN(
-          auto p, Parse<v1::SeriesPoint>(
-                      absl::string_view(it->value().data(), it->value().size()), "series"));
-      if (worker >= 0 && p.worker() != worker) continue;
-      points.push_back(std::move(p));
-    }
-    return FromRocks(it->status(), "scanning series");
+    return ForEachSeriesPoint(job_id, name, static_cast<v1::Mode>(m), from, to, worker,
+                              [&](v1::SeriesPoint& p) {
+                                points.push_back(std::move(p));
+                                return true;
+                              });
   };
   if (mode == v1::MODE_UNSPECIFIED) {
     for (int m = v1::MODE_TRAIN; m <= v1::MODE_GLOBAL; ++m) {
@@ -547,6 +563,28 @@ absl::StatusOr<std::vector<v1::SeriesPoint>> Store::ReadSeries(
     SONDE_RETURN_IF_ERROR(scan_mode(ModeKeyByte(mode)));
   }
   return points;
+}
+
+absl::Status Store::ForEachSeriesPoint(uint64_t job_id, absl::string_view name, v1::Mode mode,
+                                       int64_t from, int64_t to, int32_t worker,
+                                       const std::function<bool(v1::SeriesPoint&)>& fn) {
+  SONDE_RETURN_IF_ERROR(ValidateDataName("tensor name", name));
+  const uint8_t m = ModeKeyByte(mode);
+  rocksdb::ReadOptions ro;
+  const std::string start = SeriesSeek(job_id, name, m, from);
+  const std::string end =
+      to >= 0 ? SeriesSeek(job_id, name, m, to) : PrefixEnd(SeriesPrefix(job_id, name, m));
+  rocksdb::Slice upper(end);
+  ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, handles_[kSeries]));
+  for (it->Seek(start); it->Valid(); it->Next()) {
+    SONDE_ASSIGN_OR_RETURN(
+        auto p, Parse<v1::SeriesPoint>(absl::string_view(it->value().data(), it->value().size()),
+                                       "series"));
+    if (worker >= 0 && p.worker() != worker) continue;
+    if (!fn(p)) break;
+  }
+  return FromRocks(it->status(), "scanning series");
 }
 
 absl::Status Store::WriteProfile(uint64_t job_id, int32_t worker, const v1::ProfileBatch& batch) {

@@ -126,6 +126,11 @@ class Store {
   // Steps of one mode (every mode for MODE_UNSPECIFIED), in step order, with
   // the workers of each step merged into one StepInfo.
   absl::StatusOr<std::vector<v1::StepInfo>> ListSteps(uint64_t job_id, v1::Mode mode);
+  // The same from step `start` on (a global step with MODE_UNSPECIFIED,
+  // else the mode's own step), one at a time until `fn` returns false: a
+  // page costs the steps it reads, not the job's.
+  absl::Status ForEachStep(uint64_t job_id, v1::Mode mode, int64_t start,
+                           const std::function<bool(v1::StepInfo&)>& fn);
   // The mode and mode step of a global step; NotFound if no worker stored it.
   absl::StatusOr<v1::StepInfo> FindGlobalStep(uint64_t job_id, int64_t step);
 
@@ -157,6 +162,11 @@ class Store {
                                                           absl::string_view name,
                                                           v1::Mode mode, int64_t from,
                                                           int64_t to, int32_t worker);
+  // One mode's points (MODE_UNSPECIFIED: GLOBAL's) in mode step order, one
+  // at a time until `fn` returns false.
+  absl::Status ForEachSeriesPoint(uint64_t job_id, absl::string_view name, v1::Mode mode,
+                                  int64_t from, int64_t to, int32_t worker,
+                                  const std::function<bool(v1::SeriesPoint&)>& fn);
 
   // Profiler data (proto/profile.proto) of one worker, written at once.
   // Keys are (worker, metric, time) and (worker, event kind, name, start,

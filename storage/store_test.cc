@@ -151,6 +151,44 @@ TEST(Store, SeriesIsARangeOverStepsForOneTensorOnly) {
   EXPECT_EQ(store->ListTensors(1)->size(), 2u);
 }
 
+TEST(Store, StepsAreWalkedFromAStepAndStopWhenAsked) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  // Global steps 0-9 in TRAIN (mode steps 0-9) and 10-14 in EVAL (mode
+  // steps 0-4), two workers each; then job 2.
+  for (int64_t step = 0; step < 15; ++step) {
+    for (int32_t worker : {0, 1}) {
+      StepWrite w = Step(1, step, worker);
+      if (step >= 10) {
+        w.step.set_mode(v1::MODE_EVAL);
+        w.step.set_mode_step(step - 10);
+      }
+      w.step.set_tensor_count(1 + worker);
+      SONDE_ASSERT_OK(store->CommitStep(w));
+    }
+  }
+  SONDE_ASSERT_OK(store->CommitStep(Step(2, 0)));
+  auto walk = [&](v1::Mode mode, int64_t start, size_t most) {
+    std::vector<std::pair<int64_t, int64_t>> seen;  // (global, mode) steps
+    SONDE_EXPECT_OK(store->ForEachStep(1, mode, start, [&](v1::StepInfo& s) {
+      EXPECT_EQ(s.workers_size(), 2) << s.step();  // merged
+      EXPECT_EQ(s.tensor_count(), 3u) << s.step();
+      seen.emplace_back(s.step(), s.mode_step());
+      return seen.size() < most;
+    }));
+    return seen;
+  };
+  using Seen = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(walk(v1::MODE_UNSPECIFIED, 8, 4), (Seen{{8, 8}, {9, 9}, {10, 0}, {11, 1}}));
+  EXPECT_EQ(walk(v1::MODE_EVAL, 3, 100), (Seen{{13, 3}, {14, 4}}));
+  EXPECT_EQ(walk(v1::MODE_TRAIN, 9, 100), (Seen{{9, 9}}));
+  EXPECT_TRUE(walk(v1::MODE_UNSPECIFIED, 15, 100).empty());  // nothing of job 2
+  auto all = store->ListSteps(1, v1::MODE_UNSPECIFIED);
+  SONDE_ASSERT_OK(all);
+  ASSERT_EQ(all->size(), 15u);
+  for (int64_t step = 0; step < 15; ++step) EXPECT_EQ((*all)[step].step(), step);
+}
+
 TEST(Store, TensorNamesAreWalkedInByteOrderFromAfterAName) {
   TempDir dir;
   auto store = OpenStore(dir.path());

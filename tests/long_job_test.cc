@@ -303,5 +303,47 @@ TEST(Paging, ManyTensorNamesAreListedInPagesWithTheirFilters) {
   EXPECT_GT(big.tensors_size(), 10000);
 }
 
+// GLOBAL's mode steps are not global steps once a job switches modes: a
+// page of GLOBAL steps from a global step still starts there.
+TEST(Paging, GlobalStepsOfAJobThatSwitchesModesPageByGlobalStep) {
+  InProcessCollector collector;
+  HookOptions o;
+  o.collector = collector.address();
+  o.job = "switching";
+  o.spool_dir = "";
+  o.config.save_config = SaveConfig::Every(1);
+  auto hook = Hook::Create(o);
+  SONDE_ASSERT_OK(hook);
+  for (int step = 0; step < 30; ++step) {
+    // Global steps 0-9 and 20-29 in GLOBAL (mode steps 0-19), 10-19 in TRAIN.
+    (*hook)->SetMode(step >= 10 && step < 20 ? v1::MODE_TRAIN : v1::MODE_GLOBAL);
+    (*hook)->StartStep();
+    SONDE_ASSERT_OK((*hook)->SaveScalar("loss", step, {"losses"}));
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  v1::ListStepsRequest req;
+  req.set_job("switching");
+  req.set_mode(v1::MODE_GLOBAL);
+  req.set_start_step(15);
+  req.set_max_steps(4);
+  v1::ListStepsResponse page;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(query->ListSteps(&ctx, req, &page).ok());
+  ASSERT_EQ(page.steps_size(), 4);
+  EXPECT_EQ(page.steps(0).step(), 20);
+  EXPECT_EQ(page.steps(0).mode_step(), 10);
+  EXPECT_TRUE(page.truncated());
+  auto q = QueryClient::Connect(collector.address());
+  auto global = q->ListSteps("switching", v1::MODE_GLOBAL);
+  SONDE_ASSERT_OK(global);
+  EXPECT_EQ(global->size(), 20u);
+  auto train = q->ListSteps("switching", v1::MODE_TRAIN);
+  SONDE_ASSERT_OK(train);
+  ASSERT_EQ(train->size(), 10u);
+  EXPECT_EQ(train->front().step(), 10);
+}
+
 }  // namespace
 }  // namespace sonde
