@@ -49,7 +49,8 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
   void OnClosing() override {
     {
       absl::MutexLock lock(&mu_);
-      end_ = grpc::Status::OK;  // the collector is shutting down
+      // The collector is shutting down.
+      if (!end_.has_value()) end_ = ClosingStatusLocked();
     }
     Pump(false);
   }
@@ -65,6 +66,12 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
   virtual absl::Status Complete(T*) { return absl::OkStatus(); }
   // Nothing more will come: the call may end with OK.
   virtual bool DoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+
+  // How the call ends when the collector shuts down: OK, unless the
+  // watcher would be left holding part of something.
+  virtual grpc::Status ClosingStatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return grpc::Status::OK;
+  }
 
   void EndLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!end_.has_value()) end_ = std::move(status);
@@ -199,10 +206,6 @@ class RuleResultsWatch final : public WatchCall<v1::RuleResult> {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// A step's records past this go in parts (gRPC's default receive limit is
-// 4 MiB, the collector sends at most 5 MiB).
-constexpr size_t kMaxPartBytes = 3 << 20;
-
 v1::CompletedStep ToCompleted(const rules::StepData& d) {
   v1::CompletedStep c;
   c.set_step(d.step);
@@ -234,7 +237,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
             grpc::StatusCode::RESOURCE_EXHAUSTED,
             absl::StrCat("this watch fell more than ", options_.max_queued_steps,
                          " steps behind the job; watch again with from_step=",
-                         sent_through_ + 1, " to go on from the last step written")));
+                         ResumeStepLocked(), " to go on from the last step written")));
       } else {
         queue_.push_back(ToCompleted(step));
       }
@@ -281,13 +284,30 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
     return absl::OkStatus();
   }
 
+  // The first step a new watch needs: the one after the last written, or
+  // the one whose parts are still being written (its parts are all sent
+  // again).
+  int64_t ResumeStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return parts_.empty() ? sent_through_ + 1 : sent_through_;
+  }
+  grpc::Status ClosingStatusLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (parts_.empty()) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("the collector is shutting down in the middle of step ",
+                                     sent_through_, "'s parts; watch again with from_step=",
+                                     sent_through_, " for all of it"));
+  }
+
   bool NextLocked(v1::CompletedStep* out, bool may_block) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!parts_.empty()) {
-      // The rest of a step cut in parts (its tensors are in already).
+      // The rest of a step cut in parts (its tensors are in already, and
+      // it is cut already: a part of one record past max_part_bytes stays
+      // as it is, its `more` too).
       *out = std::move(parts_.front());
       parts_.pop_front();
       read_stored_ = false;
+      is_part_ = true;
       return true;
     }
     if (next_backlog_ < backlog_.size()) {
@@ -302,6 +322,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
       out->set_mode_step(s.mode_step());
       sent_through_ = s.step();
       read_stored_ = true;
+      is_part_ = false;
       return true;
     }
     while (!queue_.empty() && queue_.front().step() <= sent_through_) queue_.pop_front();
@@ -310,21 +331,25 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
     queue_.pop_front();
     sent_through_ = out->step();
     read_stored_ = false;
+    is_part_ = false;
     return true;
   }
   absl::Status Complete(v1::CompletedStep* out) override {
     bool read;
+    bool part;
     {
       absl::MutexLock lock(&mu_);
       read = read_stored_;
+      part = is_part_;
     }
+    if (part) return absl::OkStatus();
     if (read) {
       absl::StatusOr<std::vector<v1::TensorRecord>> records =
           store_->TensorsAtStep(job_id_, out->mode(), out->mode_step());
       if (!records.ok()) return records.status();
       for (v1::TensorRecord& r : *records) *out->add_tensors() = std::move(r);
     }
-    if (out->ByteSizeLong() > kMaxPartBytes) Split(out);
+    if (out->ByteSizeLong() > options_.max_part_bytes) Split(out);
     return absl::OkStatus();
   }
   // A step past a message's size goes in parts: `out` keeps the first, the
@@ -343,7 +368,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
     size_t bytes = 0;
     for (v1::TensorRecord& r : *out->mutable_tensors()) {
       const size_t size = r.ByteSizeLong() + 6;
-      if (bytes + size > kMaxPartBytes && part->tensors_size() > 0) {
+      if (bytes + size > options_.max_part_bytes && part->tensors_size() > 0) {
         part = start_part();
         bytes = 0;
       }
@@ -370,6 +395,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
   std::deque<v1::CompletedStep> parts_ ABSL_GUARDED_BY(mu_);  // of the step being written
   int64_t sent_through_ ABSL_GUARDED_BY(mu_) = -1;
   bool read_stored_ ABSL_GUARDED_BY(mu_) = false;  // the message being written needs its tensors
+  bool is_part_ ABSL_GUARDED_BY(mu_) = false;      // it is a later part of a step split already
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -10,6 +10,8 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -219,6 +221,165 @@ TEST(Watch, ASlowStepsReaderIsCutOffWithWhereToResumeAndResumingLosesNothing) {
   for (int64_t i = 0; i < kSteps; ++i) EXPECT_EQ(got[i], i);
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
+  }
+}
+
+// The same cut-off when every step comes in parts (parts of 4 KB here, of
+// 3 MiB by default): where the cut falls in the middle of a step, the
+// resume point is that step, not the one after it, so resuming gets all of
+// it. Before, the hint named the next step and the cut step was lost.
+TEST(Watch, AReaderCutOffInTheMiddleOfAStepsPartsResumesAtThatStep) {
+  testing::InProcessCollector collector("", server::IngestLimits(),
+                                        [](server::CollectorOptions& o) {
+                                          o.watch.max_queued_steps = 4;
+                                          o.watch.max_part_bytes = 4096;
+                                        });
+  auto stub = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  auto hook = Hook::Create(Options(collector.address(), "parts"));
+  SONDE_ASSERT_OK(hook);
+  SONDE_ASSERT_OK((*hook)->WaitUntilConnected(absl::Seconds(20)));
+
+  grpc::CompletionQueue cq;
+  AsyncWatch<v1::CompletedStep> slow;
+  v1::WatchStepsRequest request;
+  request.set_job("parts");
+  slow.reader = stub->PrepareAsyncWatchSteps(&slow.context, request, &cq);
+  slow.reader->StartCall(&slow);
+  void* tag;
+  bool ok;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(sonde::testing::WaitUntil([&] { return collector.collector().open_watches() == 1; }));
+
+  // 300 steps of 64 records of about 300 bytes: 5 parts a step.
+  constexpr int64_t kSteps = 300;
+  constexpr int kTensors = 64;
+  std::vector<float> w(4);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    std::fill(w.begin(), w.end(), static_cast<float>(step));
+    (*hook)->StartStep();
+    for (int t = 0; t < kTensors; ++t) {
+      SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("layer", t, "/", std::string(200, 'w')),
+                                          HostTensor(w.data(), {4}), {"weights"}));
+    }
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+
+  // Tensors heard per step, and whether its last part came.
+  std::map<int64_t, int> tensors;
+  std::set<int64_t> whole;
+  v1::CompletedStep last;
+  int messages = 0;
+  while (true) {
+    slow.reader->Read(&slow.message, &slow);
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    if (!ok) break;
+    last = slow.message;
+    ++messages;
+    tensors[last.step()] += last.tensors_size();
+    if (!last.more()) whole.insert(last.step());
+  }
+  slow.reader->Finish(&slow.status, &slow);
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_EQ(slow.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << slow.status.error_message();
+  ASSERT_GT(messages, 0);
+  const std::string marker = "from_step=";
+  const std::string& message = slow.status.error_message();
+  const size_t at = message.find(marker) + marker.size();
+  ASSERT_GT(at, marker.size() - 1) << message;
+  int64_t resume = -1;
+  ASSERT_TRUE(absl::SimpleAtoi(
+      message.substr(at, message.find_first_not_of("0123456789", at) - at), &resume))
+      << message;
+  // The last message read was part of a step that was cut (more parts to
+  // come) or its end.
+  EXPECT_EQ(resume, last.more() ? last.step() : last.step() + 1)
+      << "last part read: step " << last.step() << " more=" << last.more();
+  for (int64_t s : whole) EXPECT_EQ(tensors[s], kTensors) << "step " << s;
+  std::cout << "cut after " << messages << " messages, "
+            << (last.more() ? "in the middle of step " : "after the end of step ")
+            << last.step() << "\n";
+
+  // Resuming there: every step after the whole ones, all of each.
+  grpc::ClientContext ctx;
+  request.set_from_step(resume);
+  auto reader = stub->WatchSteps(&ctx, request);
+  v1::CompletedStep c;
+  std::map<int64_t, int> resumed;
+  while (reader->Read(&c)) {
+    resumed[c.step()] += c.tensors_size();
+    if (!c.more()) whole.insert(c.step());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  for (const auto& [s, n] : resumed) EXPECT_EQ(n, kTensors) << "step " << s;
+  EXPECT_EQ(whole.size(), static_cast<size_t>(kSteps));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+// A part is cut once: a record bigger than a part on its own travels
+// alone, and the parts after the first keep their `more`. Before, each
+// later part was cut again on its way out and said it was the last.
+TEST(Watch, RecordsBiggerThanAPartGoOnePerPartAndTheStepStillJoins) {
+  testing::InProcessCollector collector("", server::IngestLimits(),
+                                        [](server::CollectorOptions& o) {
+                                          o.watch.max_part_bytes = 4096;
+                                        });
+  // Histograms of 8,192 bins: each record is over 8 KB.
+  HookOptions options = Options(collector.address(), "wide-records");
+  CollectionConfig weights;
+  weights.name = "weights";
+  weights.save_histogram = true;
+  options.config.collections = {weights};
+  options.histogram = FixedSpec(-1, 1, 8192);
+  auto hook = Hook::Create(options);
+  SONDE_ASSERT_OK(hook);
+  constexpr int kTensors = 4;
+  std::vector<float> w(1);
+  for (int64_t step = 0; step < 2; ++step) {
+    (*hook)->StartStep();
+    for (int t = 0; t < kTensors; ++t) {
+      w[0] = static_cast<float>(step * 10 + t);
+      SONDE_ASSERT_OK(
+          (*hook)->SaveTensor(absl::StrCat("t", t), HostTensor(w.data(), {1}), {"weights"}));
+    }
+  }
+  SONDE_ASSERT_OK((*hook)->Close());
+
+  auto stub = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::WatchStepsRequest request;
+  request.set_job("wide-records");
+  auto reader = stub->WatchSteps(&ctx, request);
+  std::vector<v1::CompletedStep> parts;
+  v1::CompletedStep c;
+  while (reader->Read(&c)) parts.push_back(c);
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(parts.size(), 2u * kTensors);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_EQ(parts[i].step(), static_cast<int64_t>(i / kTensors)) << "part " << i;
+    EXPECT_EQ(parts[i].tensors_size(), 1) << "part " << i;
+    EXPECT_GT(parts[i].ByteSizeLong(), 8192u) << "part " << i;
+    EXPECT_EQ(parts[i].more(), i % kTensors != kTensors - 1) << "part " << i;
+  }
+
+  auto query = QueryClient::Connect(collector.address(), absl::Seconds(30));
+  std::vector<v1::CompletedStep> joined;
+  SONDE_ASSERT_OK(query->WatchSteps(
+      "wide-records", 0,
+      [&](const v1::CompletedStep& step) {
+        joined.push_back(step);
+        return true;
+      },
+      absl::Seconds(60)));
+  ASSERT_EQ(joined.size(), 2u);
+  for (const v1::CompletedStep& step : joined) {
+    ASSERT_EQ(step.tensors_size(), kTensors);
+    for (const v1::TensorRecord& t : step.tensors()) EXPECT_EQ(t.histogram().counts_size(), 8194);
   }
 }
 
