@@ -451,12 +451,21 @@ bool Sender::TakeNextLocked(Item* item) {
     return true;
   }
   if (spilling()) {
+    const bool step_end = spill_->NextIsStepEnd();
     absl::StatusOr<SpillRecord> record = spill_->ReadNext();
     if (!record.ok()) {
-      ++counters_.tensors_dropped;
-      ++built_tensors_dropped_;  // a gap in the step whose end comes next
-      LogOnceLocked("spill-read", absl::StrCat("a spilled record is lost: ",
-                                               record.status().message()));
+      if (step_end) {
+        // The step is a gap: its tensors taken so far are dropped when the
+        // next step's data comes (DropEndlessEntryLocked), the step itself
+        // is reported with the next step end that gets through.
+        ++counters_.steps_dropped;
+        ++steps_dropped_pending_;
+      } else {
+        ++counters_.tensors_dropped;
+        ++built_tensors_dropped_;  // a gap in the step whose end comes next
+      }
+      LogOnceLocked("spill-read", absl::StrCat("a spilled ", step_end ? "step end" : "tensor",
+                                               " is lost: ", record.status().message()));
       return false;
     }
     if (record->is_step_end) {
@@ -602,6 +611,7 @@ Sender::Unacked* Sender::BuildAndAppend(Item& item, size_t* from) {
 void Sender::DropEndlessEntryLocked(const char* why) {
   Unacked& open = unacked_.back();
   counters_.tensors_dropped += open.tensors;
+  counters_.profile_batches_dropped += open.profile_batches;
   LogOnceLocked("endless-step",
                 absl::StrCat(open.tensors, " tensors of step ", open.step, " dropped: ", why,
                              "; counted and reported to the collector"));
@@ -666,6 +676,7 @@ Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>
     end->set_values_dropped(end->values_dropped() + built_values_dropped_);
     built_tensors_dropped_ = 0;
     built_values_dropped_ = 0;
+    built_step_ended_ = true;
     *end->mutable_counters() = WireCounters();
     entry->step = end->step();
     entry->complete = true;
@@ -687,6 +698,7 @@ Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>
     entry->cost += MessageCost(m);
     memory_bytes_ += MessageCost(m);
     entry->tensors += m.has_summary() || (m.has_chunk() && m.chunk().chunk_index() == 0);
+    entry->profile_batches += m.has_profile();
     entry->messages.push_back(std::move(m));
   }
   return entry;
@@ -815,8 +827,16 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
     case Item::kTensor: {
       QueuedTensor& queued = item.tensor;
       if (queued.step != built_step_number_) {
-        // The first of a step (its predecessor's end may have been lost).
+        // The first of a step.
+        if (!built_step_ended_) {
+          // Its predecessor's end was lost: that step is a gap, counted
+          // where its end was lost, its drops with it.
+          absl::MutexLock lock(&mu_);
+          built_tensors_dropped_ = 0;
+          built_values_dropped_ = 0;
+        }
         built_step_number_ = queued.step;
+        built_step_ended_ = false;
         built_step_values_ = 0;
         built_step_tensors_ = 0;
       }
@@ -1157,8 +1177,10 @@ bool Sender::SendQueued(Stream* stream) {
     size_t from = 0;
     Unacked* entry = BuildAndAppend(item, &from);
     if (restart_stream_) {
-      // What it built stays unacknowledged and goes on the next stream.
+      // What it built stays unacknowledged and goes on the next stream
+      // (spooled first if it is complete, as every complete entry).
       restart_stream_ = false;
+      if (entry != nullptr && entry->complete) SpoolEntry(entry);
       return false;
     }
     if (entry == nullptr) continue;

@@ -193,6 +193,7 @@ class Sender {
     // the collector holds its step open.
     bool partly_written = false;
     uint32_t tensors = 0;  // tensors among the messages (summaries and first chunks)
+    uint32_t profile_batches = 0;  // profiler batches among them
     uint64_t spool_index = 0;  // its segment in the spool; 0: not spooled
     bool evicted = false;      // spooled, messages dropped from memory (read back to send)
     // Steps dropped since its end was built, added to its end when first
@@ -352,6 +353,11 @@ class Sender {
   uint64_t built_step_values_ = 0;
   uint32_t built_step_tensors_ = 0;
   int64_t built_step_number_ = -1;  // the step those count
+  // Its step end was built. Where a step's tensors follow another step's
+  // without that step's end, the end was lost: the step is a gap
+  // (counted), and the drops counted for it go with it, not with the
+  // next step's end.
+  bool built_step_ended_ = true;
   // An open step whose end will never come was dropped after some of its
   // messages went out: the stream must end, so the collector lets go of it.
   bool restart_stream_ = false;

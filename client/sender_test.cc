@@ -3,7 +3,11 @@
 // the test, runs out between a step's tensors and its step end.
 #include "client/sender.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,8 +41,9 @@ QueuedTensor Tensor(const std::string& name, int64_t step) {
   return t;
 }
 
-// Step 0 loses its end to a full spill file after its six tensors were
-// taken (three in memory, three spilled); steps 1 to 3 follow. With the
+// Step 0 loses its end to a full spill file after its seven tensors were
+// taken (three in memory, four spilled, one of them unsendable); steps 1
+// to 3 follow. With the
 // collector up from the start, step 0's first tensors are on the wire
 // already when its end is lost: the stream is ended so the collector lets
 // go of the step. Otherwise they are dropped before they are sent.
@@ -73,7 +78,12 @@ void RunEndlessStep(bool collector_first) {
     ASSERT_TRUE(::sonde::testing::WaitUntil([&] { return sender.counters().messages_sent >= 4; }));
   }
   for (int i = 3; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
-  ASSERT_EQ(sender.counters().tensors_spilled, 3u);
+  // And one the sender drops when it reaches it (4095 bytes of F32): a
+  // drop counted for step 0, which goes with step 0, not with step 1's end.
+  QueuedTensor bad = Tensor("bad", 0);
+  bad.bytes.resize(bad.bytes.size() - 1);
+  ASSERT_TRUE(sender.EnqueueTensor(std::move(bad)));
+  ASSERT_EQ(sender.counters().tensors_spilled, 4u);
   const uint64_t taken = budget->room();  // the device's values took the rest
   ASSERT_TRUE(budget->TryTake(taken));
   sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
@@ -93,7 +103,7 @@ void RunEndlessStep(bool collector_first) {
   SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
   const SenderCounters c = sender.counters();
   EXPECT_EQ(c.steps_dropped, 1u);
-  EXPECT_EQ(c.tensors_dropped, 6u);  // step 0's, none of the later steps'
+  EXPECT_EQ(c.tensors_dropped, 7u);  // step 0's, none of the later steps'
   if (collector_first) {
     EXPECT_GE(c.reconnects, 1u);  // the stream that held step 0 open was ended
   }
@@ -127,6 +137,74 @@ TEST(Sender, AStepWhoseEndDidNotFitInTheSpillFileIsAGapNotARefusedStream) {
 
 TEST(Sender, AStepPartlySentWhenItsEndWasLostIsLetGoByEndingTheStream) {
   RunEndlessStep(/*collector_first=*/true);
+}
+
+// The spill file's descriptor (it is unlinked: /proc names it "(deleted)").
+int SpillFd(const std::string& dir) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.rfind(dir, 0) == 0) return std::stoi(e.path().filename().string());
+  }
+  return -1;
+}
+
+// Step 0's end is spilled and then does not read back (its last byte is
+// flipped on disk, so its CRC fails): step 0 is one lost step, counted as
+// a step and reported, and its tensors are dropped when step 1 comes.
+// Before, the lost record was counted as a tensor of step 1, which was
+// then reported incomplete, and no step was counted as lost.
+TEST(Sender, ASpilledStepEndThatDoesNotReadBackIsALostStep) {
+  CollectorLater collector;
+  TempDir spill;
+  SenderOptions o;
+  o.collector = collector.address();
+  o.hello.set_job("unreadable-end");
+  o.hello.set_world_size(1);
+  o.max_queue_bytes = 3 * (kFloats * sizeof(float) + 256);
+  o.backpressure.policy = BackpressurePolicy::kSpill;
+  o.backpressure.spill_dir = spill.path();
+  o.reconnect_min = absl::Milliseconds(20);
+  o.reconnect_max = absl::Milliseconds(200);
+  Sender sender(o);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
+  sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
+  ASSERT_EQ(sender.counters().tensors_spilled, 3u);
+  const int fd = SpillFd(spill.path());
+  ASSERT_GE(fd, 0) << "no open file under " << spill.path();
+  struct stat st;
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  char last;
+  ASSERT_EQ(::pread(fd, &last, 1, st.st_size - 1), 1);
+  last = static_cast<char>(last ^ 0x5a);
+  ASSERT_EQ(::pwrite(fd, &last, 1, st.st_size - 1), 1);
+
+  collector.Start();
+  ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), step)));
+    }
+    sender.EnqueueStepEnd(step, v1::MODE_GLOBAL, step, 0.1);
+  }
+  SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
+  const SenderCounters c = sender.counters();
+  EXPECT_EQ(c.steps_dropped, 1u);
+  EXPECT_EQ(c.tensors_dropped, 6u);
+
+  auto q = QueryClient::Connect(collector.address());
+  auto steps = q->ListSteps("unreadable-end");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 3u);
+  for (const v1::StepInfo& info : *steps) {
+    EXPECT_GE(info.step(), 1);
+    EXPECT_EQ(info.tensor_count(), 2u) << "step " << info.step();
+    EXPECT_EQ(info.tensors_dropped(), 0u) << "step " << info.step();
+    EXPECT_TRUE(info.complete()) << "step " << info.step();
+  }
+  auto job = q->GetJob("unreadable-end");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->steps_dropped(), 1u);  // its tensors are in that gap, not in tensors_dropped
 }
 
 }  // namespace

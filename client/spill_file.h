@@ -51,6 +51,8 @@ class SpillFile {
   // Bytes of the next record (0 if none): what reading it will hold in memory.
   uint64_t NextSize() const;
 
+  // The next record is a step end (false if none): what a lost record was.
+  bool NextIsStepEnd() const { return !is_step_end_.empty() && is_step_end_.front(); }
   uint64_t records() const { return sizes_.size(); }  // appended, not yet read
   uint64_t step_end_records() const { return step_ends_; }  // of those, step ends
   uint64_t file_bytes() const { return end_; }

@@ -58,6 +58,7 @@ TEST(SpillFile, RecordsComeBackInOrderAndIntactAndTheFileEmptiesWhenDrained) {
   EXPECT_GT(f.file_bytes(), 5000u);
   for (int step = 0; step < 5; ++step) {
     EXPECT_GT(f.NextSize(), 1000u);
+    EXPECT_FALSE(f.NextIsStepEnd());
     auto t = f.ReadNext();
     ASSERT_THAT(t, IsOk());
     const SpillRecord want = Tensor("w", step, 1000 + step);
@@ -74,6 +75,7 @@ TEST(SpillFile, RecordsComeBackInOrderAndIntactAndTheFileEmptiesWhenDrained) {
     EXPECT_EQ(t->tensor.histogram_spec.kind, want.tensor.histogram_spec.kind);
     EXPECT_EQ(t->tensor.histogram_spec.min_exponent, -8);
     EXPECT_EQ(t->tensor.bytes, want.tensor.bytes);
+    EXPECT_TRUE(f.NextIsStepEnd());
     auto e = f.ReadNext();
     ASSERT_THAT(e, IsOk());
     EXPECT_TRUE(e->is_step_end);
@@ -81,6 +83,7 @@ TEST(SpillFile, RecordsComeBackInOrderAndIntactAndTheFileEmptiesWhenDrained) {
     EXPECT_EQ(e->step_end.tensors_dropped(), 3u);
   }
   EXPECT_EQ(f.records(), 0u);
+  EXPECT_FALSE(f.NextIsStepEnd());
   EXPECT_EQ(f.file_bytes(), 0u);  // truncated: the disk space is back
   EXPECT_THAT(f.ReadNext(), StatusIs(absl::StatusCode::kFailedPrecondition, "no spilled"));
   // It is usable again after draining.
