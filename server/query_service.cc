@@ -1,11 +1,14 @@
 #include "server/query_service.h"
 
+#include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -36,6 +39,51 @@ bool StepComplete(const v1::StepInfo& s, int32_t world_size) {
 constexpr size_t kDefaultMaxMetricPoints = 200000;
 constexpr size_t kDefaultMaxEvents = 100000;
 constexpr size_t kMaxAnswerBytes = 3 << 20;
+
+// The first step of `mode` (its own step) whose global step is at least
+// `global`, by a search over the mode's step index (a few seeks); -1 if
+// none. Mode steps rise with global steps (ingest refuses a worker's step
+// whose mode step does not follow its last).
+absl::StatusOr<int64_t> FirstModeStepFrom(storage::Store* store, uint64_t job_id, v1::Mode mode,
+                                          int64_t global) {
+  // The global and mode step of the first stored step at or after mode step x.
+  auto first_at = [&](int64_t x) -> absl::StatusOr<std::optional<std::pair<int64_t, int64_t>>> {
+    std::optional<std::pair<int64_t, int64_t>> found;
+    absl::Status s = store->ForEachStep(job_id, mode, x, [&](v1::StepInfo& info) {
+      found.emplace(info.step(), info.mode_step());
+      return false;
+    });
+    if (!s.ok()) return s;
+    return found;
+  };
+  auto reaches = [&](const std::optional<std::pair<int64_t, int64_t>>& f) {
+    return !f.has_value() || f->first >= global;
+  };
+  SONDE_ASSIGN_OR_RETURN(auto first, first_at(0));
+  if (!first.has_value()) return -1;
+  if (first->first >= global) return first->second;
+  // first_at(lo) falls short; grow hi until first_at(hi) reaches.
+  int64_t lo = first->second;
+  int64_t hi = lo + 1;
+  while (true) {
+    SONDE_ASSIGN_OR_RETURN(auto f, first_at(hi));
+    if (reaches(f)) break;
+    lo = f->second;
+    if (hi > (std::numeric_limits<int64_t>::max() >> 1)) return -1;
+    hi = std::max(hi * 2, lo + 1);
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    SONDE_ASSIGN_OR_RETURN(auto f, first_at(mid));
+    if (reaches(f)) {
+      hi = mid;
+    } else {
+      lo = f->second;  // short of it: at least mid
+    }
+  }
+  SONDE_ASSIGN_OR_RETURN(auto last, first_at(hi));
+  return last.has_value() ? last->second : -1;
+}
 
 absl::StatusOr<v1::JobInfo> FindJob(storage::Store* store, const std::string& job) {
   if (job.empty()) return absl::InvalidArgumentError("no job given");
@@ -372,7 +420,66 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
     return grpc::Status::OK;
   }
   // Global steps: every mode's points (or GLOBAL's, whose own mode steps
-  // are not global steps) read and ordered by global step, each page anew.
+  // are not global steps), ordered by global step. A page reads each mode
+  // from the mode step where its global step reaches start_step, a page's
+  // worth and one step more, and merges them: a mode read to its own page
+  // limit ends past the merged page's end, so nothing is missing from it.
+  if (paged) {
+    std::vector<v1::Mode> modes;
+    if (request->mode() == v1::MODE_GLOBAL) {
+      modes = {v1::MODE_GLOBAL};
+    } else {
+      modes = {v1::MODE_TRAIN, v1::MODE_EVAL, v1::MODE_PREDICT, v1::MODE_GLOBAL};
+    }
+    std::vector<v1::SeriesPoint> merged;
+    bool ordered = true;
+    for (v1::Mode mode : modes) {
+      absl::StatusOr<int64_t> from =
+          FirstModeStepFrom(store_, job->job_id(), mode, request->start_step());
+      if (!from.ok()) return ToGrpcStatus(from.status());
+      if (*from < 0) continue;
+      int64_t last = -1;
+      uint32_t steps = 0;
+      size_t mode_bytes = 0;
+      bool mode_full = false;
+      absl::Status scanned = store_->ForEachSeriesPoint(
+          job->job_id(), request->tensor(), mode, *from, -1, request->worker(),
+          [&](v1::SeriesPoint& p) {
+            if (p.step() < last) {
+              ordered = false;  // not in global order after all: read it whole
+              return false;
+            }
+            if (p.step() < request->start_step()) return true;
+            if (end >= 0 && p.step() >= end) return false;
+            if (p.step() != last) {
+              // One step past this mode's page is read too: the merge then
+              // sees that more follow, and cuts there or before.
+              if (mode_full) return false;
+              mode_full = steps >= request->max_points() || mode_bytes > kMaxAnswerBytes;
+              ++steps;
+            }
+            last = p.step();
+            mode_bytes += p.ByteSizeLong() + 6;
+            merged.push_back(std::move(p));
+            return true;
+          });
+      if (!scanned.ok()) return ToGrpcStatus(scanned);
+      if (!ordered) break;
+    }
+    if (ordered) {
+      std::stable_sort(merged.begin(), merged.end(),
+                       [](const v1::SeriesPoint& a, const v1::SeriesPoint& b) {
+                         return a.step() < b.step();
+                       });
+      for (auto& p : merged) {
+        if (!add(p)) break;
+      }
+      return grpc::Status::OK;
+    }
+    response->clear_points();
+    response->set_truncated(false);
+    bytes = 0;
+  }
   auto points = store_->ReadSeries(job->job_id(), request->tensor(), request->mode(), 0, -1,
                                    request->worker());
   if (!points.ok()) return ToGrpcStatus(points.status());

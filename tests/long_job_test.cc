@@ -3,8 +3,10 @@
 // its step list (511 missing workers a step) are larger than one gRPC
 // message carries (the collector sends at most 5 MiB, Python and grpcurl
 // take 4 MiB); readers page through them and get every point once.
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -343,6 +345,97 @@ TEST(Paging, GlobalStepsOfAJobThatSwitchesModesPageByGlobalStep) {
   SONDE_ASSERT_OK(train);
   ASSERT_EQ(train->size(), 10u);
   EXPECT_EQ(train->front().step(), 10);
+}
+
+// A series by global step across modes (blocks of TRAIN, EVAL, PREDICT and
+// GLOBAL steps, two workers) reads back the same in pages of any size, from
+// any start, as in one answer; the GLOBAL mode alone too. Each page reads
+// each mode from where its global steps reach the page's start, not the
+// job from its first step.
+TEST(Paging, ASeriesByGlobalStepAcrossModesPagesLikeOneRead) {
+  InProcessCollector collector;
+  constexpr int kSteps = 120;
+  const v1::Mode kBlocks[] = {v1::MODE_TRAIN, v1::MODE_EVAL, v1::MODE_TRAIN, v1::MODE_PREDICT,
+                              v1::MODE_GLOBAL, v1::MODE_TRAIN, v1::MODE_GLOBAL};
+  std::vector<std::unique_ptr<Hook>> hooks;
+  for (int worker = 0; worker < 2; ++worker) {
+    HookOptions o;
+    o.collector = collector.address();
+    o.job = "modes";
+    o.worker = worker;
+    o.world_size = 2;
+    o.spool_dir = "";
+    o.config.save_config = SaveConfig::Every(1);
+    auto hook = Hook::Create(o);
+    SONDE_ASSERT_OK(hook);
+    hooks.push_back(std::move(*hook));
+  }
+  for (int step = 0; step < kSteps; ++step) {
+    const v1::Mode mode = kBlocks[(step / 6) % 7];  // blocks of 6 steps
+    for (int worker = 0; worker < 2; ++worker) {
+      hooks[worker]->SetMode(mode);
+      hooks[worker]->StartStep();
+      // The loss on every step of worker 0, every third of worker 1.
+      if (worker == 0 || step % 3 == 0) {
+        SONDE_ASSERT_OK(hooks[worker]->SaveScalar("loss", step * 10 + worker, {"losses"}));
+      }
+    }
+  }
+  for (auto& h : hooks) SONDE_ASSERT_OK(h->Close());
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  auto read = [&](v1::Mode mode, int64_t start, uint32_t max_points,
+                  v1::ReadSeriesResponse* out) {
+    v1::ReadSeriesRequest req;
+    req.set_job("modes");
+    req.set_tensor("loss");
+    req.set_worker(-1);
+    req.set_mode(mode);
+    req.set_start_step(start);
+    req.set_max_points(max_points);
+    grpc::ClientContext ctx;
+    return query->ReadSeries(&ctx, req, out);
+  };
+  auto key = [](const v1::SeriesPoint& p) {
+    return std::make_tuple(p.step(), p.worker(), p.mode(), p.mode_step(),
+                           p.statistics().max());
+  };
+  for (v1::Mode mode : {v1::MODE_UNSPECIFIED, v1::MODE_GLOBAL}) {
+    v1::ReadSeriesResponse whole;
+    ASSERT_TRUE(read(mode, 0, 0, &whole).ok());
+    ASSERT_FALSE(whole.truncated());
+    // Every point of worker 0, a third of worker 1's (only GLOBAL's).
+    if (mode == v1::MODE_UNSPECIFIED) {
+      ASSERT_EQ(whole.points_size(), kSteps + kSteps / 3);
+    }
+    std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> want;
+    for (const auto& p : whole.points()) {
+      ASSERT_EQ(p.statistics().max(), p.step() * 10 + p.worker());
+      want.push_back(key(p));
+    }
+    ASSERT_TRUE(std::is_sorted(want.begin(), want.end()));
+    for (uint32_t page_size : {1u, 2u, 5u, 13u}) {
+      for (int64_t first : {int64_t{0}, int64_t{7}, int64_t{31}, int64_t{100}}) {
+        std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> got;
+        int64_t start = first;
+        for (int pages = 0;; ++pages) {
+          ASSERT_LT(pages, 1000) << "no end";
+          v1::ReadSeriesResponse page;
+          ASSERT_TRUE(read(mode, start, page_size, &page).ok());
+          for (const auto& p : page.points()) got.push_back(key(p));
+          if (!page.truncated()) break;
+          ASSERT_GT(page.points_size(), 0);
+          start = page.points(page.points_size() - 1).step() + 1;
+        }
+        std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> tail;
+        for (const auto& k : want) {
+          if (std::get<0>(k) >= first) tail.push_back(k);
+        }
+        EXPECT_EQ(got, tail) << "mode " << mode << ", pages of " << page_size << " from "
+                             << first;
+      }
+    }
+  }
 }
 
 }  // namespace
