@@ -285,6 +285,7 @@ void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, doub
   // collector a commit and both sides a wake-up for no data: it is not
   // sent. Completion still works, since a worker's later step passes it.
   if (open_step_tensors_ == 0 && steps_dropped_pending_ == 0) return;
+  const bool had_tensors = open_step_tensors_ > 0;
   open_step_tensors_ = 0;
   // A step with tensors on their way gets its end whatever the item limit
   // (its tensors were admitted below it, so the queue passes it by one
@@ -312,7 +313,10 @@ void Sender::EnqueueStepEnd(int64_t step, v1::Mode mode, int64_t mode_step, doub
     SpillRecord record;
     record.is_step_end = true;
     record.step_end = item.step_end;
-    if (!SpillLocked(record)) {
+    if (SpillLocked(record)) {
+      // What this end carries, should it not read back.
+      spilled_ends_.push_back({steps_dropped_pending_, had_tensors});
+    } else {
       // The step's end does not fit in the spill file: the step is a gap,
       // and the tensors of it that are queued or spilled are dropped when
       // the sender reaches them (counted).
@@ -452,14 +456,21 @@ bool Sender::TakeNextLocked(Item* item) {
   }
   if (spilling()) {
     const bool step_end = spill_->NextIsStepEnd();
+    SpilledEnd carried;
+    if (step_end && !spilled_ends_.empty()) {
+      carried = spilled_ends_.front();
+      spilled_ends_.pop_front();
+    }
     absl::StatusOr<SpillRecord> record = spill_->ReadNext();
     if (!record.ok()) {
       if (step_end) {
-        // The step is a gap: its tensors taken so far are dropped when the
-        // next step's data comes (DropEndlessEntryLocked), the step itself
-        // is reported with the next step end that gets through.
-        ++counters_.steps_dropped;
-        ++steps_dropped_pending_;
+        // The step is a gap (if it had tensors: an end sent only to carry
+        // earlier gaps is not a step): its tensors taken so far are
+        // dropped when the next step's data comes (DropEndlessEntryLocked).
+        // It, and the gaps the end carried, are reported with the next
+        // step end that gets through.
+        counters_.steps_dropped += carried.had_tensors;
+        steps_dropped_pending_ += carried.had_tensors + carried.steps_dropped;
       } else {
         ++counters_.tensors_dropped;
         ++built_tensors_dropped_;  // a gap in the step whose end comes next
@@ -595,6 +606,7 @@ void Sender::Run() {
   unacked_.clear();
   job_end_item_.reset();
   spill_.reset();
+  spilled_ends_.clear();
   spilled_device_.clear();
   memory_bytes_ = 0;
   device_reserved_ = 0;
@@ -671,6 +683,12 @@ Sender::Unacked* Sender::AppendLocked(Item& item, std::vector<v1::ClientMessage>
     // The step's tensors are the entry's summaries and first chunks,
     // whichever stream carried them.
     v1::StepEnd* end = messages[0].mutable_step_end();
+    if (!built_step_ended_ && built_step_number_ != end->step()) {
+      // The step built last lost its end, and no tensor of this step came
+      // to say so (BuildMessages): its drops go with it, not with this end.
+      built_tensors_dropped_ = 0;
+      built_values_dropped_ = 0;
+    }
     end->set_tensor_count(entry->tensors);
     end->set_tensors_dropped(end->tensors_dropped() + built_tensors_dropped_);
     end->set_values_dropped(end->values_dropped() + built_values_dropped_);

@@ -292,6 +292,14 @@ class Sender {
   // their tensors are dropped as the sender reaches them, since the
   // collector refuses a step's data until the previous step has ended.
   std::vector<int64_t> endless_steps_ ABSL_GUARDED_BY(mu_);
+  // The spilled step ends, oldest first: the gaps each carries
+  // (StepEnd.steps_dropped) and whether its step had tensors, counted if
+  // the record does not read back.
+  struct SpilledEnd {
+    uint64_t steps_dropped = 0;
+    bool had_tensors = false;
+  };
+  std::deque<SpilledEnd> spilled_ends_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_dropped_pending_ ABSL_GUARDED_BY(mu_) = 0;  // not yet reported
   // Device tensors whose loss the sender thread found while building their
   // messages: added to the next step end it builds (the same step's).

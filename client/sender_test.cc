@@ -149,6 +149,19 @@ int SpillFd(const std::string& dir) {
   return -1;
 }
 
+// Flips the last byte of the spill file under `dir`: the last record
+// spilled fails its CRC when read back.
+void CorruptLastSpilledRecord(const std::string& dir) {
+  const int fd = SpillFd(dir);
+  ASSERT_GE(fd, 0) << "no open file under " << dir;
+  struct stat st;
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  char last;
+  ASSERT_EQ(::pread(fd, &last, 1, st.st_size - 1), 1);
+  last = static_cast<char>(last ^ 0x5a);
+  ASSERT_EQ(::pwrite(fd, &last, 1, st.st_size - 1), 1);
+}
+
 // Step 0's end is spilled and then does not read back (its last byte is
 // flipped on disk, so its CRC fails): step 0 is one lost step, counted as
 // a step and reported, and its tensors are dropped when step 1 comes.
@@ -170,14 +183,7 @@ TEST(Sender, ASpilledStepEndThatDoesNotReadBackIsALostStep) {
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
   sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
   ASSERT_EQ(sender.counters().tensors_spilled, 3u);
-  const int fd = SpillFd(spill.path());
-  ASSERT_GE(fd, 0) << "no open file under " << spill.path();
-  struct stat st;
-  ASSERT_EQ(::fstat(fd, &st), 0);
-  char last;
-  ASSERT_EQ(::pread(fd, &last, 1, st.st_size - 1), 1);
-  last = static_cast<char>(last ^ 0x5a);
-  ASSERT_EQ(::pwrite(fd, &last, 1, st.st_size - 1), 1);
+  ASSERT_NO_FATAL_FAILURE(CorruptLastSpilledRecord(spill.path()));
 
   collector.Start();
   ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
@@ -205,6 +211,60 @@ TEST(Sender, ASpilledStepEndThatDoesNotReadBackIsALostStep) {
   auto job = q->GetJob("unreadable-end");
   SONDE_ASSERT_OK(job);
   EXPECT_EQ(job->steps_dropped(), 1u);  // its tensors are in that gap, not in tensors_dropped
+}
+
+// A lost spilled step end also loses what it carried: step 0's end did
+// not fit in the spill file, so step 1's end carries that gap; step 1's
+// end then does not read back. Both steps reach the collector as gaps.
+// Before, step 0's gap went with step 1's lost end (the job said 1 step
+// dropped, not 2).
+TEST(Sender, ALostSpilledStepEndLosesNoGapItCarried) {
+  CollectorLater collector;
+  TempDir spill;
+  auto budget = std::make_shared<SpillBudget>(uint64_t{64} << 20);
+  SenderOptions o;
+  o.collector = collector.address();
+  o.hello.set_job("carried");
+  o.hello.set_world_size(1);
+  o.max_queue_bytes = 3 * (kFloats * sizeof(float) + 256);
+  o.backpressure.policy = BackpressurePolicy::kSpill;
+  o.backpressure.spill_dir = spill.path();
+  o.spill_budget = budget;
+  o.reconnect_min = absl::Milliseconds(20);
+  o.reconnect_max = absl::Milliseconds(200);
+  Sender sender(o);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
+  const uint64_t taken = budget->room();
+  ASSERT_TRUE(budget->TryTake(taken));
+  sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);  // does not fit: a gap
+  budget->Give(taken);
+  ASSERT_EQ(sender.counters().steps_dropped, 1u);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 1)));
+  sender.EnqueueStepEnd(1, v1::MODE_GLOBAL, 1, 0.1);  // spilled, carrying step 0's gap
+  ASSERT_NO_FATAL_FAILURE(CorruptLastSpilledRecord(spill.path()));
+
+  collector.Start();
+  ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
+  for (int64_t step = 2; step <= 3; ++step) {
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), step)));
+    }
+    sender.EnqueueStepEnd(step, v1::MODE_GLOBAL, step, 0.1);
+  }
+  SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
+  EXPECT_EQ(sender.counters().steps_dropped, 2u);
+
+  auto q = QueryClient::Connect(collector.address());
+  auto steps = q->ListSteps("carried");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 2u);
+  for (const v1::StepInfo& info : *steps) {
+    EXPECT_GE(info.step(), 2);
+    EXPECT_TRUE(info.complete()) << "step " << info.step();
+  }
+  auto job = q->GetJob("carried");
+  SONDE_ASSERT_OK(job);
+  EXPECT_EQ(job->steps_dropped(), 2u);
 }
 
 }  // namespace

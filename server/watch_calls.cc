@@ -50,7 +50,7 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
     {
       absl::MutexLock lock(&mu_);
       // The collector is shutting down.
-      if (!end_.has_value()) end_ = ClosingStatusLocked();
+      EndLocked(grpc::Status::OK);
     }
     Pump(false);
   }
@@ -67,10 +67,12 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
   // Nothing more will come: the call may end with OK.
   virtual bool DoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 
-  // How the call ends when the collector shuts down: OK, unless the
-  // watcher would be left holding part of something.
-  virtual grpc::Status ClosingStatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return grpc::Status::OK;
+  // The status the call ends with, from the one recorded by EndLocked.
+  // Called when it ends, with no write or Complete in flight: what was
+  // written is settled.
+  virtual grpc::Status FinalStatusLocked(const grpc::Status& recorded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return recorded;
   }
 
   void EndLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -97,7 +99,7 @@ class WatchCall : public grpc::ServerWriteReactor<T>, public WatchSink {
       if (gone_) {
         finish = grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
       } else if (end_.has_value()) {
-        finish = *end_;
+        finish = FinalStatusLocked(*end_);
       } else if (NextLocked(&out_, may_block)) {
         writing_ = true;
       } else if (DoneLocked()) {
@@ -233,11 +235,10 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
     {
       absl::MutexLock lock(&mu_);
       if (queue_.size() >= options_.max_queued_steps) {
-        EndLocked(grpc::Status(
-            grpc::StatusCode::RESOURCE_EXHAUSTED,
-            absl::StrCat("this watch fell more than ", options_.max_queued_steps,
-                         " steps behind the job; watch again with from_step=",
-                         ResumeStepLocked(), " to go on from the last step written")));
+        // Its message says where to resume, once the write in flight (and
+        // the parts it is cut in) is settled: FinalStatusLocked.
+        EndLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "fell behind"));
+        fell_behind_ = true;
       } else {
         queue_.push_back(ToCompleted(step));
       }
@@ -290,12 +291,23 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
   int64_t ResumeStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return parts_.empty() ? sent_through_ + 1 : sent_through_;
   }
-  grpc::Status ClosingStatusLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (parts_.empty()) return grpc::Status::OK;
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        absl::StrCat("the collector is shutting down in the middle of step ",
-                                     sent_through_, "'s parts; watch again with from_step=",
-                                     sent_through_, " for all of it"));
+  grpc::Status FinalStatusLocked(const grpc::Status& recorded) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (fell_behind_) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("this watch fell more than ", options_.max_queued_steps,
+                       " steps behind the job; watch again with from_step=", ResumeStepLocked(),
+                       " to go on from the last step written"));
+    }
+    if (recorded.ok() && !parts_.empty()) {
+      // The collector is shutting down between a step's parts.
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("the collector is shutting down in the middle of step ",
+                                       sent_through_, "'s parts; watch again with from_step=",
+                                       sent_through_, " for all of it"));
+    }
+    return recorded;
   }
 
   bool NextLocked(v1::CompletedStep* out, bool may_block) override
@@ -395,6 +407,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
   std::deque<v1::CompletedStep> parts_ ABSL_GUARDED_BY(mu_);  // of the step being written
   int64_t sent_through_ ABSL_GUARDED_BY(mu_) = -1;
   bool read_stored_ ABSL_GUARDED_BY(mu_) = false;  // the message being written needs its tensors
+  bool fell_behind_ ABSL_GUARDED_BY(mu_) = false;  // ended for max_queued_steps
   bool is_part_ ABSL_GUARDED_BY(mu_) = false;      // it is a later part of a step split already
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
