@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -40,48 +41,44 @@ constexpr size_t kDefaultMaxMetricPoints = 200000;
 constexpr size_t kDefaultMaxEvents = 100000;
 constexpr size_t kMaxAnswerBytes = 3 << 20;
 
-// The first step of `mode` (its own step) whose global step is at least
-// `global`, by a search over the mode's step index (a few seeks); -1 if
-// none. Mode steps rise with global steps (ingest refuses a worker's step
-// whose mode step does not follow its last).
-absl::StatusOr<int64_t> FirstModeStepFrom(storage::Store* store, uint64_t job_id, v1::Mode mode,
-                                          int64_t global) {
-  // The global and mode step of the first stored step at or after mode step x.
-  auto first_at = [&](int64_t x) -> absl::StatusOr<std::optional<std::pair<int64_t, int64_t>>> {
-    std::optional<std::pair<int64_t, int64_t>> found;
-    absl::Status s = store->ForEachStep(job_id, mode, x, [&](v1::StepInfo& info) {
-      found.emplace(info.step(), info.mode_step());
-      return false;
-    });
-    if (!s.ok()) return s;
-    return found;
-  };
-  auto reaches = [&](const std::optional<std::pair<int64_t, int64_t>>& f) {
-    return !f.has_value() || f->first >= global;
-  };
-  SONDE_ASSIGN_OR_RETURN(auto first, first_at(0));
+// Where a series by global step starts in one mode: the global and mode
+// step of the first point at or after mode step x, none if there is none.
+using FirstPoint = std::optional<std::pair<int64_t, int64_t>>;
+using FirstPointFn = std::function<absl::StatusOr<FirstPoint>(int64_t x)>;
+
+// The first mode step whose point's global step is at least `global`, by
+// an exponential and then a binary search of `first_at` (a few seeks); -1
+// if none. Sound where global steps rise with mode steps, as in one
+// worker's points (the hook counts both up together; ingest refuses a
+// stream's step whose mode step does not follow its last).
+absl::StatusOr<int64_t> FirstModeStepFrom(const FirstPointFn& first_at, int64_t global) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto reaches = [&](const FirstPoint& f) { return !f.has_value() || f->first >= global; };
+  SONDE_ASSIGN_OR_RETURN(FirstPoint first, first_at(0));
   if (!first.has_value()) return -1;
   if (first->first >= global) return first->second;
-  // first_at(lo) falls short; grow hi until first_at(hi) reaches.
+  // first_at(lo) falls short; grow hi from lo until first_at(hi) reaches.
   int64_t lo = first->second;
-  int64_t hi = lo + 1;
+  int64_t hi = lo;
+  int64_t stride = 1;
   while (true) {
-    SONDE_ASSIGN_OR_RETURN(auto f, first_at(hi));
+    if (lo == kMax) return -1;
+    hi = lo > kMax - stride ? kMax : lo + stride;
+    SONDE_ASSIGN_OR_RETURN(FirstPoint f, first_at(hi));
     if (reaches(f)) break;
-    lo = f->second;
-    if (hi > (std::numeric_limits<int64_t>::max() >> 1)) return -1;
-    hi = std::max(hi * 2, lo + 1);
+    lo = f->second;  // at or past hi, and short
+    if (stride <= kMax / 2) stride *= 2;
   }
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
-    SONDE_ASSIGN_OR_RETURN(auto f, first_at(mid));
+    SONDE_ASSIGN_OR_RETURN(FirstPoint f, first_at(mid));
     if (reaches(f)) {
       hi = mid;
     } else {
-      lo = f->second;  // short of it: at least mid
+      lo = f->second;  // short of it, at mid or past it (below hi)
     }
   }
-  SONDE_ASSIGN_OR_RETURN(auto last, first_at(hi));
+  SONDE_ASSIGN_OR_RETURN(FirstPoint last, first_at(hi));
   return last.has_value() ? last->second : -1;
 }
 
@@ -420,11 +417,20 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
     return grpc::Status::OK;
   }
   // Global steps: every mode's points (or GLOBAL's, whose own mode steps
-  // are not global steps), ordered by global step. A page reads each mode
-  // from the mode step where its global step reaches start_step, a page's
-  // worth and one step more, and merges them: a mode read to its own page
-  // limit ends past the merged page's end, so nothing is missing from it.
-  if (paged) {
+  // are not global steps), ordered by global step. For one worker's points
+  // (asked for, or the job has one), a page reads each mode from the mode
+  // step where the global steps reach start_step (searched in the series
+  // itself), a page's worth and one step more, and merges them: a mode read
+  // to its own page limit ends past the merged page's end, so nothing is
+  // missing from it. Workers' mode steps need not agree on global steps
+  // (one may have taken a step more), so every worker's points are read
+  // whole and sorted, each page anew.
+  const int32_t one_worker =
+      request->worker() >= 0 ? request->worker()
+                             : (job->worker_last_step_size() == 1
+                                    ? job->worker_last_step().begin()->first
+                                    : -1);
+  if (paged && one_worker >= 0) {
     std::vector<v1::Mode> modes;
     if (request->mode() == v1::MODE_GLOBAL) {
       modes = {v1::MODE_GLOBAL};
@@ -434,8 +440,17 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
     std::vector<v1::SeriesPoint> merged;
     bool ordered = true;
     for (v1::Mode mode : modes) {
-      absl::StatusOr<int64_t> from =
-          FirstModeStepFrom(store_, job->job_id(), mode, request->start_step());
+      auto first_at = [&](int64_t x) -> absl::StatusOr<FirstPoint> {
+        FirstPoint found;
+        absl::Status s = store_->ForEachSeriesPoint(job->job_id(), request->tensor(), mode, x,
+                                                    -1, one_worker, [&](v1::SeriesPoint& p) {
+                                                      found.emplace(p.step(), p.mode_step());
+                                                      return false;
+                                                    });
+        if (!s.ok()) return s;
+        return found;
+      };
+      absl::StatusOr<int64_t> from = FirstModeStepFrom(first_at, request->start_step());
       if (!from.ok()) return ToGrpcStatus(from.status());
       if (*from < 0) continue;
       int64_t last = -1;
@@ -443,7 +458,7 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
       size_t mode_bytes = 0;
       bool mode_full = false;
       absl::Status scanned = store_->ForEachSeriesPoint(
-          job->job_id(), request->tensor(), mode, *from, -1, request->worker(),
+          job->job_id(), request->tensor(), mode, *from, -1, one_worker,
           [&](v1::SeriesPoint& p) {
             if (p.step() < last) {
               ordered = false;  // not in global order after all: read it whole
@@ -483,6 +498,11 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
   auto points = store_->ReadSeries(job->job_id(), request->tensor(), request->mode(), 0, -1,
                                    request->worker());
   if (!points.ok()) return ToGrpcStatus(points.status());
+  // (GLOBAL's points come in its own steps' order: by global step here.)
+  std::stable_sort(points->begin(), points->end(),
+                   [](const v1::SeriesPoint& a, const v1::SeriesPoint& b) {
+                     return a.step() < b.step();
+                   });
   for (auto& p : *points) {
     if (!add(p)) break;
   }

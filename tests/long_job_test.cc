@@ -349,9 +349,11 @@ TEST(Paging, GlobalStepsOfAJobThatSwitchesModesPageByGlobalStep) {
 
 // A series by global step across modes (blocks of TRAIN, EVAL, PREDICT and
 // GLOBAL steps, two workers) reads back the same in pages of any size, from
-// any start, as in one answer; the GLOBAL mode alone too. Each page reads
-// each mode from where its global steps reach the page's start, not the
-// job from its first step.
+// any start, as in one answer; the GLOBAL mode alone too; every worker's
+// points and each worker's. Worker 1 takes one TRAIN step more first, so
+// the workers' mode steps disagree on global steps. (A page of one
+// worker's points reads each mode from where its global steps reach the
+// page's start, not the job from its first step.)
 TEST(Paging, ASeriesByGlobalStepAcrossModesPagesLikeOneRead) {
   InProcessCollector collector;
   constexpr int kSteps = 120;
@@ -370,6 +372,9 @@ TEST(Paging, ASeriesByGlobalStepAcrossModesPagesLikeOneRead) {
     SONDE_ASSERT_OK(hook);
     hooks.push_back(std::move(*hook));
   }
+  hooks[1]->SetMode(v1::MODE_TRAIN);
+  hooks[1]->StartStep();  // global step 0, TRAIN step 0 of worker 1 only
+  SONDE_ASSERT_OK(hooks[1]->SaveScalar("loss", 1, {"losses"}));
   for (int step = 0; step < kSteps; ++step) {
     const v1::Mode mode = kBlocks[(step / 6) % 7];  // blocks of 6 steps
     for (int worker = 0; worker < 2; ++worker) {
@@ -377,19 +382,21 @@ TEST(Paging, ASeriesByGlobalStepAcrossModesPagesLikeOneRead) {
       hooks[worker]->StartStep();
       // The loss on every step of worker 0, every third of worker 1.
       if (worker == 0 || step % 3 == 0) {
-        SONDE_ASSERT_OK(hooks[worker]->SaveScalar("loss", step * 10 + worker, {"losses"}));
+        // Worker 1's global steps are one past the loop's.
+        SONDE_ASSERT_OK(
+            hooks[worker]->SaveScalar("loss", (step + worker) * 10 + worker, {"losses"}));
       }
     }
   }
   for (auto& h : hooks) SONDE_ASSERT_OK(h->Close());
   auto query = v1::Query::NewStub(
       grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
-  auto read = [&](v1::Mode mode, int64_t start, uint32_t max_points,
+  auto read = [&](v1::Mode mode, int32_t worker, int64_t start, uint32_t max_points,
                   v1::ReadSeriesResponse* out) {
     v1::ReadSeriesRequest req;
     req.set_job("modes");
     req.set_tensor("loss");
-    req.set_worker(-1);
+    req.set_worker(worker);
     req.set_mode(mode);
     req.set_start_step(start);
     req.set_max_points(max_points);
@@ -401,38 +408,45 @@ TEST(Paging, ASeriesByGlobalStepAcrossModesPagesLikeOneRead) {
                            p.statistics().max());
   };
   for (v1::Mode mode : {v1::MODE_UNSPECIFIED, v1::MODE_GLOBAL}) {
-    v1::ReadSeriesResponse whole;
-    ASSERT_TRUE(read(mode, 0, 0, &whole).ok());
-    ASSERT_FALSE(whole.truncated());
-    // Every point of worker 0, a third of worker 1's (only GLOBAL's).
-    if (mode == v1::MODE_UNSPECIFIED) {
-      ASSERT_EQ(whole.points_size(), kSteps + kSteps / 3);
-    }
-    std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> want;
-    for (const auto& p : whole.points()) {
-      ASSERT_EQ(p.statistics().max(), p.step() * 10 + p.worker());
-      want.push_back(key(p));
-    }
-    ASSERT_TRUE(std::is_sorted(want.begin(), want.end()));
-    for (uint32_t page_size : {1u, 2u, 5u, 13u}) {
-      for (int64_t first : {int64_t{0}, int64_t{7}, int64_t{31}, int64_t{100}}) {
-        std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> got;
-        int64_t start = first;
-        for (int pages = 0;; ++pages) {
-          ASSERT_LT(pages, 1000) << "no end";
-          v1::ReadSeriesResponse page;
-          ASSERT_TRUE(read(mode, start, page_size, &page).ok());
-          for (const auto& p : page.points()) got.push_back(key(p));
-          if (!page.truncated()) break;
-          ASSERT_GT(page.points_size(), 0);
-          start = page.points(page.points_size() - 1).step() + 1;
+    for (int32_t worker : {-1, 0, 1}) {
+      v1::ReadSeriesResponse whole;
+      ASSERT_TRUE(read(mode, worker, 0, 0, &whole).ok());
+      ASSERT_FALSE(whole.truncated());
+      // Every point of worker 0, a third of worker 1's, and worker 1's first.
+      if (mode == v1::MODE_UNSPECIFIED) {
+        ASSERT_EQ(whole.points_size(),
+                  (worker <= 0 ? kSteps : 0) + (worker != 0 ? kSteps / 3 + 1 : 0));
+      } else {
+        ASSERT_GT(whole.points_size(), 0);
+      }
+      std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> want;
+      for (const auto& p : whole.points()) {
+        ASSERT_EQ(p.statistics().max(), p.step() * 10 + p.worker());
+        want.push_back(key(p));
+      }
+      ASSERT_TRUE(std::is_sorted(want.begin(), want.end(), [](const auto& a, const auto& b) {
+        return std::get<0>(a) < std::get<0>(b);
+      }));
+      for (uint32_t page_size : {1u, 2u, 5u, 13u}) {
+        for (int64_t first : {int64_t{0}, int64_t{7}, int64_t{31}, int64_t{100}}) {
+          std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> got;
+          int64_t start = first;
+          for (int pages = 0;; ++pages) {
+            ASSERT_LT(pages, 1000) << "no end";
+            v1::ReadSeriesResponse page;
+            ASSERT_TRUE(read(mode, worker, start, page_size, &page).ok());
+            for (const auto& p : page.points()) got.push_back(key(p));
+            if (!page.truncated()) break;
+            ASSERT_GT(page.points_size(), 0);
+            start = page.points(page.points_size() - 1).step() + 1;
+          }
+          std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> tail;
+          for (const auto& k : want) {
+            if (std::get<0>(k) >= first) tail.push_back(k);
+          }
+          EXPECT_EQ(got, tail) << "mode " << mode << ", worker " << worker << ", pages of "
+                               << page_size << " from " << first;
         }
-        std::vector<std::tuple<int64_t, int32_t, int, int64_t, double>> tail;
-        for (const auto& k : want) {
-          if (std::get<0>(k) >= first) tail.push_back(k);
-        }
-        EXPECT_EQ(got, tail) << "mode " << mode << ", pages of " << page_size << " from "
-                             << first;
       }
     }
   }
