@@ -41,29 +41,67 @@ QueuedTensor Tensor(const std::string& name, int64_t step) {
   return t;
 }
 
+// Three tensors in memory, queued or unacknowledged: the rest spills
+// (into `spill_dir`, charged to `budget` if given) while the collector is
+// down or the sender waits for a step's end to have it acknowledged.
+SenderOptions SpillingOptions(const std::string& address, const std::string& job,
+                              const std::string& spill_dir,
+                              std::shared_ptr<SpillBudget> budget = nullptr) {
+  SenderOptions o;
+  o.collector = address;
+  o.hello.set_job(job);
+  o.hello.set_world_size(1);
+  o.max_queue_bytes = 3 * (kFloats * sizeof(float) + 256);
+  o.backpressure.policy = BackpressurePolicy::kSpill;
+  o.backpressure.spill_dir = spill_dir;
+  if (budget != nullptr) o.spill_budget = std::move(budget);
+  o.reconnect_min = absl::Milliseconds(20);
+  o.reconnect_max = absl::Milliseconds(200);
+  return o;
+}
+
+// Steps first..last of two tensors each, with their ends.
+void SendSteps(Sender& sender, int64_t first, int64_t last) {
+  for (int64_t step = first; step <= last; ++step) {
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), step)));
+    }
+    sender.EnqueueStepEnd(step, v1::MODE_GLOBAL, step, 0.1);
+  }
+}
+
+// The collector holds steps first..last of `job` and no other, each
+// whole: its two tensors, nothing dropped, complete, its values its own.
+void ExpectStepsStoredWhole(const std::string& address, const std::string& job, int64_t first,
+                            int64_t last) {
+  auto q = QueryClient::Connect(address);
+  auto steps = q->ListSteps(job);
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), static_cast<size_t>(last - first + 1));
+  for (const v1::StepInfo& info : *steps) {
+    EXPECT_GE(info.step(), first);
+    EXPECT_EQ(info.tensor_count(), 2u) << "step " << info.step();
+    EXPECT_EQ(info.tensors_dropped(), 0u) << "step " << info.step();
+    EXPECT_TRUE(info.complete()) << "step " << info.step();
+    auto w = q->ReadTensor(job, "w1", info.step(), v1::MODE_GLOBAL);
+    SONDE_ASSERT_OK(w);
+    float value;
+    std::memcpy(&value, w->bytes.data(), sizeof(value));
+    EXPECT_EQ(value, static_cast<float>(info.step()));
+  }
+}
+
 // Step 0 loses its end to a full spill file after its seven tensors were
 // taken (three in memory, four spilled, one of them unsendable); steps 1
-// to 3 follow. With the
-// collector up from the start, step 0's first tensors are on the wire
+// to 3 follow. With the collector up from the start, step 0's first
+// tensors are on the wire
 // already when its end is lost: the stream is ended so the collector lets
 // go of the step. Otherwise they are dropped before they are sent.
 void RunEndlessStep(bool collector_first) {
   CollectorLater collector;
   TempDir spill;
   auto budget = std::make_shared<SpillBudget>(uint64_t{64} << 20);
-  SenderOptions o;
-  o.collector = collector.address();
-  o.hello.set_job("endless");
-  o.hello.set_world_size(1);
-  // Three tensors in memory, queued or unacknowledged: the rest of step 0
-  // is spilled while the collector is down and while it waits for the
-  // step's end to acknowledge it.
-  o.max_queue_bytes = 3 * (kFloats * sizeof(float) + 256);
-  o.backpressure.policy = BackpressurePolicy::kSpill;
-  o.backpressure.spill_dir = spill.path();
-  o.spill_budget = budget;
-  o.reconnect_min = absl::Milliseconds(20);
-  o.reconnect_max = absl::Milliseconds(200);
+  SenderOptions o = SpillingOptions(collector.address(), "endless", spill.path(), budget);
   if (collector_first) {
     collector.Start();
   }
@@ -94,12 +132,7 @@ void RunEndlessStep(bool collector_first) {
     collector.Start();
   }
   ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
-  for (int64_t step = 1; step <= 3; ++step) {
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), step)));
-    }
-    sender.EnqueueStepEnd(step, v1::MODE_GLOBAL, step, 0.1);
-  }
+  ASSERT_NO_FATAL_FAILURE(SendSteps(sender, 1, 3));
   SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
   const SenderCounters c = sender.counters();
   EXPECT_EQ(c.steps_dropped, 1u);
@@ -111,21 +144,8 @@ void RunEndlessStep(bool collector_first) {
   // ended the stream ("data for step 1 while step 0 is open") and step 1
   // lost what was sent of it with the refused stream.
 
+  ASSERT_NO_FATAL_FAILURE(ExpectStepsStoredWhole(collector.address(), "endless", 1, 3));
   auto q = QueryClient::Connect(collector.address());
-  auto steps = q->ListSteps("endless");
-  SONDE_ASSERT_OK(steps);
-  ASSERT_EQ(steps->size(), 3u);
-  for (const v1::StepInfo& info : *steps) {
-    EXPECT_GE(info.step(), 1);
-    EXPECT_EQ(info.tensor_count(), 2u) << "step " << info.step();
-    EXPECT_EQ(info.tensors_dropped(), 0u) << "step " << info.step();
-    EXPECT_TRUE(info.complete()) << "step " << info.step();
-    auto w = q->ReadTensor("endless", "w1", info.step(), v1::MODE_GLOBAL);
-    SONDE_ASSERT_OK(w);
-    float first;
-    std::memcpy(&first, w->bytes.data(), sizeof(first));
-    EXPECT_EQ(first, static_cast<float>(info.step()));
-  }
   auto job = q->GetJob("endless");
   SONDE_ASSERT_OK(job);
   EXPECT_EQ(job->steps_dropped(), 1u);
@@ -170,16 +190,7 @@ void CorruptLastSpilledRecord(const std::string& dir) {
 TEST(Sender, ASpilledStepEndThatDoesNotReadBackIsALostStep) {
   CollectorLater collector;
   TempDir spill;
-  SenderOptions o;
-  o.collector = collector.address();
-  o.hello.set_job("unreadable-end");
-  o.hello.set_world_size(1);
-  o.max_queue_bytes = 3 * (kFloats * sizeof(float) + 256);
-  o.backpressure.policy = BackpressurePolicy::kSpill;
-  o.backpressure.spill_dir = spill.path();
-  o.reconnect_min = absl::Milliseconds(20);
-  o.reconnect_max = absl::Milliseconds(200);
-  Sender sender(o);
+  Sender sender(SpillingOptions(collector.address(), "unreadable-end", spill.path()));
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
   sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
   ASSERT_EQ(sender.counters().tensors_spilled, 3u);
@@ -187,27 +198,14 @@ TEST(Sender, ASpilledStepEndThatDoesNotReadBackIsALostStep) {
 
   collector.Start();
   ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
-  for (int64_t step = 1; step <= 3; ++step) {
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), step)));
-    }
-    sender.EnqueueStepEnd(step, v1::MODE_GLOBAL, step, 0.1);
-  }
+  ASSERT_NO_FATAL_FAILURE(SendSteps(sender, 1, 3));
   SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
   const SenderCounters c = sender.counters();
   EXPECT_EQ(c.steps_dropped, 1u);
   EXPECT_EQ(c.tensors_dropped, 6u);
 
+  ASSERT_NO_FATAL_FAILURE(ExpectStepsStoredWhole(collector.address(), "unreadable-end", 1, 3));
   auto q = QueryClient::Connect(collector.address());
-  auto steps = q->ListSteps("unreadable-end");
-  SONDE_ASSERT_OK(steps);
-  ASSERT_EQ(steps->size(), 3u);
-  for (const v1::StepInfo& info : *steps) {
-    EXPECT_GE(info.step(), 1);
-    EXPECT_EQ(info.tensor_count(), 2u) << "step " << info.step();
-    EXPECT_EQ(info.tensors_dropped(), 0u) << "step " << info.step();
-    EXPECT_TRUE(info.complete()) << "step " << info.step();
-  }
   auto job = q->GetJob("unreadable-end");
   SONDE_ASSERT_OK(job);
   EXPECT_EQ(job->steps_dropped(), 1u);  // its tensors are in that gap, not in tensors_dropped
@@ -222,17 +220,7 @@ TEST(Sender, ALostSpilledStepEndLosesNoGapItCarried) {
   CollectorLater collector;
   TempDir spill;
   auto budget = std::make_shared<SpillBudget>(uint64_t{64} << 20);
-  SenderOptions o;
-  o.collector = collector.address();
-  o.hello.set_job("carried");
-  o.hello.set_world_size(1);
-  o.max_queue_bytes = 3 * (kFloats * sizeof(float) + 256);
-  o.backpressure.policy = BackpressurePolicy::kSpill;
-  o.backpressure.spill_dir = spill.path();
-  o.spill_budget = budget;
-  o.reconnect_min = absl::Milliseconds(20);
-  o.reconnect_max = absl::Milliseconds(200);
-  Sender sender(o);
+  Sender sender(SpillingOptions(collector.address(), "carried", spill.path(), budget));
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
   const uint64_t taken = budget->room();
   ASSERT_TRUE(budget->TryTake(taken));
@@ -245,23 +233,12 @@ TEST(Sender, ALostSpilledStepEndLosesNoGapItCarried) {
 
   collector.Start();
   ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
-  for (int64_t step = 2; step <= 3; ++step) {
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), step)));
-    }
-    sender.EnqueueStepEnd(step, v1::MODE_GLOBAL, step, 0.1);
-  }
+  ASSERT_NO_FATAL_FAILURE(SendSteps(sender, 2, 3));
   SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
   EXPECT_EQ(sender.counters().steps_dropped, 2u);
 
+  ASSERT_NO_FATAL_FAILURE(ExpectStepsStoredWhole(collector.address(), "carried", 2, 3));
   auto q = QueryClient::Connect(collector.address());
-  auto steps = q->ListSteps("carried");
-  SONDE_ASSERT_OK(steps);
-  ASSERT_EQ(steps->size(), 2u);
-  for (const v1::StepInfo& info : *steps) {
-    EXPECT_GE(info.step(), 2);
-    EXPECT_TRUE(info.complete()) << "step " << info.step();
-  }
   auto job = q->GetJob("carried");
   SONDE_ASSERT_OK(job);
   EXPECT_EQ(job->steps_dropped(), 2u);

@@ -118,21 +118,27 @@ TEST_F(LongJobTest, APageStopsWhereAskedAndTheNextStartsAfterIt) {
 }
 
 // Two workers: a page ends between steps, never between the workers of one.
-TEST(Paging, ASeriesPageHoldsEveryWorkerOfItsSteps) {
-  InProcessCollector collector;
-  std::vector<std::unique_ptr<Hook>> hooks;
+// The hooks of workers 0 and 1 of a job of two, saving every step.
+void TwoWorkers(const std::string& address, const std::string& job,
+                std::vector<std::unique_ptr<Hook>>* hooks) {
   for (int worker = 0; worker < 2; ++worker) {
     HookOptions o;
-    o.collector = collector.address();
-    o.job = "two";
+    o.collector = address;
+    o.job = job;
     o.worker = worker;
     o.world_size = 2;
     o.spool_dir = "";
     o.config.save_config = SaveConfig::Every(1);
     auto hook = Hook::Create(o);
     SONDE_ASSERT_OK(hook);
-    hooks.push_back(std::move(*hook));
+    hooks->push_back(std::move(*hook));
   }
+}
+
+TEST(Paging, ASeriesPageHoldsEveryWorkerOfItsSteps) {
+  InProcessCollector collector;
+  std::vector<std::unique_ptr<Hook>> hooks;
+  ASSERT_NO_FATAL_FAILURE(TwoWorkers(collector.address(), "two", &hooks));
   for (int step = 0; step < 5; ++step) {
     for (int worker = 0; worker < 2; ++worker) {
       hooks[worker]->StartStep();
@@ -170,19 +176,9 @@ TEST(Paging, ASeriesPageHoldsEveryWorkerOfItsSteps) {
 TEST(Paging, AStepListPageHoldsEveryEntryOfItsLastNumber) {
   InProcessCollector collector;
   std::vector<std::unique_ptr<Hook>> hooks;
-  for (int worker = 0; worker < 2; ++worker) {
-    HookOptions o;
-    o.collector = collector.address();
-    o.job = "modes";
-    o.worker = worker;
-    o.world_size = 2;
-    o.spool_dir = "";
-    o.config.save_config = SaveConfig::Every(1);
-    auto hook = Hook::Create(o);
-    SONDE_ASSERT_OK(hook);
-    (*hook)->SetMode(worker == 0 ? v1::MODE_TRAIN : v1::MODE_EVAL);
-    hooks.push_back(std::move(*hook));
-  }
+  ASSERT_NO_FATAL_FAILURE(TwoWorkers(collector.address(), "modes", &hooks));
+  hooks[0]->SetMode(v1::MODE_TRAIN);
+  hooks[1]->SetMode(v1::MODE_EVAL);
   for (int step = 0; step < 4; ++step) {
     for (int worker = 0; worker < 2; ++worker) {
       hooks[worker]->StartStep();
@@ -360,18 +356,7 @@ TEST(Paging, ASeriesByGlobalStepAcrossModesPagesLikeOneRead) {
   const v1::Mode kBlocks[] = {v1::MODE_TRAIN, v1::MODE_EVAL, v1::MODE_TRAIN, v1::MODE_PREDICT,
                               v1::MODE_GLOBAL, v1::MODE_TRAIN, v1::MODE_GLOBAL};
   std::vector<std::unique_ptr<Hook>> hooks;
-  for (int worker = 0; worker < 2; ++worker) {
-    HookOptions o;
-    o.collector = collector.address();
-    o.job = "modes";
-    o.worker = worker;
-    o.world_size = 2;
-    o.spool_dir = "";
-    o.config.save_config = SaveConfig::Every(1);
-    auto hook = Hook::Create(o);
-    SONDE_ASSERT_OK(hook);
-    hooks.push_back(std::move(*hook));
-  }
+  ASSERT_NO_FATAL_FAILURE(TwoWorkers(collector.address(), "modes", &hooks));
   hooks[1]->SetMode(v1::MODE_TRAIN);
   hooks[1]->StartStep();  // global step 0, TRAIN step 0 of worker 1 only
   SONDE_ASSERT_OK(hooks[1]->SaveScalar("loss", 1, {"losses"}));

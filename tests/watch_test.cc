@@ -138,6 +138,36 @@ TEST(Watch, AThousandOpenWatchesHoldNoThreadAndAllHearAVerdict) {
   SONDE_EXPECT_OK((*hook)->Close());
 }
 
+// Starts a WatchSteps call of `job` on `cq` that reads nothing until told,
+// and waits until the collector holds it open.
+void StartSlowWatch(v1::Query::Stub& stub, const std::string& job,
+                    testing::InProcessCollector& collector, grpc::CompletionQueue& cq,
+                    AsyncWatch<v1::CompletedStep>& slow) {
+  v1::WatchStepsRequest request;
+  request.set_job(job);
+  slow.reader = stub.PrepareAsyncWatchSteps(&slow.context, request, &cq);
+  slow.reader->StartCall(&slow);
+  void* tag;
+  bool ok;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(sonde::testing::WaitUntil([&] { return collector.collector().open_watches() == 1; }));
+}
+
+// `steps` steps of `tensors` tensors of 4 floats equal to the step, with
+// names of about 200 bytes (a step's records about 300 bytes a tensor).
+void Flood(Hook& hook, int64_t steps, int tensors) {
+  std::vector<float> w(4);
+  for (int64_t step = 0; step < steps; ++step) {
+    std::fill(w.begin(), w.end(), static_cast<float>(step));
+    hook.StartStep();
+    for (int t = 0; t < tensors; ++t) {
+      SONDE_ASSERT_OK(hook.SaveTensor(absl::StrCat("layer", t, "/", std::string(200, 'w')),
+                                      HostTensor(w.data(), {4}), {"weights"}));
+    }
+  }
+}
+
 TEST(Watch, ASlowStepsReaderIsCutOffWithWhereToResumeAndResumingLosesNothing) {
   testing::InProcessCollector collector("", server::IngestLimits(),
                                         [](server::CollectorOptions& o) {
@@ -154,27 +184,13 @@ TEST(Watch, ASlowStepsReaderIsCutOffWithWhereToResumeAndResumingLosesNothing) {
   // flow-control windows hold, so its queue fills.
   grpc::CompletionQueue cq;
   AsyncWatch<v1::CompletedStep> slow;
-  v1::WatchStepsRequest request;
-  request.set_job("flood");
-  slow.reader = stub->PrepareAsyncWatchSteps(&slow.context, request, &cq);
-  slow.reader->StartCall(&slow);
+  ASSERT_NO_FATAL_FAILURE(StartSlowWatch(*stub, "flood", collector, cq, slow));
   void* tag;
   bool ok;
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  ASSERT_TRUE(ok);
-  ASSERT_TRUE(sonde::testing::WaitUntil([&] { return collector.collector().open_watches() == 1; }));
 
   constexpr int64_t kSteps = 300;
   constexpr int kTensors = 64;
-  std::vector<float> w(4);
-  for (int64_t step = 0; step < kSteps; ++step) {
-    std::fill(w.begin(), w.end(), static_cast<float>(step));
-    (*hook)->StartStep();
-    for (int t = 0; t < kTensors; ++t) {
-      SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("layer", t, "/", std::string(200, 'w')),
-                                          HostTensor(w.data(), {4}), {"weights"}));
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(Flood(**hook, kSteps, kTensors));
   SONDE_ASSERT_OK((*hook)->Close());  // every step stored, the job ended
 
   // Now read: some steps, in order, then the cut-off.
@@ -208,6 +224,8 @@ TEST(Watch, ASlowStepsReaderIsCutOffWithWhereToResumeAndResumingLosesNothing) {
   // Resuming there gets the rest from storage, in order, and ends (the job
   // has ended).
   grpc::ClientContext ctx;
+  v1::WatchStepsRequest request;
+  request.set_job("flood");
   request.set_from_step(resume);
   auto reader = stub->WatchSteps(&ctx, request);
   v1::CompletedStep c;
@@ -242,28 +260,14 @@ TEST(Watch, AReaderCutOffInTheMiddleOfAStepsPartsResumesAtThatStep) {
 
   grpc::CompletionQueue cq;
   AsyncWatch<v1::CompletedStep> slow;
-  v1::WatchStepsRequest request;
-  request.set_job("parts");
-  slow.reader = stub->PrepareAsyncWatchSteps(&slow.context, request, &cq);
-  slow.reader->StartCall(&slow);
+  ASSERT_NO_FATAL_FAILURE(StartSlowWatch(*stub, "parts", collector, cq, slow));
   void* tag;
   bool ok;
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  ASSERT_TRUE(ok);
-  ASSERT_TRUE(sonde::testing::WaitUntil([&] { return collector.collector().open_watches() == 1; }));
 
   // 300 steps of 64 records of about 300 bytes: 5 parts a step.
   constexpr int64_t kSteps = 300;
   constexpr int kTensors = 64;
-  std::vector<float> w(4);
-  for (int64_t step = 0; step < kSteps; ++step) {
-    std::fill(w.begin(), w.end(), static_cast<float>(step));
-    (*hook)->StartStep();
-    for (int t = 0; t < kTensors; ++t) {
-      SONDE_ASSERT_OK((*hook)->SaveTensor(absl::StrCat("layer", t, "/", std::string(200, 'w')),
-                                          HostTensor(w.data(), {4}), {"weights"}));
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(Flood(**hook, kSteps, kTensors));
   SONDE_ASSERT_OK((*hook)->Close());
 
   // Tensors heard per step, and whether its last part came.
@@ -304,6 +308,8 @@ TEST(Watch, AReaderCutOffInTheMiddleOfAStepsPartsResumesAtThatStep) {
 
   // Resuming there: every step after the whole ones, all of each.
   grpc::ClientContext ctx;
+  v1::WatchStepsRequest request;
+  request.set_job("parts");
   request.set_from_step(resume);
   auto reader = stub->WatchSteps(&ctx, request);
   v1::CompletedStep c;
