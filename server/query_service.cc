@@ -423,8 +423,8 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
   // itself), a page's worth and one step more, and merges them: a mode read
   // to its own page limit ends past the merged page's end, so nothing is
   // missing from it. Workers' mode steps need not agree on global steps
-  // (one may have taken a step more), so every worker's points are read
-  // whole and sorted, each page anew.
+  // (one may have taken a step more), so every worker's points are walked
+  // by the global step index (below).
   const int32_t one_worker =
       request->worker() >= 0 ? request->worker()
                              : (job->worker_last_step_size() == 1
@@ -494,6 +494,46 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
     response->clear_points();
     response->set_truncated(false);
     bytes = 0;
+  }
+  if (paged) {
+    // Every worker's points (or one worker's out of order): walked by the
+    // global step index from start_step, reading each step's points at its
+    // mode step (one seek) and keeping those of that global step, so
+    // workers whose mode steps disagree come each at its own global step.
+    // A tensor saved on few of the steps walked costs a seek for each: past
+    // max_walked steps a page with points in it ends there
+    // (truncated), so reading the whole series walks the job's steps once.
+    const uint64_t max_walked = std::max<uint64_t>(4096, uint64_t{16} * request->max_points());
+    uint64_t walked = 0;
+    int64_t last_step = -1;
+    bool full = false;
+    absl::Status read;
+    absl::Status scanned = store_->ForEachStep(
+        job->job_id(), v1::MODE_UNSPECIFIED, request->start_step(), [&](v1::StepInfo& info) {
+          if (end >= 0 && info.step() >= end) return false;
+          if (info.step() != last_step) {
+            // Between global steps: the page may end here.
+            if (++walked > max_walked && response->points_size() > 0) {
+              response->set_truncated(true);
+              return false;
+            }
+            last_step = info.step();
+          }
+          if (request->mode() == v1::MODE_GLOBAL && info.mode() != v1::MODE_GLOBAL) return true;
+          const int64_t at = info.mode_step();
+          read = store_->ForEachSeriesPoint(
+              job->job_id(), request->tensor(), info.mode(), at,
+              at == std::numeric_limits<int64_t>::max() ? -1 : at + 1, request->worker(),
+              [&](v1::SeriesPoint& p) {
+                if (p.step() != info.step()) return true;  // another global step's
+                if (!add(p)) full = true;
+                return !full;
+              });
+          return read.ok() && !full;
+        });
+    if (!scanned.ok()) return ToGrpcStatus(scanned);
+    if (!read.ok()) return ToGrpcStatus(read);
+    return grpc::Status::OK;
   }
   auto points = store_->ReadSeries(job->job_id(), request->tensor(), request->mode(), 0, -1,
                                    request->worker());

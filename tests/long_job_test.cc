@@ -437,5 +437,59 @@ TEST(Paging, ASeriesByGlobalStepAcrossModesPagesLikeOneRead) {
   }
 }
 
+// Every worker's points of a tensor saved on few steps (3 of 6,000, the
+// other steps saving another tensor) read in pages like in one answer: a
+// page walks the global step index at most about 4,096 steps past its
+// first point before it ends, so reading on walks the job once.
+TEST(Paging, ASparseSeriesOfEveryWorkerPagesLikeOneRead) {
+  InProcessCollector collector;
+  std::vector<std::unique_ptr<Hook>> hooks;
+  ASSERT_NO_FATAL_FAILURE(TwoWorkers(collector.address(), "sparse", &hooks));
+  constexpr int kSteps = 6000;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int worker = 0; worker < 2; ++worker) {
+      hooks[worker]->StartStep();
+      SONDE_ASSERT_OK(hooks[worker]->SaveScalar("other", step, {"losses"}));
+      if (step % 2500 == 0) {
+        SONDE_ASSERT_OK(hooks[worker]->SaveScalar("loss", step * 10 + worker, {"losses"}));
+      }
+    }
+  }
+  for (auto& h : hooks) SONDE_ASSERT_OK(h->Close());
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(collector.address(), grpc::InsecureChannelCredentials()));
+  for (uint32_t page_size : {0u, 1u, 13u}) {
+    std::vector<std::pair<int64_t, int32_t>> got;
+    int64_t start = 0;
+    int pages = 0;
+    while (true) {
+      ASSERT_LT(pages++, 100) << "no end";
+      v1::ReadSeriesRequest req;
+      req.set_job("sparse");
+      req.set_tensor("loss");
+      req.set_worker(-1);
+      req.set_start_step(start);
+      req.set_max_points(page_size);
+      v1::ReadSeriesResponse page;
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(query->ReadSeries(&ctx, req, &page).ok());
+      for (const auto& p : page.points()) {
+        EXPECT_EQ(p.statistics().max(), p.step() * 10 + p.worker());
+        got.emplace_back(p.step(), p.worker());
+      }
+      if (!page.truncated()) break;
+      ASSERT_GT(page.points_size(), 0);
+      start = page.points(page.points_size() - 1).step() + 1;
+    }
+    const std::vector<std::pair<int64_t, int32_t>> want = {{0, 0},    {0, 1},    {2500, 0},
+                                                           {2500, 1}, {5000, 0}, {5000, 1}};
+    EXPECT_EQ(got, want) << "pages of " << page_size;
+    // One answer; pages of 1: a step's two workers each; pages of 13: the
+    // first ends after walking 4,096 steps (past step 2500's points), the
+    // second holds step 5000's (without the walk's end, one page of 6).
+    EXPECT_EQ(pages, page_size == 0 ? 1 : page_size == 1 ? 3 : 2) << "pages of " << page_size;
+  }
+}
+
 }  // namespace
 }  // namespace sonde
