@@ -130,6 +130,7 @@ bool Sender::SpillLocked(const SpillRecord& record) {
                   absl::StrCat("cannot spill: ", s.message(), "; dropping instead"));
     return false;
   }
+  spilled_steps_.push_back(record.is_step_end ? record.step_end.step() : record.tensor.step);
   if (!record.is_step_end) {
     ++counters_.tensors_spilled;
     counters_.bytes_spilled += record.tensor.bytes.size();
@@ -456,6 +457,11 @@ bool Sender::TakeNextLocked(Item* item) {
   }
   if (spilling()) {
     const bool step_end = spill_->NextIsStepEnd();
+    std::optional<int64_t> step;
+    if (!spilled_steps_.empty()) {
+      step = spilled_steps_.front();
+      spilled_steps_.pop_front();
+    }
     SpilledEnd carried;
     if (step_end && !spilled_ends_.empty()) {
       carried = spilled_ends_.front();
@@ -472,8 +478,10 @@ bool Sender::TakeNextLocked(Item* item) {
         counters_.steps_dropped += carried.had_tensors;
         steps_dropped_pending_ += carried.had_tensors + carried.steps_dropped;
       } else {
+        // A gap in its step (the sender is at that step's data now).
+        if (step.has_value()) EnterBuiltStepLocked(*step);
         ++counters_.tensors_dropped;
-        ++built_tensors_dropped_;  // a gap in the step whose end comes next
+        ++built_tensors_dropped_;
       }
       LogOnceLocked("spill-read", absl::StrCat("a spilled ", step_end ? "step end" : "tensor",
                                                " is lost: ", record.status().message()));
@@ -606,6 +614,7 @@ void Sender::Run() {
   unacked_.clear();
   job_end_item_.reset();
   spill_.reset();
+  spilled_steps_.clear();
   spilled_ends_.clear();
   spilled_device_.clear();
   memory_bytes_ = 0;
@@ -618,6 +627,20 @@ Sender::Unacked* Sender::BuildAndAppend(Item& item, size_t* from) {
   const bool usable = BuildMessages(item, &messages);
   absl::MutexLock lock(&mu_);
   return AppendLocked(item, messages, usable, from);
+}
+
+void Sender::EnterBuiltStepLocked(int64_t step) {
+  if (step == built_step_number_) return;
+  if (!built_step_ended_) {
+    // The step built before lost its end: it is a gap, counted where its
+    // end was lost, and its drops go with it.
+    built_tensors_dropped_ = 0;
+    built_values_dropped_ = 0;
+  }
+  built_step_number_ = step;
+  built_step_ended_ = false;
+  built_step_values_ = 0;
+  built_step_tensors_ = 0;
 }
 
 void Sender::DropEndlessEntryLocked(const char* why) {
@@ -845,18 +868,8 @@ bool Sender::BuildMessages(Item& item, std::vector<v1::ClientMessage>* out) {
     case Item::kTensor: {
       QueuedTensor& queued = item.tensor;
       if (queued.step != built_step_number_) {
-        // The first of a step.
-        if (!built_step_ended_) {
-          // Its predecessor's end was lost: that step is a gap, counted
-          // where its end was lost, its drops with it.
-          absl::MutexLock lock(&mu_);
-          built_tensors_dropped_ = 0;
-          built_values_dropped_ = 0;
-        }
-        built_step_number_ = queued.step;
-        built_step_ended_ = false;
-        built_step_values_ = 0;
-        built_step_tensors_ = 0;
+        absl::MutexLock lock(&mu_);
+        EnterBuiltStepLocked(queued.step);
       }
       absl::StatusOr<v1::Statistics> stats;
       std::optional<v1::Histogram> histogram;

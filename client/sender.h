@@ -264,6 +264,9 @@ class Sender {
   // Drops the incomplete entry at the back of unacked_ (its step's end
   // was lost), counted; ends the stream if some of it was written.
   void DropEndlessEntryLocked(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The sender is at `step`'s data (a tensor built, or one lost): the
+  // per-step counts start afresh if it is another step than the last.
+  void EnterBuiltStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogOnce(const std::string& key, const std::string& message);
   void LogOnceLocked(const std::string& key, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -300,6 +303,9 @@ class Sender {
     bool had_tensors = false;
   };
   std::deque<SpilledEnd> spilled_ends_ ABSL_GUARDED_BY(mu_);
+  // The step of each spilled record, oldest first: where a lost record's
+  // gap goes.
+  std::deque<int64_t> spilled_steps_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_dropped_pending_ ABSL_GUARDED_BY(mu_) = 0;  // not yet reported
   // Device tensors whose loss the sender thread found while building their
   // messages: added to the next step end it builds (the same step's).

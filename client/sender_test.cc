@@ -244,5 +244,43 @@ TEST(Sender, ALostSpilledStepEndLosesNoGapItCarried) {
   EXPECT_EQ(job->steps_dropped(), 2u);
 }
 
+// After step 0's spilled end is lost, a spilled tensor of step 1 does not
+// read back either: the gap is step 1's (it is stored with one tensor
+// dropped, not complete), not step 0's. Before, it was counted for step 0
+// and went with it, and step 1 was reported complete.
+TEST(Sender, ALostSpilledTensorIsAGapInItsOwnStep) {
+  CollectorLater collector;
+  TempDir spill;
+  Sender sender(SpillingOptions(collector.address(), "lost-tensor", spill.path()));
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
+  sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
+  ASSERT_NO_FATAL_FAILURE(CorruptLastSpilledRecord(spill.path()));
+  ASSERT_TRUE(sender.EnqueueTensor(Tensor("w0", 1)));
+  ASSERT_NO_FATAL_FAILURE(CorruptLastSpilledRecord(spill.path()));
+  ASSERT_TRUE(sender.EnqueueTensor(Tensor("w1", 1)));
+  sender.EnqueueStepEnd(1, v1::MODE_GLOBAL, 1, 0.1);
+  ASSERT_EQ(sender.counters().tensors_spilled, 5u);
+
+  collector.Start();
+  ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
+  ASSERT_NO_FATAL_FAILURE(SendSteps(sender, 2, 3));
+  SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
+  EXPECT_EQ(sender.counters().steps_dropped, 1u);
+  EXPECT_EQ(sender.counters().tensors_dropped, 7u);  // step 0's 6, step 1's w0
+
+  auto q = QueryClient::Connect(collector.address());
+  auto steps = q->ListSteps("lost-tensor");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 3u);
+  const v1::StepInfo& one = steps->front();
+  EXPECT_EQ(one.step(), 1);
+  EXPECT_EQ(one.tensor_count(), 1u);
+  EXPECT_EQ(one.tensors_dropped(), 1u);
+  EXPECT_FALSE(one.complete());
+  for (size_t i = 1; i < steps->size(); ++i) {
+    EXPECT_TRUE((*steps)[i].complete()) << "step " << (*steps)[i].step();
+  }
+}
+
 }  // namespace
 }  // namespace sonde
