@@ -494,6 +494,7 @@ bool Sender::TakeNextLocked(Item* item) {
       if (item->tensor.device_id != 0) {
         auto it = spilled_device_.find(item->tensor.device_id);
         if (it == spilled_device_.end()) {
+          EnterBuiltStepLocked(item->tensor.step);  // a gap in its own step
           ++counters_.tensors_dropped;
           ++built_tensors_dropped_;
           LogOnceLocked("spill-device", "a spilled device tensor's results are missing");

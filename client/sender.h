@@ -366,6 +366,8 @@ class Sender {
   uint32_t tensor_count_limit_ = 100000;
   uint64_t built_step_values_ = 0;
   uint32_t built_step_tensors_ = 0;
+  // (Written by the sender thread only, sometimes under mu_:
+  // EnterBuiltStepLocked.)
   int64_t built_step_number_ = -1;  // the step those count
   // Its step end was built. Where a step's tensors follow another step's
   // without that step's end, the end was lost: the step is a gap
