@@ -502,7 +502,8 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
     // workers whose mode steps disagree come each at its own global step.
     // A tensor saved on few of the steps walked costs a seek for each: past
     // max_walked steps a page with points in it ends there
-    // (truncated), so reading the whole series walks the job's steps once.
+    // (truncated), so reading the whole series walks the job's steps about once
+    // (the steps walked past a page's last point are walked again).
     const uint64_t max_walked = std::max<uint64_t>(4096, uint64_t{16} * request->max_points());
     uint64_t walked = 0;
     int64_t last_step = -1;
