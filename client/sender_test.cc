@@ -71,10 +71,14 @@ void SendSteps(Sender& sender, int64_t first, int64_t last) {
 }
 
 // The collector holds steps first..last of `job` and no other, each
-// whole: its two tensors, nothing dropped, complete, its values its own.
+// whole: its two tensors, nothing dropped, complete, its values its own;
+// and the job counts `steps_dropped` steps lost before them.
 void ExpectStepsStoredWhole(const std::string& address, const std::string& job, int64_t first,
-                            int64_t last) {
+                            int64_t last, uint64_t steps_dropped) {
   auto q = QueryClient::Connect(address);
+  auto info = q->GetJob(job);
+  SONDE_ASSERT_OK(info);
+  EXPECT_EQ(info->steps_dropped(), steps_dropped);
   auto steps = q->ListSteps(job);
   SONDE_ASSERT_OK(steps);
   ASSERT_EQ(steps->size(), static_cast<size_t>(last - first + 1));
@@ -144,11 +148,8 @@ void RunEndlessStep(bool collector_first) {
   // ended the stream ("data for step 1 while step 0 is open") and step 1
   // lost what was sent of it with the refused stream.
 
-  ASSERT_NO_FATAL_FAILURE(ExpectStepsStoredWhole(collector.address(), "endless", 1, 3));
-  auto q = QueryClient::Connect(collector.address());
-  auto job = q->GetJob("endless");
-  SONDE_ASSERT_OK(job);
-  EXPECT_EQ(job->steps_dropped(), 1u);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectStepsStoredWhole(collector.address(), "endless", 1, 3, 1));
 }
 
 TEST(Sender, AStepWhoseEndDidNotFitInTheSpillFileIsAGapNotARefusedStream) {
@@ -204,11 +205,9 @@ TEST(Sender, ASpilledStepEndThatDoesNotReadBackIsALostStep) {
   EXPECT_EQ(c.steps_dropped, 1u);
   EXPECT_EQ(c.tensors_dropped, 6u);
 
-  ASSERT_NO_FATAL_FAILURE(ExpectStepsStoredWhole(collector.address(), "unreadable-end", 1, 3));
-  auto q = QueryClient::Connect(collector.address());
-  auto job = q->GetJob("unreadable-end");
-  SONDE_ASSERT_OK(job);
-  EXPECT_EQ(job->steps_dropped(), 1u);  // its tensors are in that gap, not in tensors_dropped
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectStepsStoredWhole(collector.address(), "unreadable-end", 1, 3, 1));
+  // (Step 0's tensors are in that step's gap, not in tensors_dropped.)
 }
 
 // A lost spilled step end also loses what it carried: step 0's end did
@@ -237,11 +236,8 @@ TEST(Sender, ALostSpilledStepEndLosesNoGapItCarried) {
   SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
   EXPECT_EQ(sender.counters().steps_dropped, 2u);
 
-  ASSERT_NO_FATAL_FAILURE(ExpectStepsStoredWhole(collector.address(), "carried", 2, 3));
-  auto q = QueryClient::Connect(collector.address());
-  auto job = q->GetJob("carried");
-  SONDE_ASSERT_OK(job);
-  EXPECT_EQ(job->steps_dropped(), 2u);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectStepsStoredWhole(collector.address(), "carried", 2, 3, 2));
 }
 
 // After step 0's spilled end is lost, a spilled tensor of step 1 does not
