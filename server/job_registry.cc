@@ -714,6 +714,10 @@ absl::Status JobRegistry::PostExternalResult(v1::RuleResult result,
     return absl::InvalidArgumentError(
         absl::StrCat("rule result has no valid status (", static_cast<int>(result.status()), ")"));
   }
+  if (!v1::Mode_IsValid(result.mode())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rule result has an unknown mode (", static_cast<int>(result.mode()), ")"));
+  }
   for (const std::string& a : actions) {
     if (a != "StopTraining" && a != "Log") {
       return absl::InvalidArgumentError(absl::StrCat(

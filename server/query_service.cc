@@ -87,6 +87,15 @@ absl::StatusOr<v1::JobInfo> FindJob(storage::Store* store, const std::string& jo
   return store->GetJob(job);
 }
 
+// A request's mode: one the proto names (a newer client's, or a raw
+// number, would otherwise read as an empty index or as every mode).
+absl::Status CheckMode(v1::Mode mode) {
+  if (v1::Mode_IsValid(mode)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown mode ", static_cast<int>(mode),
+      " (expected MODE_UNSPECIFIED, MODE_TRAIN, MODE_EVAL, MODE_PREDICT or MODE_GLOBAL)"));
+}
+
 // A request's pattern (RE2, common/pattern.h); none for an empty one,
 // InvalidArgument naming the pattern when it does not compile.
 absl::StatusOr<std::optional<Pattern>> CompileRegex(const std::string& pattern) {
@@ -111,6 +120,7 @@ absl::StatusOr<std::pair<v1::Mode, int64_t>> ResolveStep(storage::Store* store,
 absl::Status ReadTensorImpl(storage::Store* store, const v1::ReadTensorRequest& req,
                             grpc::ServerWriter<v1::TensorChunk>* writer) {
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo job, FindJob(store, req.job()));
+  SONDE_RETURN_IF_ERROR(CheckMode(req.mode()));
   SONDE_ASSIGN_OR_RETURN(auto where, ResolveStep(store, job.job_id(), req.step(), req.mode()));
   uint32_t index = 0;
   uint64_t offset = 0;
@@ -331,6 +341,7 @@ grpc::Status QueryService::ListSteps(grpc::ServerContext*, const v1::ListStepsRe
                                      v1::ListStepsResponse* response) {
   auto job = FindJob(store_, request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
+  if (absl::Status mode = CheckMode(request->mode()); !mode.ok()) return ToGrpcStatus(mode);
   const bool by_mode_step = request->mode() == v1::MODE_TRAIN ||
                             request->mode() == v1::MODE_EVAL ||
                             request->mode() == v1::MODE_PREDICT;
@@ -379,6 +390,7 @@ grpc::Status QueryService::ReadSeries(grpc::ServerContext*, const v1::ReadSeries
   if (request->tensor().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no tensor given");
   }
+  if (absl::Status mode = CheckMode(request->mode()); !mode.ok()) return ToGrpcStatus(mode);
   const bool by_mode_step = request->mode() == v1::MODE_TRAIN ||
                             request->mode() == v1::MODE_EVAL ||
                             request->mode() == v1::MODE_PREDICT;

@@ -584,6 +584,17 @@ TEST(EndToEnd, QueriesForUnknownJobsAndTensorsSayNotFound) {
   SONDE_ASSERT_OK((*hook)->Close());
   EXPECT_THAT(q->ReadTensor("known", "w", 7), StatusIs(absl::StatusCode::kNotFound, "7"));
   EXPECT_THAT(q->ReadTensor("known", "v", 0), StatusIs(absl::StatusCode::kNotFound, "'v'"));
+  // A mode the proto does not name is refused, not read as an empty index
+  // (ListSteps, ReadTensor) or as every mode (ReadSeries).
+  const auto unknown_mode = static_cast<v1::Mode>(9);
+  EXPECT_THAT(q->ListSteps("known", unknown_mode),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown mode 9"));
+  EXPECT_THAT(q->ReadTensor("known", "w", 0, unknown_mode),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown mode 9"));
+  EXPECT_THAT(q->ReadSeries("known", "w", unknown_mode),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown mode 9"));
+  EXPECT_THAT(q->ReadSeries("known", "w", static_cast<v1::Mode>(-1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown mode -1"));
   EXPECT_THAT(q->ListTensors("known", "", "(["),
               StatusIs(absl::StatusCode::kInvalidArgument, "regex"));
   EXPECT_TRUE(q->ListJobs().ok());

@@ -154,6 +154,12 @@ TEST(ExternalRule, BadVerdictsAreRefusedWithAReason) {
   EXPECT_EQ(post(r, {}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   r.set_status(v1::RULE_STATUS_ISSUES_FOUND);
   EXPECT_EQ(post(r, {"Reboot"}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  r.set_mode(static_cast<v1::Mode>(9));
+  grpc::Status bad_mode = post(r, {});
+  EXPECT_EQ(bad_mode.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad_mode.error_message().find("unknown mode (9)"), std::string::npos)
+      << bad_mode.error_message();
+  r.set_mode(v1::MODE_TRAIN);
   r.set_job("nobody");
   EXPECT_EQ(post(r, {}).error_code(), grpc::StatusCode::NOT_FOUND);
   SONDE_ASSERT_OK((*hook)->Close());
