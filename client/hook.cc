@@ -87,6 +87,9 @@ absl::StatusOr<std::unique_ptr<Hook>> Hook::Create(HookOptions options) {
   so.await_device = [raw](const std::shared_ptr<PendingDeviceTensor>& p) {
     return raw->AwaitDevice(p);
   };
+  so.abandon_device = [raw](const std::shared_ptr<PendingDeviceTensor>& p) {
+    if (std::shared_ptr<DeviceCapture> capture = raw->Capture()) capture->Abandon(p);
+  };
   hook->sender_ = std::make_unique<Sender>(std::move(so));
   if (!hook->options_.spool_dir.empty() && hook->options_.upload_left_spools) {
     hook->uploader_ = std::thread([raw] { raw->UploadLeftSpools(); });

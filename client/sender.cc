@@ -130,7 +130,9 @@ bool Sender::SpillLocked(const SpillRecord& record) {
                   absl::StrCat("cannot spill: ", s.message(), "; dropping instead"));
     return false;
   }
-  spilled_steps_.push_back(record.is_step_end ? record.step_end.step() : record.tensor.step);
+  spilled_records_.push_back(record.is_step_end
+                                 ? SpilledRecord{record.step_end.step(), 0}
+                                 : SpilledRecord{record.tensor.step, record.tensor.device_id});
   if (!record.is_step_end) {
     ++counters_.tensors_spilled;
     counters_.bytes_spilled += record.tensor.bytes.size();
@@ -457,10 +459,10 @@ bool Sender::TakeNextLocked(Item* item) {
   }
   if (spilling()) {
     const bool step_end = spill_->NextIsStepEnd();
-    std::optional<int64_t> step;
-    if (!spilled_steps_.empty()) {
-      step = spilled_steps_.front();
-      spilled_steps_.pop_front();
+    std::optional<SpilledRecord> spilled;
+    if (!spilled_records_.empty()) {
+      spilled = spilled_records_.front();
+      spilled_records_.pop_front();
     }
     SpilledEnd carried;
     if (step_end && !spilled_ends_.empty()) {
@@ -479,7 +481,15 @@ bool Sender::TakeNextLocked(Item* item) {
         steps_dropped_pending_ += carried.had_tensors + carried.steps_dropped;
       } else {
         // A gap in its step (the sender is at that step's data now).
-        if (step.has_value()) EnterBuiltStepLocked(*step);
+        // A device tensor's results are let go of: nothing will read them.
+        if (spilled.has_value()) {
+          EnterBuiltStepLocked(spilled->step);
+          auto it = spilled_device_.find(spilled->device_id);
+          if (spilled->device_id != 0 && it != spilled_device_.end()) {
+            lost_device_.push_back(std::move(it->second));
+            spilled_device_.erase(it);
+          }
+        }
         ++counters_.tensors_dropped;
         ++built_tensors_dropped_;
       }
@@ -575,52 +585,72 @@ void Sender::Run() {
     // take what is left while this process lives on.
     spool_.reset();
   }
-  absl::MutexLock lock(&mu_);
-  // Whatever was not stored nor spooled is lost now (the collector refused
-  // the job, or Close gave up): counted, never silent.
-  uint64_t tensors = 0, steps = 0, spooled_steps = 0;
-  for (const Item& item : queue_) {
-    tensors += item.kind == Item::kTensor;
-    steps += item.kind == Item::kStepEnd;
-  }
-  for (const Unacked& u : unacked_) {
-    const bool step = u.complete && !u.job_end && !u.profile_only;
-    if (u.spool_index != 0) {
-      spooled_steps += step;
-      continue;
+  {
+    absl::MutexLock lock(&mu_);
+    // Whatever was not stored nor spooled is lost now (the collector refused
+    // the job, or Close gave up): counted, never silent.
+    uint64_t tensors = 0, steps = 0, spooled_steps = 0;
+    for (const Item& item : queue_) {
+      tensors += item.kind == Item::kTensor;
+      steps += item.kind == Item::kStepEnd;
     }
-    tensors += u.tensors;
-    steps += step;
+    for (const Unacked& u : unacked_) {
+      const bool step = u.complete && !u.job_end && !u.profile_only;
+      if (u.spool_index != 0) {
+        spooled_steps += step;
+        continue;
+      }
+      tensors += u.tensors;
+      steps += step;
+    }
+    if (std::any_of(unacked_.begin(), unacked_.end(),
+                    [](const Unacked& u) { return u.spool_index != 0; })) {
+      counters_.steps_left_in_spool += spooled_steps;
+      LOG(WARNING) << "sonde: " << spooled_steps << " steps the collector has not stored are kept "
+                   << "in the spool " << spool_path << "; `sonde sync " << options_.spool_dir
+                   << "` (or the next hook with the same spool) "
+                   << "uploads them";
+    }
+    if (spill_ != nullptr) {
+      steps += spill_->step_end_records();
+      tensors += spill_->records() - spill_->step_end_records();
+    }
+    if (tensors + steps > 0) {
+      counters_.tensors_dropped += tensors;
+      counters_.steps_dropped += steps;
+      LogOnceLocked("lost-at-end", absl::StrCat(tensors, " tensors in ", steps,
+                                                " steps were never stored: the collector refused "
+                                                "the job or did not acknowledge them in time"));
+    }
+    // Device tensors still waiting here are let go of (the hook, and its
+    // capture, may live on after a refused job).
+    for (Item& item : queue_) {
+      if (item.tensor.pending != nullptr) lost_device_.push_back(std::move(item.tensor.pending));
+    }
+    queue_.clear();
+    unacked_.clear();
+    job_end_item_.reset();
+    spill_.reset();
+    spilled_records_.clear();
+    spilled_ends_.clear();
+    for (auto& [id, pending] : spilled_device_) lost_device_.push_back(std::move(pending));
+    spilled_device_.clear();
+    memory_bytes_ = 0;
+    device_reserved_ = 0;
   }
-  if (std::any_of(unacked_.begin(), unacked_.end(),
-                  [](const Unacked& u) { return u.spool_index != 0; })) {
-    counters_.steps_left_in_spool += spooled_steps;
-    LOG(WARNING) << "sonde: " << spooled_steps << " steps the collector has not stored are kept "
-                 << "in the spool " << spool_path << "; `sonde sync "
-                 << options_.spool_dir << "` (or the next hook with the same spool) "
-                 << "uploads them";
-  }
-  if (spill_ != nullptr) {
-    steps += spill_->step_end_records();
-    tensors += spill_->records() - spill_->step_end_records();
-  }
-  if (tensors + steps > 0) {
-    counters_.tensors_dropped += tensors;
-    counters_.steps_dropped += steps;
-    LogOnceLocked("lost-at-end", absl::StrCat(tensors, " tensors in ", steps,
-                                              " steps were never stored: the collector refused "
-                                              "the job or did not acknowledge them in time"));
-  }
-  queue_.clear();
-  unacked_.clear();
-  job_end_item_.reset();
-  spill_.reset();
-  spilled_steps_.clear();
-  spilled_ends_.clear();
-  spilled_device_.clear();
-  memory_bytes_ = 0;
-  device_reserved_ = 0;
+  AbandonLostDevice();
+  absl::MutexLock lock(&mu_);
   done_ = true;
+}
+
+void Sender::AbandonLostDevice() {
+  std::vector<std::shared_ptr<PendingDeviceTensor>> lost;
+  {
+    absl::MutexLock lock(&mu_);
+    lost.swap(lost_device_);
+  }
+  if (!options_.abandon_device) return;
+  for (const auto& pending : lost) options_.abandon_device(pending);
 }
 
 Sender::Unacked* Sender::BuildAndAppend(Item& item, size_t* from) {
@@ -827,13 +857,18 @@ bool Sender::DrainToSpool(bool all) {
   bool moved = false;
   while (true) {
     Item item;
+    bool taken = false;
     {
       absl::MutexLock lock(&mu_);
       if (!spooling_) return moved;
       const bool can = all ? !queue_.empty() || spilling() || job_end_item_.has_value()
                            : !give_up_ && CanTakeLocked();
       if (!can) return moved;
-      if (!TakeNextLocked(&item)) continue;
+      taken = TakeNextLocked(&item);
+    }
+    if (!taken) {
+      AbandonLostDevice();
+      continue;
     }
     size_t from = 0;
     Unacked* entry = BuildAndAppend(item, &from);
@@ -1196,6 +1231,7 @@ bool Sender::Resend(Stream* stream, const std::vector<Unacked*>& entries) {
 bool Sender::SendQueued(Stream* stream) {
   while (true) {
     Item item;
+    bool taken = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1204,7 +1240,11 @@ bool Sender::SendQueued(Stream* stream) {
       mu_.Await(absl::Condition(&ready));
       if (job_end_acked_ && unacked_.empty()) return true;
       if (give_up_ || broken_) return false;
-      if (!TakeNextLocked(&item)) continue;
+      taken = TakeNextLocked(&item);
+    }
+    if (!taken) {
+      AbandonLostDevice();
+      continue;
     }
     size_t from = 0;
     Unacked* entry = BuildAndAppend(item, &from);

@@ -78,6 +78,11 @@ struct SenderOptions {
   // Waits for a device tensor's results (set when the hook captures device
   // tensors); the sender thread calls it.
   std::function<absl::Status(const std::shared_ptr<PendingDeviceTensor>&)> await_device;
+  // Lets go of a device tensor the sender will never wait for (its spilled
+  // record did not read back, or the sender ended first): its snapshot on
+  // the device, or its charge on this budget, is freed. Called without the
+  // sender's lock held.
+  std::function<void(const std::shared_ptr<PendingDeviceTensor>&)> abandon_device;
 };
 
 struct SenderCounters {
@@ -203,6 +208,8 @@ class Sender {
   using Stream = grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>;
 
   void Run();
+  // Hands lost_device_ to abandon_device.
+  void AbandonLostDevice() ABSL_LOCKS_EXCLUDED(mu_);
   // Streams until the stream fails or the job end is acked. Returns true
   // when done for good.
   bool StreamOnce();
@@ -303,9 +310,15 @@ class Sender {
     bool had_tensors = false;
   };
   std::deque<SpilledEnd> spilled_ends_ ABSL_GUARDED_BY(mu_);
-  // The step of each spilled record, oldest first: where a lost record's
-  // gap goes.
-  std::deque<int64_t> spilled_steps_ ABSL_GUARDED_BY(mu_);
+  // Each spilled record's step (where its gap goes if it is lost) and, for
+  // a device tensor, its device_id (what to let go of), oldest first.
+  struct SpilledRecord {
+    int64_t step = 0;
+    uint64_t device_id = 0;
+  };
+  std::deque<SpilledRecord> spilled_records_ ABSL_GUARDED_BY(mu_);
+  // Device tensors to let go of (abandon_device) once mu_ is released.
+  std::vector<std::shared_ptr<PendingDeviceTensor>> lost_device_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_dropped_pending_ ABSL_GUARDED_BY(mu_) = 0;  // not yet reported
   // Device tensors whose loss the sender thread found while building their
   // messages: added to the next step end it builds (the same step's).

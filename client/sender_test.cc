@@ -14,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/query_client.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "stats/cpu_stats.h"
 #include "tests/testing/collector_later.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -276,6 +278,93 @@ TEST(Sender, ALostSpilledTensorIsAGapInItsOwnStep) {
   for (size_t i = 1; i < steps->size(); ++i) {
     EXPECT_TRUE((*steps)[i].complete()) << "step " << (*steps)[i].step();
   }
+}
+
+// A device tensor of `step` whose statistics and values have arrived, as
+// the capture leaves it once downloaded: its values charged to the
+// sender's memory budget (ReserveHost) until the sender takes them.
+QueuedTensor DeviceTensor(Sender& sender, const std::string& name, int64_t step) {
+  QueuedTensor t = Tensor(name, step);
+  auto p = std::make_shared<PendingDeviceTensor>();
+  p->want_values = true;
+  p->values_dtype = v1::DTYPE_F32;
+  p->values_bytes = t.bytes.size();
+  p->values = std::make_unique<char[]>(t.bytes.size());
+  std::memcpy(p->values.get(), t.bytes.data(), t.bytes.size());
+  EXPECT_TRUE(CpuAccumulate(&p->stats, nullptr, t.bytes.data(), v1::DTYPE_F32, kFloats).ok());
+  p->stats_done = true;
+  p->values_done = true;
+  EXPECT_TRUE(sender.ReserveHost(t.bytes.size(), /*force=*/true));
+  p->host_reserved = t.bytes.size();
+  t.bytes.clear();
+  t.send_values = true;
+  t.pending = std::move(p);
+  return t;
+}
+
+// A spilled device tensor's record that does not read back: the sender
+// lets go of its results at once (abandon_device; the capture frees the
+// snapshot, or gives back the values' charge on the memory budget, as
+// here), and the tensor is a gap in its own step. Before, they were held
+// until the sender ended: the memory budget stayed short by the values'
+// bytes (with the device's snapshot memory, or the spill budget, likewise).
+TEST(Sender, ALostSpilledDeviceTensorLetsGoOfItsResults) {
+  CollectorLater collector;
+  TempDir spill;
+  SenderOptions o = SpillingOptions(collector.address(), "lost-device", spill.path());
+  o.await_device = [](const std::shared_ptr<PendingDeviceTensor>& p) { return p->status; };
+  absl::Mutex mu;
+  std::vector<const PendingDeviceTensor*> abandoned;
+  Sender* sender_ptr = nullptr;
+  o.abandon_device = [&](const std::shared_ptr<PendingDeviceTensor>& p) {
+    // What DeviceCapture::Abandon does with downloaded values.
+    sender_ptr->ReleaseHost(p->host_reserved);
+    p->host_reserved = 0;
+    p->values.reset();
+    absl::MutexLock lock(&mu);
+    abandoned.push_back(p.get());
+  };
+  Sender sender(o);
+  sender_ptr = &sender;
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
+  sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
+  QueuedTensor lost = DeviceTensor(sender, "d0", 1);
+  const PendingDeviceTensor* lost_pending = lost.pending.get();
+  ASSERT_TRUE(sender.EnqueueTensor(std::move(lost)));
+  ASSERT_NO_FATAL_FAILURE(CorruptLastSpilledRecord(spill.path()));
+  ASSERT_TRUE(sender.EnqueueTensor(DeviceTensor(sender, "d1", 1)));
+  sender.EnqueueStepEnd(1, v1::MODE_GLOBAL, 1, 0.1);
+  ASSERT_EQ(sender.counters().tensors_spilled, 5u);  // 3 of step 0, both of step 1
+
+  collector.Start();
+  ASSERT_TRUE(sender.WaitForHelloAck(absl::Seconds(30)));
+  ASSERT_NO_FATAL_FAILURE(SendSteps(sender, 2, 3));
+  ASSERT_TRUE(::sonde::testing::WaitUntil([&] { return sender.counters().steps_acked >= 4; }));
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(abandoned.size(), 1u);
+    EXPECT_EQ(abandoned[0], lost_pending);
+  }
+  // Everything is stored: nothing is held against the budget.
+  EXPECT_EQ(sender.counters().memory_bytes, 0u);
+  SONDE_ASSERT_OK(sender.Close("done", absl::Seconds(30)));
+  EXPECT_EQ(sender.counters().tensors_dropped, 1u);
+  EXPECT_EQ(sender.counters().steps_dropped, 0u);
+
+  auto q = QueryClient::Connect(collector.address());
+  auto steps = q->ListSteps("lost-device");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 4u);
+  const v1::StepInfo& one = (*steps)[1];
+  EXPECT_EQ(one.step(), 1);
+  EXPECT_EQ(one.tensor_count(), 1u);
+  EXPECT_EQ(one.tensors_dropped(), 1u);
+  EXPECT_FALSE(one.complete());
+  auto d1 = q->ReadTensor("lost-device", "d1", 1, v1::MODE_GLOBAL);
+  SONDE_ASSERT_OK(d1);
+  float value;
+  std::memcpy(&value, d1->bytes.data(), sizeof(value));
+  EXPECT_EQ(value, 1.0f);
 }
 
 }  // namespace
