@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -610,6 +611,17 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
   const v1::StepInfo& step = write.step;
   // A resend of a step whose ack was lost: it is stored already.
   if (StepStoredAlready(info, worker, step.step())) return CommitResult{true};
+  // A worker's records are keyed by mode step: a new global step with a
+  // mode step the worker has stored already (from an earlier stream, whose
+  // order the session's checks do not see) would overwrite that step's.
+  SONDE_ASSIGN_OR_RETURN(std::optional<v1::StepInfo> holder,
+                         store_->WorkerStepAt(info.job_id(), step.mode(), step.mode_step(), worker));
+  if (holder.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step.step(), " has ", ModeName(step.mode()), " step ", step.mode_step(),
+        ", which worker ", worker, " stored with step ", holder->step(),
+        " (mode steps must not repeat)"));
+  }
   AddStep(info, worker, step, steps_dropped);
   write.job_id = info.job_id();
   write.worker = worker;

@@ -447,6 +447,18 @@ absl::StatusOr<v1::StepInfo> Store::FindGlobalStep(uint64_t job_id, int64_t step
   return *found;
 }
 
+absl::StatusOr<std::optional<v1::StepInfo>> Store::WorkerStepAt(uint64_t job_id, v1::Mode mode,
+                                                                int64_t mode_step,
+                                                                int32_t worker) {
+  std::string bytes;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), handles_[kJobs],
+                               StepKey(job_id, ModeKeyByte(mode), mode_step, worker), &bytes);
+  if (s.IsNotFound()) return std::optional<v1::StepInfo>();
+  SONDE_RETURN_IF_ERROR(FromRocks(s, "reading a step"));
+  SONDE_ASSIGN_OR_RETURN(v1::StepInfo step, Parse<v1::StepInfo>(bytes, "step"));
+  return std::optional<v1::StepInfo>(std::move(step));
+}
+
 absl::StatusOr<std::vector<v1::TensorRecord>> Store::TensorsAtStep(uint64_t job_id,
                                                                    v1::Mode mode,
                                                                    int64_t mode_step) {

@@ -133,6 +133,9 @@ class Store {
                            const std::function<bool(v1::StepInfo&)>& fn);
   // The mode and mode step of a global step; NotFound if no worker stored it.
   absl::StatusOr<v1::StepInfo> FindGlobalStep(uint64_t job_id, int64_t step);
+  // What `worker` stored at a mode step (one point read); nullopt if nothing.
+  absl::StatusOr<std::optional<v1::StepInfo>> WorkerStepAt(uint64_t job_id, v1::Mode mode,
+                                                           int64_t mode_step, int32_t worker);
 
   // Every tensor stored at one step (one range scan).
   absl::StatusOr<std::vector<v1::TensorRecord>> TensorsAtStep(uint64_t job_id,

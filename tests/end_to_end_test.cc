@@ -707,6 +707,55 @@ TEST(EndToEnd, BadChunksEndTheStreamWithAPreciseStatusAndStoredDataStays) {
   EXPECT_TRUE(q->ListTensors("attacker")->empty());
 }
 
+// The end of a TRAIN step of one tensor.
+v1::ClientMessage StepEnd(int64_t step, int64_t mode_step) {
+  v1::ClientMessage m;
+  m.mutable_step_end()->set_tensor_count(1);
+  m.mutable_step_end()->set_step(step);
+  m.mutable_step_end()->set_mode(v1::MODE_TRAIN);
+  m.mutable_step_end()->set_mode_step(mode_step);
+  return m;
+}
+
+// A worker's records are keyed by mode step. A later stream of the worker
+// (another client: the checks of one stream do not see the last) that
+// sends a new global step with a TRAIN step the worker has stored already
+// is refused, and the stored step keeps its tensors. Before, the new step's
+// tensor overwrote step 0's: reading step 0 answered step 5's values.
+TEST(EndToEnd, AModeStepStoredByAnEarlierStreamIsNotOverwritten) {
+  InProcessCollector collector;
+  {
+    RawStream s(collector.address());
+    ASSERT_TRUE(s.Hello("remodel"));
+    s.Send(Chunk(SplitIntoChunks(Header("w", 0, {3}), Bytes({1, 2, 3}), 1024)[0]));
+    s.Send(StepEnd(0, 0));
+    EXPECT_TRUE(s.Finish().ok());
+  }
+  {
+    RawStream s(collector.address());
+    ASSERT_TRUE(s.Hello("remodel"));
+    v1::TensorChunk header = Header("w", 5, {3});
+    header.set_mode_step(0);
+    s.Send(Chunk(SplitIntoChunks(header, Bytes({4, 5, 6}), 1024)[0]));
+    s.Send(StepEnd(5, 0));
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("step 5 has TRAIN step 0, which worker 0 stored with step 0"),
+              std::string::npos)
+        << st.error_message();
+  }
+  auto q = QueryClient::Connect(collector.address());
+  for (v1::Mode mode : {v1::MODE_GLOBAL, v1::MODE_TRAIN}) {
+    auto value = q->ReadTensor("remodel", "w", 0, mode);
+    SONDE_ASSERT_OK(value);
+    EXPECT_EQ(value->bytes, Bytes({1, 2, 3})) << v1::Mode_Name(mode);
+  }
+  auto steps = q->ListSteps("remodel");
+  SONDE_ASSERT_OK(steps);
+  ASSERT_EQ(steps->size(), 1u);
+  EXPECT_EQ(steps->front().step(), 0);
+}
+
 TEST(EndToEnd, AnUnreachableCollectorNeverBlocksTraining) {
   // Nothing listens on this port: the hook keeps trying in the background.
   ::sonde::testing::TempDir dir;
