@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -365,6 +366,49 @@ TEST(Sender, ALostSpilledDeviceTensorLetsGoOfItsResults) {
   float value;
   std::memcpy(&value, d1->bytes.data(), sizeof(value));
   EXPECT_EQ(value, 1.0f);
+}
+
+// The sender ends (Close gives up: no collector ever came) with device
+// tensors still queued and spilled: each is handed to abandon_device once,
+// so a hook that lives on gets their snapshots and charges back.
+TEST(Sender, DeviceTensorsLeftAtTheEndAreLetGoOfOnce) {
+  CollectorLater collector;  // never started
+  TempDir spill;
+  SenderOptions o = SpillingOptions(collector.address(), "left-device", spill.path());
+  o.await_device = [](const std::shared_ptr<PendingDeviceTensor>& p) { return p->status; };
+  absl::Mutex mu;
+  std::vector<const PendingDeviceTensor*> abandoned;
+  Sender* sender_ptr = nullptr;
+  o.abandon_device = [&](const std::shared_ptr<PendingDeviceTensor>& p) {
+    sender_ptr->ReleaseHost(p->host_reserved);
+    p->host_reserved = 0;
+    absl::MutexLock lock(&mu);
+    abandoned.push_back(p.get());
+  };
+  std::vector<const PendingDeviceTensor*> device;
+  {
+    Sender sender(o);
+    sender_ptr = &sender;
+    auto enqueue_device = [&](const std::string& name) {
+      QueuedTensor t = DeviceTensor(sender, name, 0);
+      device.push_back(t.pending.get());
+      ASSERT_TRUE(sender.EnqueueTensor(std::move(t)));
+    };
+    ASSERT_NO_FATAL_FAILURE(enqueue_device("d0"));  // queued
+    ASSERT_NO_FATAL_FAILURE(enqueue_device("d1"));
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
+    }
+    ASSERT_GT(sender.counters().tensors_spilled, 0u);
+    ASSERT_NO_FATAL_FAILURE(enqueue_device("d2"));  // spilled: the file is in use
+    sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
+    EXPECT_FALSE(sender.Close("done", absl::Milliseconds(200)).ok());
+    EXPECT_EQ(sender.counters().tensors_dropped, 7u);
+  }
+  absl::MutexLock lock(&mu);
+  std::sort(abandoned.begin(), abandoned.end());
+  std::sort(device.begin(), device.end());
+  EXPECT_EQ(abandoned, device);
 }
 
 }  // namespace
