@@ -135,10 +135,9 @@ StatsAccumulator EmulateTensor(const ConformanceCase& c, uint64_t base = 0,
                                                 : EmulateChunk<float>(c, chunk, base, each));
   }
   const uint32_t chunks = plan.tensors[0].chunk_count;
-  const uint32_t per = (chunks + kMergeThreads - 1) / kMergeThreads;
   std::vector<StatsAccumulator> acc(kMergeThreads);
   for (uint32_t th = 0; th < kMergeThreads; ++th) {
-    for (uint32_t i = th * per; i < th * per + per && i < chunks; ++i) StatsMerge(acc[th], partials[i]);
+    for (uint32_t i = th; i < chunks; i += kMergeThreads) StatsMerge(acc[th], partials[i]);
   }
   for (int stride = kMergeThreads / 2; stride > 0; stride >>= 1) {
     for (int th = 0; th < stride; ++th) StatsMerge(acc[th], acc[th + stride]);

@@ -112,8 +112,8 @@ inline constexpr int kChunkThreads = 256;
 inline constexpr int kVectorLoads = 4;
 inline constexpr int kGroup = 16;
 // Threads of the merge kernel's block (one block per tensor): thread i
-// merges a contiguous run of the tensor's chunk records, then a tree.
-inline constexpr int kMergeThreads = 128;
+// merges the tensor's chunk records i, i + kMergeThreads, ..., then a tree.
+inline constexpr int kMergeThreads = 256;
 
 // Float groups within these bounds are folded in float: no element's square
 // or sum can overflow, and the error of a square that underflows is at most
