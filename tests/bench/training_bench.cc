@@ -70,22 +70,40 @@ size_t Count(const NamedTensor& t) {
 
 // One training step: weights saved at its start, matrix work, gradients
 // written and saved, the optimizer, and the sync `loss.item()` makes.
+// Where a step's host time goes (`times`, when given): the hook's calls
+// on the training thread, and the wait for the device at the sync.
 void Step(const BenchOptions& o, TrainingDevice& device, Model& m, Hook* hook, int64_t step,
-          std::vector<float>* weights_copy = nullptr, std::vector<float>* grads_copy = nullptr) {
+          std::vector<float>* weights_copy = nullptr, std::vector<float>* grads_copy = nullptr,
+          StepHostTimes* times = nullptr) {
+  StepHostTimes t;
+  auto us_since = [](Clock::time_point start) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  };
   if (hook != nullptr) {
+    const Clock::time_point start = Clock::now();
     hook->StartStep();
     hook->SaveTensors(m.weight_tensors).IgnoreError();  // losses are counted by the hook
+    t.save_weights_us = us_since(start);
     if (weights_copy != nullptr) device.CopyToHost(weights_copy->data(), m.weights, m.parameters);
   }
   device.Compute(o.compute_ms);
   device.Gradients(m.grads, m.weights, m.parameters, step);
   if (hook != nullptr) {
+    const Clock::time_point start = Clock::now();
     hook->SaveTensors(m.grad_tensors).IgnoreError();
+    t.save_grads_us = us_since(start);
     if (grads_copy != nullptr) device.CopyToHost(grads_copy->data(), m.grads, m.parameters);
   }
   device.Optimizer(m.weights, m.grads, m.parameters, 1e-4f);
+  Clock::time_point start = Clock::now();
   device.Sync();
-  if (hook != nullptr) hook->EndStep();
+  t.sync_us = us_since(start);
+  if (hook != nullptr) {
+    start = Clock::now();
+    hook->EndStep();
+    t.end_step_us = us_since(start);
+  }
+  if (times != nullptr) *times = t;
 }
 
 HookOptions MakeHookOptions(const BenchOptions& o, const BenchMode& mode,
@@ -324,9 +342,13 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
     for (const size_t i : order) {
       for (int s = 0; s < o.steps_per_round; ++s) {
         const Clock::time_point start = Clock::now();
-        Step(o, *device, m, hooks[i].get(), steps[i]++);
+        StepHostTimes times;
+        Step(o, *device, m, hooks[i].get(), steps[i]++, nullptr, nullptr, &times);
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-        if (round > 0) report.modes[i].step_ms.push_back(ms);
+        if (round > 0) {
+          report.modes[i].step_ms.push_back(ms);
+          report.modes[i].host.push_back(times);
+        }
       }
     }
   }
@@ -388,6 +410,28 @@ std::string FormatTimings(const BenchReport& report) {
   std::string out = absl::StrFormat("timings (%s, %.1fM parameters; before any check):\n%s\n",
                                     report.device, report.parameters / 1e6, kTimingHeader);
   for (const ModeResult& r : report.modes) absl::StrAppend(&out, TimingColumns(report, r), "\n");
+  absl::StrAppend(&out, "\n", FormatHostTimes(report), "\n");
+  return out;
+}
+
+std::string FormatHostTimes(const BenchReport& report) {
+  std::string out =
+      "host time a step, medians in us (save weights: StartStep and SaveTensors of the weights, "
+      "after the sync, with the device idle; save grads: SaveTensors of the gradients, behind the "
+      "compute; end step: EndStep; sync: the wait for the device)\n"
+      "mode           save weights  save grads    end step        sync\n";
+  for (const ModeResult& r : report.modes) {
+    std::vector<double> w, g, e, s;
+    for (const StepHostTimes& t : r.host) {
+      w.push_back(t.save_weights_us);
+      g.push_back(t.save_grads_us);
+      e.push_back(t.end_step_us);
+      s.push_back(t.sync_us);
+    }
+    absl::StrAppend(&out, absl::StrFormat("%-14s %12.1f %11.1f %11.1f %11.1f\n", r.mode.name,
+                                          Percentile(w, 0.5), Percentile(g, 0.5),
+                                          Percentile(e, 0.5), Percentile(s, 0.5)));
+  }
   return out;
 }
 

@@ -52,9 +52,18 @@ struct BenchOptions {
   std::function<void(const std::string&)> on_timings;
 };
 
+// One step's host time on the training thread, in microseconds.
+struct StepHostTimes {
+  double save_weights_us = 0;  // StartStep + SaveTensors(weights), the device idle
+  double save_grads_us = 0;    // SaveTensors(gradients), behind the compute
+  double end_step_us = 0;      // EndStep
+  double sync_us = 0;          // the wait for the device (loss.item())
+};
+
 struct ModeResult {
   BenchMode mode;
   std::vector<double> step_ms;  // measured steps
+  std::vector<StepHostTimes> host;  // the same steps
   double median_ms = 0, mean_ms = 0, p90_ms = 0;
   // What the collector stored.
   int64_t saved_steps_expected = 0;
@@ -86,7 +95,9 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& options);
 // The report as the benchmark prints it: the timings (also alone, as
 // on_timings gets them), then what the collector stored.
 std::string FormatReport(const BenchReport& report);
-std::string FormatTimings(const BenchReport& report);
+std::string FormatTimings(const BenchReport& report);  // with FormatHostTimes
+// Where the training thread's time went, per mode (StepHostTimes' medians).
+std::string FormatHostTimes(const BenchReport& report);
 
 }  // namespace sonde::bench
 

@@ -3,6 +3,8 @@
 // can be trusted. (Its times mean nothing here.)
 #include "tests/bench/training_bench.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 
 namespace sonde::bench {
@@ -31,7 +33,14 @@ TEST(TrainingBench, EveryModeStoresWhatItMustOnTheEmulatedEngine) {
   EXPECT_EQ(report->tensors, 12);
   for (const ModeResult& m : report->modes) {
     EXPECT_EQ(m.step_ms.size(), 12u) << m.mode.name;
+    ASSERT_EQ(m.host.size(), m.step_ms.size()) << m.mode.name;
     if (!m.mode.hook) continue;
+    for (const StepHostTimes& t : m.host) {
+      EXPECT_GT(t.save_weights_us, 0) << m.mode.name;  // the hook's calls were timed
+      EXPECT_LT(t.save_weights_us + t.save_grads_us + t.end_step_us + t.sync_us,
+                *std::max_element(m.step_ms.begin(), m.step_ms.end()) * 1000 + 1)
+          << m.mode.name;  // parts of a step, not more
+    }
     EXPECT_GT(m.saved_steps_expected, 0) << m.mode.name;
     EXPECT_EQ(m.saved_steps_complete, m.saved_steps_expected) << m.mode.name;
     EXPECT_EQ(m.verified_tensors, 2 * 5) << m.mode.name;  // 5 sampled, weight and gradient
