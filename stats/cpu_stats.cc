@@ -330,9 +330,13 @@ void AccumulateRange(const CpuBlockKernels& k, const char* data,
 // ---- the worker pool
 // -----------------------------------------------------------
 
+// Asked once: glibc answers hardware_concurrency by reading sysfs (an open,
+// a read and a close), which cost more than the statistics of a small
+// tensor when asked on every call.
 int DefaultThreads() {
-  const unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp(hw, 1u, 8u));
+  static const int threads =
+      static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  return threads;
 }
 
 // Workers shared by every call, created on the first call that splits a
