@@ -120,17 +120,20 @@ absl::Status CollectionSet::Require(const v1::CollectionRequest& request) {
   c.force_values = c.force_values || request.values();
   included_.insert(request.name());
   member_cache_.clear();
+  Changed();
   return absl::OkStatus();
 }
 
 void CollectionSet::AddToCollection(const std::string& collection, const std::string& tensor) {
   Get(collection).tensors.insert(tensor);
   member_cache_.erase(tensor);
+  Changed();
 }
 
 void CollectionSet::Include(const std::string& collection) {
   Get(collection);
   included_.insert(collection);
+  Changed();
 }
 
 const CollectionSet::Collection* CollectionSet::Find(const std::string& c) const {
@@ -183,6 +186,29 @@ const std::vector<std::string>& CollectionSet::Members(const std::string& tensor
   return member_cache_.emplace(tensor, std::move(members)).first->second;
 }
 
+const absl::flat_hash_map<std::string, CollectionSet::DueInfo>& CollectionSet::DueMemo(
+    v1::Mode mode, int64_t mode_step) {
+  if (memo_generation_ == generation_ && memo_mode_ == mode && memo_mode_step_ == mode_step) {
+    return memo_;
+  }
+  memo_.clear();
+  for (const std::string& c : included_) {
+    const Collection* coll = Find(c);
+    DueInfo& info = memo_[c];
+    info.due = DueAt(c, coll, mode, mode_step);
+    info.histogram = coll != nullptr && coll->save_histogram;
+    const std::optional<ReductionConfig>& rc =
+        coll != nullptr && coll->reduction_config.has_value() ? coll->reduction_config
+                                                              : config_.reduction_config;
+    info.values = AlwaysValues(c) || !rc.has_value() || rc->save_raw_tensor ||
+                  (coll != nullptr && coll->force_values);
+  }
+  memo_generation_ = generation_;
+  memo_mode_ = mode;
+  memo_mode_step_ = mode_step;
+  return memo_;
+}
+
 SaveDecision CollectionSet::Decide(const std::string& tensor,
                                    const std::vector<std::string>& explicit_collections,
                                    v1::Mode mode, int64_t mode_step) {
@@ -193,25 +219,19 @@ SaveDecision CollectionSet::Decide(const std::string& tensor,
       d.collections.push_back(c);
     }
   }
-  std::vector<std::string> candidates = d.collections;
+  const absl::flat_hash_map<std::string, DueInfo>& due = DueMemo(mode, mode_step);
+  bool any_values = false;
+  auto consider = [&](const std::string& c) {
+    auto it = due.find(c);  // only included collections are there
+    if (it == due.end() || !it->second.due) return;
+    d.save = true;
+    d.histogram = d.histogram || it->second.histogram;
+    any_values = any_values || it->second.values;
+  };
+  for (const std::string& c : d.collections) consider(c);
   // "all" holds every tensor, however it was included: save_all,
   // include_collections=["all"] (as in smdebug), or a rule's request.
-  if (included_.count("all") > 0) candidates.push_back("all");
-  bool any_values = false;
-  for (const std::string& c : candidates) {
-    if (included_.count(c) == 0) continue;
-    const Collection* coll = Find(c);
-    if (!DueAt(c, coll, mode, mode_step)) continue;
-    d.save = true;
-    if (coll != nullptr && coll->save_histogram) d.histogram = true;
-    const std::optional<ReductionConfig>& rc =
-        coll != nullptr && coll->reduction_config.has_value() ? coll->reduction_config
-                                                              : config_.reduction_config;
-    if (AlwaysValues(c) || !rc.has_value() || rc->save_raw_tensor ||
-        (coll != nullptr && coll->force_values)) {
-      any_values = true;
-    }
-  }
+  consider("all");
   d.values = d.save && any_values;
   return d;
 }

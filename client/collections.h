@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/pattern.h"
 #include "client/save_config.h"
@@ -115,10 +117,27 @@ class CollectionSet {
   bool DueAt(const std::string& c, const Collection* coll, v1::Mode mode,
              int64_t mode_step) const;
 
+  // What an included collection asks of its tensors at one mode step.
+  struct DueInfo {
+    bool due = false;
+    bool histogram = false;
+    bool values = false;
+  };
+  // The included collections' DueInfo at this mode step: computed once a
+  // step (and again after any change), not once a tensor.
+  const absl::flat_hash_map<std::string, DueInfo>& DueMemo(v1::Mode mode, int64_t mode_step);
+  void Changed() { ++generation_; }
+
   HookConfig config_;
   std::map<std::string, Collection> collections_;
   std::set<std::string> included_;
-  std::map<std::string, std::vector<std::string>> member_cache_;
+  // Node-based: Members hands out references to its values.
+  absl::node_hash_map<std::string, std::vector<std::string>> member_cache_;
+  uint64_t generation_ = 0;  // bumped by every change of collections or inclusion
+  uint64_t memo_generation_ = ~uint64_t{0};
+  v1::Mode memo_mode_ = v1::MODE_UNSPECIFIED;
+  int64_t memo_mode_step_ = -1;
+  absl::flat_hash_map<std::string, DueInfo> memo_;
 };
 
 }  // namespace sonde

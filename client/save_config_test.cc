@@ -285,6 +285,28 @@ TEST(Collections, ABareRequestForAllFromAnOlderCollectorSavesNothingMore) {
   EXPECT_TRUE(set->Decide("layer1_conv_output_0", {}, v1::MODE_TRAIN, 0).save);
 }
 
+// Decisions are worked out once a mode step for all tensors; a change in
+// the middle of a step, or another mode at the same step number, is seen
+// by the next decision.
+TEST(Collections, DecisionsFollowChangesWithinAStep) {
+  HookConfig config;
+  config.save_config = SaveConfig::Every(1);
+  config.include_collections = {"gradients"};
+  auto set = CollectionSet::Create(config);
+  SONDE_ASSERT_OK(set);
+  EXPECT_TRUE(set->Decide("Net_fc1.weight_grad", {"gradients"}, v1::MODE_TRAIN, 3).save);
+  EXPECT_FALSE(set->Decide("Net_fc1.weight_grad", {"gradients"}, v1::MODE_EVAL, 3).save);
+  EXPECT_FALSE(set->Decide("my_tensor", {}, v1::MODE_TRAIN, 3).save);
+  set->AddToCollection("gradients", "my_tensor");
+  EXPECT_TRUE(set->Decide("my_tensor", {}, v1::MODE_TRAIN, 3).save);
+  EXPECT_FALSE(set->Decide("other", {"custom"}, v1::MODE_TRAIN, 3).save);
+  set->Include("custom");
+  SaveDecision d = set->Decide("other", {"custom"}, v1::MODE_TRAIN, 3);
+  EXPECT_TRUE(d.save);
+  EXPECT_TRUE(d.values);  // no reductions configured: values
+  EXPECT_EQ(d.collections, std::vector<std::string>{"custom"});
+}
+
 TEST(HookConfigJson, ReadsSageMakersShape) {
   auto parsed = ParseHookConfigJson(R"({
       "S3OutputPath": "s3://bucket/prefix", "LocalPath": "/tmp/out",
