@@ -52,7 +52,7 @@ struct DeviceStatsOptions {
   int device = 0;
   // Elements per block of the statistics kernel, at most kMaxChunkElements
   // (a tensor with more than 2,048 chunks gets larger ones: multi_tensor.h).
-  uint64_t chunk_elements = uint64_t{1} << 14;
+  uint64_t chunk_elements = uint64_t{1} << 15;  // kDefaultChunkElements (multi_tensor.h)
   // Statistics batches in flight, and the pinned memory of each (its tables
   // go up, its records and histogram counters come back). A batch that does
   // not fit one slot is refused; StatsBatchBytes says what a batch needs,

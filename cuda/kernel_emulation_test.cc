@@ -326,6 +326,7 @@ TEST(MultiTensorPlanTest, LargeTensorsGetLargerChunksNotMoreThanTheCap) {
   EXPECT_EQ(plan.tensors[2].chunk_count, kMaxChunksPerTensor);
   EXPECT_EQ(plan.chunks[plan.tensors[2].first_chunk].count, uint64_t{1} << 17);
   DeviceStatsOptions options;
+  EXPECT_EQ(options.chunk_elements, kDefaultChunkElements);  // one default, two spellings
   for (const KernelTensor& t : plan.tensors) EXPECT_EQ(StatsChunks(t.count, options), t.chunk_count);
 }
 
