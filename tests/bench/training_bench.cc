@@ -1,6 +1,7 @@
 #include "tests/bench/training_bench.h"
 
 #include <stdlib.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -63,6 +64,13 @@ Model MakeModel(const BenchOptions& o, TrainingDevice& device) {
   return m;
 }
 
+// CPU time of the calling thread.
+double ThreadCpuUs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
 size_t Count(const NamedTensor& t) {
   return static_cast<size_t>(std::accumulate(t.tensor.shape.begin(), t.tensor.shape.end(),
                                              int64_t{1}, std::multiplies<int64_t>()));
@@ -81,8 +89,10 @@ void Step(const BenchOptions& o, TrainingDevice& device, Model& m, Hook* hook, i
   };
   if (hook != nullptr) {
     const Clock::time_point start = Clock::now();
+    const double cpu_start = ThreadCpuUs();
     hook->StartStep();
     hook->SaveTensors(m.weight_tensors).IgnoreError();  // losses are counted by the hook
+    t.save_weights_cpu_us = ThreadCpuUs() - cpu_start;
     t.save_weights_us = us_since(start);
     if (weights_copy != nullptr) device.CopyToHost(weights_copy->data(), m.weights, m.parameters);
   }
@@ -418,19 +428,22 @@ std::string FormatHostTimes(const BenchReport& report) {
   std::string out =
       "host time a step, medians in us (save weights: StartStep and SaveTensors of the weights, "
       "after the sync, with the device idle; save grads: SaveTensors of the gradients, behind the "
-      "compute; end step: EndStep; sync: the wait for the device)\n"
-      "mode           save weights  save grads    end step        sync\n";
+      "compute; end step: EndStep; sync: the wait for the device; cpu: the save weights call's "
+      "CPU time on the training thread)\n"
+      "mode           save weights  save grads    end step        sync  weights cpu\n";
   for (const ModeResult& r : report.modes) {
-    std::vector<double> w, g, e, s;
+    std::vector<double> w, g, e, s, c;
     for (const StepHostTimes& t : r.host) {
       w.push_back(t.save_weights_us);
+      c.push_back(t.save_weights_cpu_us);
       g.push_back(t.save_grads_us);
       e.push_back(t.end_step_us);
       s.push_back(t.sync_us);
     }
-    absl::StrAppend(&out, absl::StrFormat("%-14s %12.1f %11.1f %11.1f %11.1f\n", r.mode.name,
-                                          Percentile(w, 0.5), Percentile(g, 0.5),
-                                          Percentile(e, 0.5), Percentile(s, 0.5)));
+    absl::StrAppend(&out, absl::StrFormat("%-14s %12.1f %11.1f %11.1f %11.1f %12.1f\n",
+                                          r.mode.name, Percentile(w, 0.5), Percentile(g, 0.5),
+                                          Percentile(e, 0.5), Percentile(s, 0.5),
+                                          Percentile(c, 0.5)));
   }
   return out;
 }

@@ -55,6 +55,9 @@ struct BenchOptions {
 // One step's host time on the training thread, in microseconds.
 struct StepHostTimes {
   double save_weights_us = 0;  // StartStep + SaveTensors(weights), the device idle
+  // The same call's CPU time on the training thread: its work without the
+  // time it was descheduled (what a busy, small machine adds).
+  double save_weights_cpu_us = 0;
   double save_grads_us = 0;    // SaveTensors(gradients), behind the compute
   double end_step_us = 0;      // EndStep
   double sync_us = 0;          // the wait for the device (loss.item())

@@ -37,6 +37,9 @@ TEST(TrainingBench, EveryModeStoresWhatItMustOnTheEmulatedEngine) {
     if (!m.mode.hook) continue;
     for (const StepHostTimes& t : m.host) {
       EXPECT_GT(t.save_weights_us, 0) << m.mode.name;  // the hook's calls were timed
+      // Work on the thread, at most its wall time (clocks of 1 us and less).
+      EXPECT_GE(t.save_weights_cpu_us, 0) << m.mode.name;
+      EXPECT_LE(t.save_weights_cpu_us, t.save_weights_us + 2) << m.mode.name;
       EXPECT_LT(t.save_weights_us + t.save_grads_us + t.end_step_us + t.sync_us,
                 *std::max_element(m.step_ms.begin(), m.step_ms.end()) * 1000 + 1)
           << m.mode.name;  // parts of a step, not more
