@@ -199,6 +199,41 @@ def test_a_backward_passs_gradients_are_saved_in_one_call_when_it_ends(collector
     assert r.job_info().tensors_dropped == 0
 
 
+def test_tensors_sonde_cannot_read_are_counted_gaps_and_training_goes_on(collector, caplog):
+    """A tensor of a dtype, device or layout Sonde does not read (complex,
+    meta, sparse CSR) is not saved: logged once, counted as dropped in its
+    step, which the collector shows incomplete; the hook stays enabled and
+    saves everything else."""
+    model = nn.Linear(2, 1)
+    hook = smd.Hook(collector=collector.address, job="unreadable",
+                    save_config=smd.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    unreadable = {
+        "complex": torch.ones(3, dtype=torch.complex64),
+        "meta": torch.empty(1000, device="meta"),
+        "csr": torch.eye(3).to_sparse_csr(),
+    }
+    with caplog.at_level(logging.WARNING, logger="sonde"):
+        for step in range(2):
+            model(torch.ones(1, 2))  # begins the step
+            hook.save_tensor("fine", torch.full((2,), float(step)), "custom")
+            for name, t in unreadable.items():
+                hook.save_tensor(name, t, "custom")
+    assert not hook.disabled
+    assert hook.flush(30)
+    counters = hook.counters()
+    hook.close()
+    assert counters["tensors_dropped"] == 2 * len(unreadable)
+    for text in ("complex64 is not supported", "meta device", "sparse_csr is not supported"):
+        assert text in caplog.text, text
+    r = Reader(collector.address, "unreadable")
+    assert r.names("custom") == ["fine"]
+    steps = r.stub.ListSteps(query_pb2.ListStepsRequest(job="unreadable"), timeout=10).steps
+    assert [(s.step, s.tensors_dropped, s.complete) for s in steps] == \
+        [(0, 3, False), (1, 3, False)]
+    assert r.value("fine", 1).tolist() == [1.0, 1.0]
+
+
 def test_a_second_backward_in_a_step_is_counted_not_sent_twice(collector, caplog):
     """Two backward passes over one forward (retain_graph): the first
     pass's gradients are stored; the second cannot store the same names in

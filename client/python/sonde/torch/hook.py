@@ -870,21 +870,29 @@ class Hook:
         """Appends the native save tuple of `t`. `streams` caches each
         device's current stream for one call ({}: look them up now), or is
         None: the stream is set when the items are saved (gradients)."""
-        dtype = _DTYPES.get(t.dtype)
-        if dtype is None:
-            self._log_once("dtype:" + name, "tensor '%s' not saved: dtype %s is not supported"
-                           % (name, t.dtype))
+        why = None
+        if t.dtype not in _DTYPES:
+            why = "dtype %s is not supported" % t.dtype
+        elif t.device.type not in ("cpu", "cuda"):
+            # meta tensors have no memory; other devices' memory is not ours to read
+            why = "tensors on a %s device are not supported" % t.device.type
+        elif t.layout not in (torch.strided, torch.sparse_coo):
+            why = "layout %s is not supported" % t.layout
+        elif t.is_cuda and t.dtype not in _CUDA_DTYPES:
+            why = ("%s on a GPU would need a copy to the host that waits for the GPU"
+                   % t.dtype)
+        if why is not None:
+            self._log_once("unreadable:" + name, "tensor '%s' not saved: %s" % (name, why))
+            # Refused by the native hook (no dtype), which counts it as a
+            # dropped tensor of this step when it was due: the gap shows.
+            items.append((name, 0, tensor_pb2.DTYPE_UNSPECIFIED, [0], collections, 0, 0, 0))
             return
+        dtype = _DTYPES[t.dtype]
         if t.is_sparse:
             t = t.to_dense()
         if not t.is_contiguous():
             t = t.contiguous()
         if t.is_cuda:
-            if t.dtype not in _CUDA_DTYPES:
-                self._log_once("cuda-dtype:" + name,
-                               "tensor '%s' not saved: %s on a GPU would need a copy to the host "
-                               "that waits for the GPU" % (name, t.dtype))
-                return
             device = t.device.index or 0
             stream = 0
             if streams is not None:
