@@ -146,8 +146,20 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
   Enqueued out;
   out.pending.resize(requests.size());
   const DeviceStatsOptions& eo = options_.engine;
-  const absl::Time deadline = absl::Now() + options_.max_block;
+  const absl::Time entered = absl::Now();
+  const absl::Time deadline = entered + options_.max_block;
   absl::MutexLock lock(&mu_);
+  struct Timed {  // the whole call, counted as it returns
+    absl::Time entered;
+    absl::Duration* total;
+    ~Timed() { *total += absl::Now() - entered; }
+  } timed{entered, &counters_.enqueue_time};
+  auto engine_call = [this](auto call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Time start = absl::Now();
+    auto result = call();
+    counters_.engine_time += absl::Now() - start;
+    return result;
+  };
   if (stop_) {
     out.dropped = static_cast<uint32_t>(requests.size());
     out.status = absl::FailedPreconditionError("the device capture is closing");
@@ -159,8 +171,12 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
   // again and the hook logs what fails there.
   if (eo.defer_producer_wait) FenceLocked(stream).IgnoreError();
   std::vector<size_t> ready_now;
-  auto hand_over = [&]() {
-    if (!ready_now.empty() && ready) ready(ready_now, out.pending);
+  auto hand_over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!ready_now.empty() && ready) {
+      const absl::Time start = absl::Now();
+      ready(ready_now, out.pending);
+      counters_.handover_time += absl::Now() - start;
+    }
     ready_now.clear();
   };
   // Statistics: as many tensors per batch as one slot holds.
@@ -185,7 +201,11 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
             ? absl::StatusOr<uint64_t>(absl::InvalidArgumentError(absl::StrCat(
                   "tensor of ", requests[i].ref.count, " elements needs more than one batch "
                   "slot (", eo.slot_bytes, " bytes; raise HookOptions::device.slot_bytes)")))
-            : WithRoom<uint64_t>([&]() { return engine_->EnqueueStats(refs, stream); }, deadline,
+            : WithRoom<uint64_t>(
+                  [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                    return engine_call([&]() { return engine_->EnqueueStats(refs, stream); });
+                  },
+                  deadline,
                                  &stats_stalled_, hand_over);
     if (!ticket.ok()) {
       out.dropped += static_cast<uint32_t>(j - i);
@@ -230,7 +250,10 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
       // While this save waits, the pump spills snapshots to make room.
       bool waiting = false;
       absl::StatusOr<uint64_t> ticket = WithRoom<uint64_t>(
-          [&]() { return engine_->EnqueueSnapshot(r.ref, transfer, stream); }, deadline,
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return engine_call([&]() { return engine_->EnqueueSnapshot(r.ref, transfer, stream); });
+          },
+          deadline,
           &snapshots_stalled_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
             hand_over();
             waiting = true;

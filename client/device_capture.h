@@ -172,6 +172,12 @@ class DeviceCapture {
     uint64_t bytes_downloaded = 0;
     uint64_t values_spilled = 0;   // tensors whose values went to the local file
     uint64_t bytes_spilled = 0;
+    // Where the training thread's time in Enqueue goes: all of it (waits
+    // for the lock and for room included), the engine's enqueue calls
+    // (their CUDA calls), and handing tensors to the sender.
+    absl::Duration enqueue_time;
+    absl::Duration engine_time;
+    absl::Duration handover_time;
   };
   Counters counters() const;
   int last_batch_launches() const { return engine_->LastBatchLaunches(); }

@@ -732,6 +732,9 @@ Hook::Counters Hook::counters() const {
     c.device_bytes_downloaded = d.bytes_downloaded;
     c.device_values_spilled = d.values_spilled;
     c.device_bytes_spilled = d.bytes_spilled;
+    c.device_enqueue_time = d.enqueue_time;
+    c.device_engine_time = d.engine_time;
+    c.device_handover_time = d.handover_time;
   }
   return c;
 }

@@ -310,6 +310,12 @@ class Hook {
     // was full, to free snapshot memory (sent later, like spilled tensors).
     uint64_t device_values_spilled = 0;
     uint64_t device_bytes_spilled = 0;
+    // The training thread's time in the device capture's enqueues, of it
+    // in the engine's calls and in handing tensors to the sender (the rest
+    // of a save's time is the hook's own: deciding, validating, queuing).
+    absl::Duration device_enqueue_time;
+    absl::Duration device_engine_time;
+    absl::Duration device_handover_time;
     // The durable spool.
     uint64_t entries_spooled = 0;      // steps (and job end, profiler batches) written
     uint64_t spool_refused = 0;        // not written: the spool was full or failing

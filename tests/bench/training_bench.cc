@@ -347,7 +347,14 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
   std::vector<size_t> order(o.modes.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::mt19937 shuffle(20261127);
+  // The device path's counters when the measured rounds begin and end.
+  std::vector<Hook::Counters> measured_from(o.modes.size());
   for (int round = 0; round <= o.rounds; ++round) {
+    if (round == 1) {
+      for (size_t i = 0; i < hooks.size(); ++i) {
+        if (hooks[i] != nullptr) measured_from[i] = hooks[i]->counters();
+      }
+    }
     std::shuffle(order.begin(), order.end(), shuffle);
     for (const size_t i : order) {
       for (int s = 0; s < o.steps_per_round; ++s) {
@@ -361,6 +368,18 @@ absl::StatusOr<BenchReport> RunTrainingBench(const BenchOptions& o) {
         }
       }
     }
+  }
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    ModeResult& r = report.modes[i];
+    if (hooks[i] == nullptr || r.step_ms.empty()) continue;
+    const Hook::Counters c = hooks[i]->counters();
+    const Hook::Counters& from = measured_from[i];
+    auto per_step = [&](absl::Duration now, absl::Duration then) {
+      return absl::ToDoubleMicroseconds(now - then) / r.step_ms.size();
+    };
+    r.enqueue_us = per_step(c.device_enqueue_time, from.device_enqueue_time);
+    r.engine_us = per_step(c.device_engine_time, from.device_engine_time);
+    r.handover_us = per_step(c.device_handover_time, from.device_handover_time);
   }
   for (ModeResult& r : report.modes) {
     r.median_ms = Percentile(r.step_ms, 0.5);
@@ -429,8 +448,11 @@ std::string FormatHostTimes(const BenchReport& report) {
       "host time a step, medians in us (save weights: StartStep and SaveTensors of the weights, "
       "after the sync, with the device idle; save grads: SaveTensors of the gradients, behind the "
       "compute; end step: EndStep; sync: the wait for the device; cpu: the save weights call's "
-      "CPU time on the training thread)\n"
-      "mode           save weights  save grads    end step        sync  weights cpu\n";
+      "CPU time on the training thread; then, means a step of both saves: enqueue: the device "
+      "capture's enqueues, of which engine: the engine's calls, and to sender: handing tensors "
+      "to the sender; the rest of the saves is the hook's own work)\n"
+      "mode           save weights  save grads    end step        sync  weights cpu     enqueue"
+      "      engine   to sender\n";
   for (const ModeResult& r : report.modes) {
     std::vector<double> w, g, e, s, c;
     for (const StepHostTimes& t : r.host) {
@@ -440,10 +462,12 @@ std::string FormatHostTimes(const BenchReport& report) {
       e.push_back(t.end_step_us);
       s.push_back(t.sync_us);
     }
-    absl::StrAppend(&out, absl::StrFormat("%-14s %12.1f %11.1f %11.1f %11.1f %12.1f\n",
+    absl::StrAppend(&out, absl::StrFormat("%-14s %12.1f %11.1f %11.1f %11.1f %12.1f %11.1f "
+                                          "%11.1f %11.1f\n",
                                           r.mode.name, Percentile(w, 0.5), Percentile(g, 0.5),
                                           Percentile(e, 0.5), Percentile(s, 0.5),
-                                          Percentile(c, 0.5)));
+                                          Percentile(c, 0.5), r.enqueue_us, r.engine_us,
+                                          r.handover_us));
   }
   return out;
 }

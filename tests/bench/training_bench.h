@@ -67,6 +67,10 @@ struct ModeResult {
   BenchMode mode;
   std::vector<double> step_ms;  // measured steps
   std::vector<StepHostTimes> host;  // the same steps
+  // Means a measured step of the training thread's time in the device
+  // capture's enqueues, of it in the engine's calls and in handing tensors
+  // to the sender (Hook::Counters, over the measured rounds).
+  double enqueue_us = 0, engine_us = 0, handover_us = 0;
   double median_ms = 0, mean_ms = 0, p90_ms = 0;
   // What the collector stored.
   int64_t saved_steps_expected = 0;

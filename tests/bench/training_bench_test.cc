@@ -44,6 +44,15 @@ TEST(TrainingBench, EveryModeStoresWhatItMustOnTheEmulatedEngine) {
                 *std::max_element(m.step_ms.begin(), m.step_ms.end()) * 1000 + 1)
           << m.mode.name;  // parts of a step, not more
     }
+    // The device path's time split: parts of the enqueues, which are parts
+    // of the saves.
+    double saves_us = 0;
+    for (const StepHostTimes& t : m.host) saves_us += t.save_weights_us + t.save_grads_us;
+    EXPECT_GT(m.enqueue_us, 0) << m.mode.name;
+    EXPECT_LE(m.enqueue_us, saves_us / m.host.size() + 1) << m.mode.name;
+    EXPECT_GE(m.engine_us, 0) << m.mode.name;
+    EXPECT_GE(m.handover_us, 0) << m.mode.name;
+    EXPECT_LE(m.engine_us + m.handover_us, m.enqueue_us + 1) << m.mode.name;
     EXPECT_GT(m.saved_steps_expected, 0) << m.mode.name;
     EXPECT_EQ(m.saved_steps_complete, m.saved_steps_expected) << m.mode.name;
     EXPECT_EQ(m.verified_tensors, 2 * 5) << m.mode.name;  // 5 sampled, weight and gradient
