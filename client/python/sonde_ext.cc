@@ -190,6 +190,9 @@ class PyHook {
     d["device_bytes_downloaded"] = c.device_bytes_downloaded;
     d["device_values_spilled"] = c.device_values_spilled;
     d["device_bytes_spilled"] = c.device_bytes_spilled;
+    d["device_enqueue_seconds"] = absl::ToDoubleSeconds(c.device_enqueue_time);
+    d["device_engine_seconds"] = absl::ToDoubleSeconds(c.device_engine_time);
+    d["device_handover_seconds"] = absl::ToDoubleSeconds(c.device_handover_time);
     d["steps_dropped"] = c.steps_dropped;
     d["tensors_spilled"] = c.tensors_spilled;
     d["bytes_spilled"] = c.bytes_spilled;

@@ -181,11 +181,17 @@ def main(argv=None):
         # A new order every round (fixed seed), so that no copy always runs
         # right after the one whose downloads and ingest it would absorb.
         order, rng = list(range(len(copies))), random.Random(20261127)
+        # Where the hooks' time goes over the timed rounds (their counters
+        # when the rounds begin and end).
+        timed_from, timed_to = {}, {}
         for r in range(args.rounds + 1):
+            if r == 1:
+                timed_from = {c.name: c.hook.counters() for c in copies if c.hook is not None}
             rng.shuffle(order)
             for k in order:
                 for _ in range(args.steps):
                     copies[k].step(x, y, timed=r > 0)
+        timed_to = {c.name: c.hook.counters() for c in copies if c.hook is not None}
         for c in copies:
             if c.hook is not None and MODES[c.name][1]:
                 c.verification_step(x, y)
@@ -194,6 +200,18 @@ def main(argv=None):
         base = copies[0]
         base_median = statistics.median(base.times)
         base_mean = statistics.mean(base.times)
+        print("\nhost time a timed step, means in ms (hook: the training thread in Sonde's "
+              "hooks, native calls included; enqueue: the device capture's enqueues within "
+              "them, of which engine: its CUDA calls, and to sender: handing tensors over)")
+        print("%-14s %9s %9s %9s %9s" % ("copy", "hook", "enqueue", "engine", "to sender"))
+        for c in copies:
+            if c.hook is None or not c.times:
+                continue
+            a, b = timed_from[c.name], timed_to[c.name]
+            print("%-14s" % c.name + "".join(
+                " %9.3f" % ((b.get(k, 0) - a.get(k, 0)) * 1e3 / len(c.times))
+                for k in ("hook_seconds", "device_enqueue_seconds", "device_engine_seconds",
+                          "device_handover_seconds")))
         print("\n%-14s %10s %10s %9s %9s %8s %7s %10s %9s %12s %9s %9s" % (
             "copy", "median ms", "mean ms", "x median", "x mean", "batches", "waits",
             "dropped t/v", "spilled v", "saved steps", "complete", "verified"))

@@ -33,3 +33,16 @@ def test_the_gpu_benchmark_runs_and_checks_on_the_cpu():
     assert rows["stats_deferred"][-3:] == ["30", "30", "-"], p.stdout
     assert rows["stats"][7] == "0/0", p.stdout
     assert rows["values10"][8] == "0", p.stdout  # no device values to spill on the CPU
+    # Where the hooks' time went: every hooked copy spent some in Sonde's
+    # hooks; on the CPU path none in device enqueues.
+    lines = p.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("host time a timed step"))
+    host = {}
+    for line in lines[first + 2:]:
+        if not line.strip():
+            break
+        host[line.split()[0]] = [float(v) for v in line.split()[1:]]
+    assert set(host) == {"stats", "stats_deferred", "values100", "values10"}, p.stdout
+    for name, (hook, enqueue, engine, handover) in host.items():
+        assert hook > 0, p.stdout
+        assert enqueue == engine == handover == 0, p.stdout

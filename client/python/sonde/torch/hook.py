@@ -35,6 +35,7 @@ disables itself (strict=True raises instead). Saves the collector refuses
 import atexit
 import contextlib
 import ctypes
+import functools
 import importlib
 import json
 import logging
@@ -132,6 +133,21 @@ def _from_numpy(value):
         # takes no negative strides and warns about read-only arrays.)
         array = array.copy(order="C")
     return torch.from_numpy(array)
+
+
+
+def _timed(method):
+    """Adds the method's time to the hook's _hook_seconds: where a step's
+    time goes, for benchmarks (counters()["hook_seconds"]). Only on methods
+    that always run eagerly, never traced by dynamo."""
+    @functools.wraps(method)
+    def timed(self, *args):
+        start = time.perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            self._hook_seconds += time.perf_counter() - start
+    return timed
 
 
 class Hook:
@@ -250,6 +266,7 @@ class Hook:
         self._tops = set()          # ids of registered top-level modules
         self._losses = []           # registered loss modules
         self._device_fences = 0     # fences after optimizer steps (defer_device_reads)
+        self._hook_seconds = 0.0    # the training thread's time in Sonde's hooks (_timed)
         self._gradient_fences = 0   # fences at the end of backward (defer_device_reads)
         self.defer_device_reads = bool(defer_device_reads)
         if self.defer_device_reads:
@@ -704,6 +721,7 @@ class Hook:
         if not _compile.is_compiling():
             _call_eagerly(self._watch_loss, module, inputs, outputs)
 
+    @_timed
     def _begin_forward(self, module, inputs):
         self._began_step = True
         self._start_step()
@@ -717,6 +735,7 @@ class Hook:
         except Exception as e:  # noqa: BLE001
             self._fail("saving weights", e)
 
+    @_timed
     def _save_module_tensors(self, module, inputs, outputs):
         if not self._due or self._disabled:
             return
@@ -744,6 +763,7 @@ class Hook:
         def hook(grad):
             if _compile.is_compiling() or not self._due or self._disabled or grad is None:
                 return None  # compiled autograd traces gradient hooks
+            start = time.perf_counter()
             try:
                 self._collect_param(self._grad_items, self._grad_keep, name, grad, None)
                 if self._grad_items and not self._grad_flush_queued:
@@ -755,9 +775,11 @@ class Hook:
                         self._flush_gradients)
             except Exception as e:  # noqa: BLE001
                 self._fail("saving gradients", e)
+            self._hook_seconds += time.perf_counter() - start
             return None
         return hook
 
+    @_timed
     def _flush_gradients(self):
         """Saves the gradients of the backward pass that just ended, in one
         native call (all CUDA gradients of a device and stream share one
@@ -1014,6 +1036,7 @@ class Hook:
         h = self._native
         counters = h.counters() if h is not None else {}
         counters["modules_missed"] = self._modules_missed
+        counters["hook_seconds"] = self._hook_seconds
         return counters
 
     @property
