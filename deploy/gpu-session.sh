@@ -171,7 +171,7 @@ write_summary() {
     f=$out/env.txt; [ -f "$f" ] && head -c 1200 "$f"
     f=$out/tests.txt; [ -f "$f" ] && grep -E '^=== |^\[  PASSED  \] [0-9]+ tests?|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests?,|^\[==========\] [0-9]+ tests? from .* ran' "$f" | head -40
     f=$out/gpu_check.txt; [ -f "$f" ] && grep -v -E '^FAIL ' "$f" | head -c 5000
-    f=$out/training.txt; [ -f "$f" ] && tail -c 2500 "$f"
+    f=$out/training.txt; [ -f "$f" ] && tail -c 4000 "$f"
     f=$out/torch.txt; [ -f "$f" ] && grep -E '^(=== |device:|model:|host time|copy|none|stats|values|FAILED|checks)' "$f" | head -c 3500
     # ncu: a line a kernel profiled.
     f=$out/ncu.txt; [ -f "$f" ] && awk '
