@@ -42,6 +42,11 @@ absl::Status ValidateScalars(const HookOptions& options) {
 
 }  // namespace
 
+struct Hook::DeviceScratch {
+  std::vector<DeviceCapture::Request> requests;
+  std::vector<QueuedTensor> queued;
+};
+
 absl::Status Hook::Validate(const HookOptions& options) {
   absl::Status s = ValidateScalars(options);
   if (!s.ok()) return s;
@@ -448,8 +453,11 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
   if (!step_open_) StartStepLocked();
   const int64_t mode_step = mode_steps_[mode_];
   absl::Status status;
-  std::vector<DeviceCapture::Request> requests;
-  std::vector<QueuedTensor> queued;
+  if (device_scratch_ == nullptr) device_scratch_ = std::make_unique<DeviceScratch>();
+  std::vector<DeviceCapture::Request>& requests = device_scratch_->requests;
+  std::vector<QueuedTensor>& queued = device_scratch_->queued;
+  requests.clear();
+  queued.clear();
   for (const NamedTensor* t : tensors) {
     SaveDecision d = collections_.Decide(t->name, t->collections, mode_, mode_step);
     if (!d.save) continue;
@@ -529,13 +537,15 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
       requests, tensors[0]->tensor.stream,
       [&](const std::vector<size_t>& ready,
           const std::vector<std::shared_ptr<PendingDeviceTensor>>& pending) {
-        std::vector<QueuedTensor> batch;
+        // Pointers, not a vector of the tensors: a step's few hundred would
+        // be a fresh allocation (and fresh pages) on every save.
+        std::vector<QueuedTensor*> batch;
         batch.reserve(ready.size());
         for (size_t i : ready) {
           queued[i].pending = pending[i];
-          batch.push_back(std::move(queued[i]));
+          batch.push_back(&queued[i]);
         }
-        for (size_t k : sender_->EnqueueTensors(std::move(batch))) {
+        for (size_t k : sender_->EnqueueTensors(batch)) {
           abandoned.push_back(pending[ready[k]]);
         }
       });

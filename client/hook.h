@@ -378,6 +378,11 @@ class Hook {
   // Names saved in the open step: a second save of a name is refused (and
   // counted), so no tensor reaches the collector twice in a step.
   absl::flat_hash_set<std::string> step_names_ ABSL_GUARDED_BY(mu_);
+  // SaveDeviceTensorsLocked's work lists, kept between calls: a step's few
+  // hundred tensors would otherwise be fresh allocations, and fresh pages,
+  // on every save.
+  struct DeviceScratch;
+  std::unique_ptr<DeviceScratch> device_scratch_ ABSL_GUARDED_BY(mu_);
   // The device path, created on the first device tensor (or its failure,
   // under mu_). The sender thread reads it without mu_: a save waiting for
   // device room holds mu_, and the room comes from the sender taking

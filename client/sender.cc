@@ -176,11 +176,11 @@ bool Sender::EnqueueTensor(QueuedTensor tensor) {
   return EnqueueTensorLocked(std::move(tensor));
 }
 
-std::vector<size_t> Sender::EnqueueTensors(std::vector<QueuedTensor> tensors) {
+std::vector<size_t> Sender::EnqueueTensors(absl::Span<QueuedTensor* const> tensors) {
   std::vector<size_t> dropped;
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!EnqueueTensorLocked(std::move(tensors[i]))) dropped.push_back(i);
+    if (!EnqueueTensorLocked(std::move(*tensors[i]))) dropped.push_back(i);
   }
   return dropped;
 }

@@ -42,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/backpressure.h"
 #include "client/device_capture.h"
 #include "client/queued_tensor.h"
@@ -127,9 +128,9 @@ class Sender {
   // when the tensor was dropped.
   bool EnqueueTensor(QueuedTensor tensor);
   // Several at once, under one lock and one wake-up of the sender thread
-  // (the device path queues a step's tensors together). The indices of the
-  // tensors dropped.
-  std::vector<size_t> EnqueueTensors(std::vector<QueuedTensor> tensors);
+  // (the device path queues a step's tensors together), each moved from
+  // where it points. The indices of the tensors dropped.
+  std::vector<size_t> EnqueueTensors(absl::Span<QueuedTensor* const> tensors);
   // Tensors of the open step that the hook saved but could not queue (the
   // device path refused them): counted and reported as gaps like drops.
   void RecordDropped(const std::string& first_name, uint32_t count, const std::string& why);
