@@ -199,6 +199,54 @@ def test_a_backward_passs_gradients_are_saved_in_one_call_when_it_ends(collector
     assert r.job_info().tensors_dropped == 0
 
 
+def test_layers_frozen_and_unfrozen_after_registration_save_what_trains(collector):
+    """Fine-tuning freezes and unfreezes layers while the hook has the
+    model: a frozen layer has no gradients to save and the hook stays
+    enabled (a saving step used to hook every parameter registered as
+    trainable, and PyTorch refuses hooks on frozen ones), and a layer
+    frozen at registration has its gradients saved once it trains."""
+    torch.manual_seed(5)
+    model = Net()
+    model.conv2.requires_grad_(False)  # frozen when registered
+    hook = smd.Hook(collector=collector.address, job="frozen",
+                    save_config=smd.SaveConfig(save_interval=2),
+                    include_collections=["gradients"])
+    hook.register_module(model)
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step, (x, y) in enumerate(batches(6)):
+        if step == 2:
+            model.conv1.requires_grad_(False)
+            model.conv2.requires_grad_(True)
+        if step == 4:
+            model.conv1.requires_grad_(True)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    assert not hook.disabled
+    assert hook.flush(30)
+    hook.close()
+    r = Reader(collector.address, "frozen")
+    names = r.names("gradients")
+    conv1 = {"gradient/Net_conv1.weight", "gradient/Net_conv1.bias"}
+    conv2 = {"gradient/Net_conv2.weight", "gradient/Net_conv2.bias"}
+    assert conv1 | conv2 <= set(names), names
+    for step, (has_conv1, has_conv2) in {0: (True, False), 2: (False, True),
+                                         4: (True, True)}.items():
+        stored = set()
+        for name in names:
+            try:
+                r.value(name, step)
+                stored.add(name)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.NOT_FOUND, e
+        assert (conv1 <= stored, conv2 <= stored) == (has_conv1, has_conv2), \
+            (step, sorted(stored))
+        assert not (conv1 - stored) or not (conv1 & stored), (step, sorted(stored))
+        assert "gradient/Net_fc1.weight" in stored, (step, sorted(stored))
+    assert r.job_info().tensors_dropped == 0
+
+
 def test_tensors_sonde_cannot_read_are_counted_gaps_and_training_goes_on(collector, caplog):
     """A tensor of a dtype, device or layout Sonde does not read (complex,
     meta, sparse CSR) is not saved: logged once, counted as dropped in its

@@ -472,9 +472,10 @@ class Hook:
         self._watched.extend(module.modules())
         self._weights[id(module)] = [("%s_%s" % (top, pname), param)
                                      for pname, param in module.named_parameters()]
+        # Every parameter: which require grad is asked at each saving step
+        # (fine-tuning freezes and unfreezes layers after registration).
         for pname, param in module.named_parameters():
-            if param.requires_grad:
-                self._gradients.append(("gradient/%s_%s" % (top, pname), param))
+            self._gradients.append(("gradient/%s_%s" % (top, pname), param))
 
     register_hook = register_module  # the name in smdebug's older notebooks
 
@@ -535,8 +536,9 @@ class Hook:
         h = self._native
         due = frozenset(h.due_collections())
         modules = self._step_modules()
+        trained = tuple(p.requires_grad for _, p in self._gradients)
         key = (due, h.collections_version(), self._modules_key, self._mode,
-               len(self._gradients), len(self._weights), len(self._arity))
+               trained, len(self._weights), len(self._arity))
         if key == self._plan_key:
             return self._plan_value
 
@@ -572,7 +574,7 @@ class Hook:
                 elif id(m) not in self._arity:
                     probing.append(m)  # a later input or output may be due
         gradients = self._mode not in (_modes.EVAL, _modes.PREDICT) and \
-            any_due([n for n, _ in self._gradients])
+            any_due([n for (n, _), t in zip(self._gradients, trained) if t])
         weights = any_due([n for ws in self._weights.values() for n, _ in ws])
         self._plan_key = key
         self._plan_value = (tuple(hooked + probing), gradients, weights, tuple(hooked))
@@ -586,7 +588,8 @@ class Hook:
             self._step_handles.append(m.register_forward_hook(self._forward_hook))
         if gradients:
             for name, param in self._gradients:
-                self._step_handles.append(param.register_hook(self._gradient_hook(name)))
+                if param.requires_grad:  # frozen ones have no gradient (and refuse hooks)
+                    self._step_handles.append(param.register_hook(self._gradient_hook(name)))
         self._hooked_plan = plan
 
     def _unhook_step(self):
