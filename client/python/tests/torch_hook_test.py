@@ -199,6 +199,47 @@ def test_a_backward_passs_gradients_are_saved_in_one_call_when_it_ends(collector
     assert r.job_info().tensors_dropped == 0
 
 
+def test_a_module_called_twice_in_a_step_saves_both_calls_under_their_own_names(collector):
+    """One nn.ReLU after every layer: each call's output is its own tensor
+    (`relu_output_0`, `relu_output_0_call1`), not a name sent twice in the
+    step, which the hook would refuse and count as a gap."""
+
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(4, 8)
+            self.fc2 = nn.Linear(8, 3)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            return self.relu(self.fc2(self.relu(self.fc1(x))))
+
+    torch.manual_seed(2)
+    model = Shared()
+    hook = smd.Hook(collector=collector.address, job="shared",
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["outputs"])
+    hook.register_module(model)
+    x = torch.randn(5, 4)
+    for _ in range(2):
+        model(x)
+    assert hook.flush(30)
+    counters = hook.counters()
+    hook.close()
+    assert counters["tensors_dropped"] == 0
+    r = Reader(collector.address, "shared")
+    names = r.names("outputs")
+    assert {"relu_output_0", "relu_output_0_call1"} <= set(names), names
+    with torch.no_grad():
+        first = torch.relu(model.fc1(x))
+        second = torch.relu(model.fc2(first))
+    for step in range(2):
+        assert r.value("relu_output_0", step).tobytes() == first.numpy().tobytes()
+        assert r.value("relu_output_0_call1", step).tobytes() == second.numpy().tobytes()
+    steps = r.stub.ListSteps(query_pb2.ListStepsRequest(job="shared"), timeout=10).steps
+    assert [(s.tensors_dropped, s.complete) for s in steps[:2]] == [(0, True), (0, True)]
+
+
 def test_layers_frozen_and_unfrozen_after_registration_save_what_trains(collector):
     """Fine-tuning freezes and unfreezes layers while the hook has the
     model: a frozen layer has no gradients to save and the hook stays

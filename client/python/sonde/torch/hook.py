@@ -260,6 +260,7 @@ class Hook:
         self._plan_value = None     # (modules, gradients?, weights?) of a saving step
         self._hooked_plan = None    # the plan the step hooks in place follow
         self._ran = set()           # ids of modules whose forward hook ran this step
+        self._calls = {}            # id(module) -> its forward hook's calls this step
         self._modules_missed = 0    # due in a saving step, hook never ran
         self._began_step = False    # a registered model's forward began a step
         self._arity = {}            # id(module) -> (inputs, outputs), once seen
@@ -658,6 +659,7 @@ class Hook:
         if self._profiling():
             self._forward_start = _now_micros()  # this step's forward begins
         self._account_modules()
+        self._calls = {}
         if self._grad_flush_queued:
             # The last backward raised before its end callback ran (autograd
             # drops it): its gradients were never saved.
@@ -747,6 +749,13 @@ class Hook:
             name = self._module_names.get(id(module))
             if name is None:
                 return
+            # A module called again in the step (one nn.ReLU used after
+            # every layer): its tensors are other tensors, named apart
+            # (`relu_output_0`, then `relu_output_0_call1`, ...), not the
+            # same name sent twice.
+            call = self._calls.get(id(module), 0)
+            self._calls[id(module)] = call + 1
+            suffix = "_call%d" % call if call else ""
             extra = self._module_collections.get(id(module), ())
             items, keep = [], []
             in_colls = ["inputs"] + [c for (c, i, _) in extra if i]
@@ -755,9 +764,11 @@ class Hook:
             if id(module) not in self._arity:  # the names later plans ask about
                 self._arity[id(module)] = (len(inputs), len(outputs))
             for i, t in enumerate(inputs):
-                self._collect(items, keep, "%s_input_%d" % (name, i), t.detach(), in_colls)
+                self._collect(items, keep, "%s_input_%d%s" % (name, i, suffix), t.detach(),
+                              in_colls)
             for i, t in enumerate(outputs):
-                self._collect(items, keep, "%s_output_%d" % (name, i), t.detach(), out_colls)
+                self._collect(items, keep, "%s_output_%d%s" % (name, i, suffix), t.detach(),
+                              out_colls)
             self._save_items(items)
         except Exception as e:  # noqa: BLE001
             self._fail("saving module tensors", e)
