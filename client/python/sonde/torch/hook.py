@@ -261,6 +261,11 @@ class Hook:
         self._hooked_plan = None    # the plan the step hooks in place follow
         self._ran = set()           # ids of modules whose forward hook ran this step
         self._calls = {}            # id(module) -> its forward hook's calls this step
+        # With defer_device_reads: CUDA copies made only to be read (dense,
+        # contiguous), kept until the next fence orders training after the
+        # reads; freed sooner, the caching allocator could hand their memory
+        # to training's next kernels before the statistics have read it.
+        self._unfenced_copies = []
         self._modules_missed = 0    # due in a saving step, hook never ran
         self._began_step = False    # a registered model's forward began a step
         self._arity = {}            # id(module) -> (inputs, outputs), once seen
@@ -605,6 +610,7 @@ class Hook:
         far. Call it before overwriting a saved tensor other than through a
         torch.optim optimizer's step or the next step."""
         self._native_call("fence_device")
+        self._unfenced_copies = []
 
     def _after_optimizer_step(self, optimizer, args, kwargs):
         h = self._native
@@ -612,6 +618,7 @@ class Hook:
             return
         try:
             h.fence_device()
+            self._unfenced_copies = []
             self._device_fences += 1
         except Exception as e:  # noqa: BLE001
             self._fail("fencing device reads after an optimizer step", e)
@@ -671,7 +678,8 @@ class Hook:
             self._stop_raised = True
             raise StopTrainingRequested(self.stop_action())
         try:
-            h.start_step()
+            h.start_step()  # fences the last step's reads
+            self._unfenced_copies = []
             self._due = h.step_may_save()
             if self._due:
                 plan = self._plan()
@@ -820,6 +828,7 @@ class Hook:
                 # in place between backward and the optimizer's step
                 # (clipping, AMP's unscaling), which no hook announces.
                 self._native.fence_device()
+                self._unfenced_copies = []
                 self._gradient_fences += 1
         except SondeError:
             raise
@@ -924,10 +933,13 @@ class Hook:
             items.append((name, 0, tensor_pb2.DTYPE_UNSPECIFIED, [0], collections, 0, 0, 0))
             return
         dtype = _DTYPES[t.dtype]
+        original = t
         if t.is_sparse:
             t = t.to_dense()
         if not t.is_contiguous():
             t = t.contiguous()
+        if t is not original and t.is_cuda and self.defer_device_reads:
+            self._unfenced_copies.append(t)
         if t.is_cuda:
             device = t.device.index or 0
             stream = 0
