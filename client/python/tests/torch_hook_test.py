@@ -240,6 +240,48 @@ def test_a_module_called_twice_in_a_step_saves_both_calls_under_their_own_names(
     assert [(s.tensors_dropped, s.complete) for s in steps[:2]] == [(0, True), (0, True)]
 
 
+def cpu_replica(module):
+    """What nn.parallel.replicate makes of a module for one more GPU, on the
+    CPU: a replica of every submodule (_is_replica, the original's hooks),
+    the parameters as tensors that backpropagate to the original's."""
+    replicas = {id(m): m._replicate_for_data_parallel() for m in module.modules()}
+    for m in module.modules():
+        r = replicas[id(m)]
+        for name, child in m._modules.items():
+            r._modules[name] = replicas[id(child)]
+        for name, p in m._parameters.items():
+            if p is not None:
+                setattr(r, name, p.view_as(p))
+    return replicas[id(module)]
+
+
+def test_data_parallel_replicas_neither_begin_steps_nor_save(collector):
+    """nn.DataParallel runs a replica of the model per GPU, with copies of
+    its hooks, each forward: only the registered model's own call begins a
+    step and saves; the replicas' calls save nothing twice and begin no
+    step of their own."""
+    torch.manual_seed(4)
+    model = Net()
+    hook = smd.Hook(collector=collector.address, job="replicas",
+                    save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["outputs", "gradients"])
+    hook.register_module(model)
+    loss_fn = nn.CrossEntropyLoss()
+    for x, y in batches(3):
+        replica = cpu_replica(model)  # DataParallel replicates every forward
+        out = torch.cat([model(x[:8]), replica(x[8:])])
+        loss_fn(out, y).backward()
+    assert hook.flush(30)
+    counters = hook.counters()
+    hook.close()
+    assert counters["tensors_dropped"] == 0
+    r = Reader(collector.address, "replicas")
+    steps = r.stub.ListSteps(query_pb2.ListStepsRequest(job="replicas"), timeout=10).steps
+    assert [(s.step, s.complete) for s in steps if s.tensor_count] == \
+        [(0, True), (1, True), (2, True)]
+    assert r.value("Net_output_0", 2).shape == (8, 10)  # the model's own half of the batch
+
+
 def test_layers_frozen_and_unfrozen_after_registration_save_what_trains(collector):
     """Fine-tuning freezes and unfreezes layers while the hook has the
     model: a frozen layer has no gradients to save and the hook stays

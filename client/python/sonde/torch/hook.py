@@ -717,12 +717,22 @@ class Hook:
     # run eagerly, never into a graph (see _compile.py).
 
     def _forward_pre_hook(self, module, inputs):
+        # nn.DataParallel's replicas carry copies of these hooks and run them
+        # on their own threads, every forward: the registered model's own
+        # call begins the step, not theirs.
+        if getattr(module, "_is_replica", False):
+            return
         # Inlined (the model called from a compiled function): a graph break
         # begins the step eagerly, unless breaks are errors there.
         if not (_compile.is_compiling() and _compile.breaks_forbidden()):
             _call_eagerly(self._begin_forward, module, inputs)
 
     def _forward_hook(self, module, inputs, outputs):
+        # A DataParallel replica's tensors are slices of the batch on other
+        # threads, named like the module's: not saved (the module's hook
+        # not running is counted by _account_modules).
+        if getattr(module, "_is_replica", False):
+            return
         if not _compile.is_compiling():  # inlined: counted by _account_modules
             _call_eagerly(self._save_module_tensors, module, inputs, outputs)
 
