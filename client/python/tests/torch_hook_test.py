@@ -282,6 +282,23 @@ def test_data_parallel_replicas_neither_begin_steps_nor_save(collector):
     assert r.value("Net_output_0", 2).shape == (8, 10)  # the model's own half of the batch
 
 
+def test_a_model_that_runs_only_as_replicas_says_so(collector, caplog):
+    """The model inside a DataParallel registered instead of the
+    DataParallel: only replicas run, which begin no step; the hook says
+    what to register instead."""
+    model = Net()
+    hook = smd.Hook(collector=collector.address, job="inner",
+                    save_config=smd.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    with caplog.at_level(logging.WARNING, logger="sonde"):
+        for x, _ in batches(2):
+            cpu_replica(model)(x)
+    assert hook.step == -1
+    assert not hook.disabled
+    hook.close()
+    assert "register the DataParallel module itself" in caplog.text
+
+
 def test_layers_frozen_and_unfrozen_after_registration_save_what_trains(collector):
     """Fine-tuning freezes and unfreezes layers while the hook has the
     model: a frozen layer has no gradients to save and the hook stays

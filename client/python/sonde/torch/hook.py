@@ -719,8 +719,14 @@ class Hook:
     def _forward_pre_hook(self, module, inputs):
         # nn.DataParallel's replicas carry copies of these hooks and run them
         # on their own threads, every forward: the registered model's own
-        # call begins the step, not theirs.
+        # call begins the step, not theirs. A registered model that only
+        # runs as replicas (the model inside the DataParallel) begins none:
+        # said once, since nothing is saved then.
         if getattr(module, "_is_replica", False):
+            self._log_once("replica", "a registered model runs as nn.DataParallel replicas, "
+                           "which begin no step and save nothing: register the DataParallel "
+                           "module itself (hook.register_module(dp)) so that its forward "
+                           "begins the steps")
             return
         # Inlined (the model called from a compiled function): a graph break
         # begins the step eagerly, unless breaks are errors there.
