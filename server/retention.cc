@@ -19,11 +19,19 @@ bool HasEnded(const v1::JobInfo& job) {
 }  // namespace
 
 absl::StatusOr<storage::DeletedJob> EraseJob(const std::string& job, storage::Store& store,
-                                             JobRegistry& registry) {
+                                             JobRegistry& registry,
+                                             std::optional<uint64_t> job_id) {
   std::optional<storage::DeletedJob> marked;
   // Only the first, quick step under the job's lock; the range deletes and
   // the compaction run after it.
   SONDE_RETURN_IF_ERROR(registry.Forget(job, [&]() -> absl::Status {
+    if (job_id.has_value()) {
+      SONDE_ASSIGN_OR_RETURN(v1::JobInfo now, store.GetJob(job));
+      if (now.job_id() != *job_id) {
+        return absl::NotFoundError(absl::StrCat("job '", job, "' is now job id ", now.job_id(),
+                                                ", created since; not job id ", *job_id));
+      }
+    }
     SONDE_ASSIGN_OR_RETURN(storage::DeletedJob d, store.MarkJobDeleted(job));
     marked = std::move(d);
     return absl::OkStatus();
@@ -70,7 +78,8 @@ absl::StatusOr<RetentionReport> ApplyRetention(const RetentionOptions& options,
            std::make_pair(b.end_unix_micros(), b.job_id());
   });
   auto erase = [&](const v1::JobInfo& j) -> absl::Status {
-    auto deleted = EraseJob(j.job(), store, registry);
+    // The job listed, not one created under its name since.
+    auto deleted = EraseJob(j.job(), store, registry, j.job_id());
     if (deleted.ok()) {
       report.deleted.push_back(*std::move(deleted));
       return absl::OkStatus();

@@ -34,8 +34,11 @@ namespace sonde::server {
 // Deletes one job and everything stored for it, and gives the disk space
 // back. FailedPrecondition while the job is live here (streaming, or rules
 // still judging it), NotFound for an unknown job, store errors as they come.
+// With `job_id`, only while the name is still that job's (NotFound once it
+// names a job created since: retention lists jobs, then erases them).
 absl::StatusOr<storage::DeletedJob> EraseJob(const std::string& job, storage::Store& store,
-                                             JobRegistry& registry);
+                                             JobRegistry& registry,
+                                             std::optional<uint64_t> job_id = std::nullopt);
 
 // What one pass of the policy did.
 struct RetentionReport {

@@ -237,6 +237,34 @@ TEST_F(RetentionTest, EraseJobRefusesUnknownJobs) {
               StatusIs(absl::StatusCode::kNotFound, "done"));
 }
 
+// Retention lists the ended jobs, then erases them one by one; a job
+// deleted and created again under its name in between is another job and
+// stays, however its times compare.
+TEST_F(RetentionTest, AJobCreatedAgainUnderAListedNameIsNotErased) {
+  AddJob("old", v1::JOB_STATUS_FINISHED, kNow - absl::Hours(50), kNow - absl::Hours(49));
+  AddJob("older", v1::JOB_STATUS_FINISHED, kNow - absl::Hours(60), kNow - absl::Hours(59));
+  uint64_t fresh = 0;
+  RetentionOptions options;
+  options.max_age = absl::Hours(24);
+  int calls = 0;
+  auto report = ApplyRetention(options, *store_, *registry_, kNow, [&]() {
+    if (++calls == 2) {  // after "older" went, before "old" goes
+      EXPECT_THAT(EraseJob("old", *store_, *registry_), IsOk());
+      fresh = AddJob("old", v1::JOB_STATUS_FINISHED, kNow - absl::Hours(2), kNow - absl::Hours(1));
+    }
+    return false;
+  });
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(Names(*report), (std::vector<std::string>{"older"}));
+  EXPECT_EQ(report->skipped, 1u);
+  EXPECT_EQ(JobNames(), (std::vector<std::string>{"old"}));
+  auto kept = store_->GetJob("old");
+  ASSERT_THAT(kept, IsOk());
+  EXPECT_EQ(kept->job_id(), fresh);
+  EXPECT_THAT(EraseJob("old", *store_, *registry_, fresh + 1),
+              StatusIs(absl::StatusCode::kNotFound, "created since"));
+}
+
 TEST_F(RetentionTest, BadOptionsAreRefused) {
   RetentionOptions options;
   options.max_age = absl::ZeroDuration();
