@@ -349,7 +349,7 @@ void RuleRunner::Evaluate(size_t index, const Input& input) {
       r.set_message(absl::StrCat(f.message, " (step judged without worker",
                                  step->missing_workers.size() > 1 ? "s " : " ",
                                  absl::StrJoin(step->missing_workers, ", "),
-                                 ", which had not sent it within the step wait)"));
+                                 ", whose part of it had not arrived)"));
     }
     r.set_suggestion(f.suggestion.empty() ? inst.suggestion : f.suggestion);
     r.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "proto/records.pb.h"
@@ -20,7 +21,8 @@ namespace sonde::server {
 class StepAssembler {
  public:
   // Called with each step handed on, in step order; its missing_workers
-  // name connected workers that had not committed it.
+  // name the job's workers (every one attached so far) that had not
+  // committed it: late ones, gone ones, and ones that skipped it.
   using Deliver = std::function<void(rules::StepData)>;
 
   // After a restart: steps some worker had not committed (handed on as
@@ -52,10 +54,17 @@ class StepAssembler {
 
  private:
   void DeliverComplete(const Deliver& deliver);
-  void DeliverFirst(std::vector<int32_t> missing, const Deliver& deliver);
+  void DeliverFirst(const Deliver& deliver);
+  // The workers `step` (pending) is handed on without.
+  std::vector<int32_t> MissingAt(int64_t step) const;
 
   std::map<int64_t, rules::StepData> pending_;  // committed by some, not all
   std::map<int64_t, absl::Time> pending_since_;  // when each first arrived
+  std::map<int64_t, std::set<int32_t>> committed_by_;  // pending steps' committers
+  // Pending steps restored after a restart: who committed them before is
+  // not known, only who has not committed that far.
+  std::set<int64_t> restored_;
+  std::set<int32_t> known_;                      // every worker attached
   std::map<int32_t, int64_t> last_step_;        // per connected worker
   std::multiset<int64_t> last_steps_;           // the same, ordered: the least first
   int64_t delivered_through_ = -1;

@@ -64,7 +64,7 @@ TEST(StepAssembler, AWorkerThatLeavesNoLongerHoldsStepsBack) {
   a.Attach(1, -1);
   Commit(a, 0, 0, h, absl::Now());
   a.Detach(1, h.deliver());
-  EXPECT_EQ(h.steps, (std::vector<std::string>{"0"}));
+  EXPECT_EQ(h.steps, (std::vector<std::string>{"0-1"}));  // without worker 1's part
 }
 
 TEST(StepAssembler, TheStepWaitHandsOnWhatArrivedNamingWhoIsMissing) {
@@ -97,7 +97,28 @@ TEST(StepAssembler, AtTheEndEverythingPendingGoesInOrder) {
   Commit(a, 0, 2, h, absl::Now());
   Commit(a, 0, 3, h, absl::Now());
   a.DeliverAll(h.deliver());
-  EXPECT_EQ(h.steps, (std::vector<std::string>{"2", "3"}));
+  EXPECT_EQ(h.steps, (std::vector<std::string>{"2-1", "3-1"}));  // worker 1 sent neither
+}
+
+// A worker whose step was lost (its end dropped on the client) commits the
+// next one: the lost step is handed on as the others' steps complete, and
+// names it, as ListSteps does, instead of passing for whole.
+TEST(StepAssembler, AStepAWorkerSkippedNamesItWhenHandedOn) {
+  StepAssembler a;
+  Handed h;
+  const absl::Time t0 = absl::Now();
+  a.Attach(0, -1);
+  a.Attach(1, -1);
+  Commit(a, 0, 0, h, t0);
+  Commit(a, 1, 0, h, t0);
+  Commit(a, 0, 1, h, t0);
+  Commit(a, 0, 2, h, t0);
+  Commit(a, 1, 2, h, t0);  // worker 1 never sends step 1
+  EXPECT_EQ(h.steps, (std::vector<std::string>{"0", "1-1", "2"}));
+  // So does the step wait.
+  Commit(a, 1, 3, h, t0);
+  a.DeliverOverdue(t0 + absl::Seconds(10), absl::Seconds(5), h.deliver());
+  EXPECT_EQ(h.steps, (std::vector<std::string>{"0", "1-1", "2", "3-0"}));
 }
 
 TEST(StepAssembler, ARestoreGoesOnWhereTheLastCollectorStopped) {
