@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "server/job_record.h"
 #include "server/watchers.h"
 
 namespace sonde::server {
@@ -261,6 +262,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
     absl::StatusOr<v1::JobInfo> job = store_->GetJob(request.job());
     if (!job.ok()) return job.status();
     job_id_ = job->job_id();
+    world_size_ = job->world_size();
     {
       // Before any step can be heard: what is at or below it is skipped.
       absl::MutexLock lock(&mu_);
@@ -332,6 +334,8 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
       out->set_step(s.step());
       out->set_mode(s.mode());
       out->set_mode_step(s.mode_step());
+      // As the rules were told, and as ListSteps says.
+      for (int32_t w : MissingWorkers(s.workers(), world_size_)) out->add_missing_workers(w);
       sent_through_ = s.step();
       read_stored_ = true;
       is_part_ = false;
@@ -401,6 +405,7 @@ class StepsWatch final : public WatchCall<v1::CompletedStep> {
   storage::Store* const store_;
   const WatchOptions options_;
   uint64_t job_id_ = 0;
+  int32_t world_size_ = 1;  // the job's when the watch began: its stored steps' workers
   std::vector<v1::StepInfo> backlog_ ABSL_GUARDED_BY(mu_);  // stored steps to send first
   size_t next_backlog_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<v1::CompletedStep> queue_ ABSL_GUARDED_BY(mu_);  // delivered, not yet written

@@ -2,6 +2,7 @@
 // across collector restarts, and steps name the workers they miss (issue
 // 16, item 3). Before, a job finished once every worker that had joined
 // since the collector started had ended, and the others were then refused.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,22 @@ TEST(MultiWorker, AJobEndsOnlyWhenEveryWorkerHasEnded) {
       ASSERT_EQ(s.missing_workers_size(), 1) << s.step();
       EXPECT_EQ(s.missing_workers(0), 0);
     }
+  }
+  // A watch of the ended job reads its stored steps: they name worker 0 as
+  // missing too.
+  std::map<int64_t, std::vector<int32_t>> watched;
+  SONDE_ASSERT_OK(QueryClient::Connect(collector.address())
+                      ->WatchSteps(
+                          "two", 0,
+                          [&](const v1::CompletedStep& s) {
+                            watched[s.step()].assign(s.missing_workers().begin(),
+                                                     s.missing_workers().end());
+                            return true;
+                          },
+                          absl::Seconds(30)));
+  ASSERT_EQ(watched.size(), 6u);
+  for (const auto& [step, missing] : watched) {
+    EXPECT_EQ(missing, step < 3 ? std::vector<int32_t>{} : std::vector<int32_t>{0}) << step;
   }
 }
 
