@@ -105,23 +105,33 @@ absl::StatusOr<std::optional<Pattern>> CompileRegex(const std::string& pattern) 
   return std::optional<Pattern>(std::move(*p));
 }
 
-// Resolves (step, mode) as smdebug's value(step, mode) does: a mode step for
-// TRAIN/EVAL/PREDICT, a global step otherwise.
+// Resolves (step, mode) of `worker` as smdebug's value(step, mode) does: a
+// mode step for TRAIN/EVAL/PREDICT, a global step otherwise. A global step
+// is looked up in the worker's own steps: workers' mode steps need not agree
+// at one global step (one took a step more, or evaluated while the others
+// trained), and another worker's mode step would read this worker's data of
+// some other step.
 absl::StatusOr<std::pair<v1::Mode, int64_t>> ResolveStep(storage::Store* store,
                                                          uint64_t job_id, int64_t step,
-                                                         v1::Mode mode) {
+                                                         v1::Mode mode, int32_t worker) {
   if (mode == v1::MODE_TRAIN || mode == v1::MODE_EVAL || mode == v1::MODE_PREDICT) {
     return std::make_pair(mode, step);
   }
-  SONDE_ASSIGN_OR_RETURN(v1::StepInfo info, store->FindGlobalStep(job_id, step));
-  return std::make_pair(info.mode(), info.mode_step());
+  SONDE_ASSIGN_OR_RETURN(std::optional<v1::StepInfo> info,
+                         store->WorkerGlobalStepAt(job_id, step, worker));
+  if (!info.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", worker, " stored no step at global step ", step));
+  }
+  return std::make_pair(info->mode(), info->mode_step());
 }
 
 absl::Status ReadTensorImpl(storage::Store* store, const v1::ReadTensorRequest& req,
                             grpc::ServerWriter<v1::TensorChunk>* writer) {
   SONDE_ASSIGN_OR_RETURN(v1::JobInfo job, FindJob(store, req.job()));
   SONDE_RETURN_IF_ERROR(CheckMode(req.mode()));
-  SONDE_ASSIGN_OR_RETURN(auto where, ResolveStep(store, job.job_id(), req.step(), req.mode()));
+  SONDE_ASSIGN_OR_RETURN(auto where,
+                         ResolveStep(store, job.job_id(), req.step(), req.mode(), req.worker()));
   uint32_t index = 0;
   uint64_t offset = 0;
   SONDE_ASSIGN_OR_RETURN(

@@ -459,6 +459,18 @@ absl::StatusOr<std::optional<v1::StepInfo>> Store::WorkerStepAt(uint64_t job_id,
   return std::optional<v1::StepInfo>(std::move(step));
 }
 
+absl::StatusOr<std::optional<v1::StepInfo>> Store::WorkerGlobalStepAt(uint64_t job_id,
+                                                                      int64_t step,
+                                                                      int32_t worker) {
+  std::string bytes;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), handles_[kJobs],
+                               GlobalStepKey(job_id, step, worker), &bytes);
+  if (s.IsNotFound()) return std::optional<v1::StepInfo>();
+  SONDE_RETURN_IF_ERROR(FromRocks(s, "reading a global step"));
+  SONDE_ASSIGN_OR_RETURN(v1::StepInfo info, Parse<v1::StepInfo>(bytes, "step"));
+  return std::optional<v1::StepInfo>(std::move(info));
+}
+
 absl::StatusOr<std::vector<v1::TensorRecord>> Store::TensorsAtStep(uint64_t job_id,
                                                                    v1::Mode mode,
                                                                    int64_t mode_step) {

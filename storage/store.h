@@ -132,7 +132,12 @@ class Store {
   absl::Status ForEachStep(uint64_t job_id, v1::Mode mode, int64_t start,
                            const std::function<bool(v1::StepInfo&)>& fn);
   // The mode and mode step of a global step; NotFound if no worker stored it.
+  // Workers merged: where their mode steps differ at the step, the mode step
+  // is one worker's; a read of one worker's data uses WorkerGlobalStepAt.
   absl::StatusOr<v1::StepInfo> FindGlobalStep(uint64_t job_id, int64_t step);
+  // What `worker` stored at global step `step` (one point read); nullopt if nothing.
+  absl::StatusOr<std::optional<v1::StepInfo>> WorkerGlobalStepAt(uint64_t job_id, int64_t step,
+                                                                 int32_t worker);
   // What `worker` stored at a mode step (one point read); nullopt if nothing.
   absl::StatusOr<std::optional<v1::StepInfo>> WorkerStepAt(uint64_t job_id, v1::Mode mode,
                                                            int64_t mode_step, int32_t worker);

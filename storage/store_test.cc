@@ -233,6 +233,17 @@ TEST(Store, WorkersOfOneStepAreKeptApartAndMergedInStepLists) {
   SONDE_ASSERT_OK(global);
   EXPECT_EQ(global->mode(), v1::MODE_TRAIN);
   EXPECT_THAT(store->FindGlobalStep(1, 4), StatusIs(absl::StatusCode::kNotFound, "4"));
+  // Each worker's own entry, one point read.
+  auto own = store->WorkerGlobalStepAt(1, 3, 1);
+  SONDE_ASSERT_OK(own);
+  ASSERT_TRUE(own->has_value());
+  EXPECT_EQ((*own)->mode_step(), 3);
+  EXPECT_EQ(std::vector<int32_t>((*own)->workers().begin(), (*own)->workers().end()),
+            (std::vector<int32_t>{1}));
+  EXPECT_EQ((*own)->duration_seconds(), 2.0);
+  auto none = store->WorkerGlobalStepAt(1, 3, 2);
+  SONDE_ASSERT_OK(none);
+  EXPECT_FALSE(none->has_value());
 }
 
 // Each worker's progress is its own key: writing one worker's leaves the

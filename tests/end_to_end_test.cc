@@ -1,6 +1,7 @@
 // End-to-end: the real collector (RocksDB, gRPC on a loopback port) driven
 // by the real C++ hook, read back through the real query client.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -614,10 +615,11 @@ class RawStream {
     m.set_seq(++seq_);
     return stream_->Write(m);
   }
-  bool Hello(const std::string& job) {
+  bool Hello(const std::string& job, int32_t worker = 0, int32_t world_size = 1) {
     v1::ClientMessage m;
     m.mutable_hello()->set_job(job);
-    m.mutable_hello()->set_world_size(1);
+    m.mutable_hello()->set_worker(worker);
+    m.mutable_hello()->set_world_size(world_size);
     return Send(m);
   }
   // Reads until the server ends the stream and returns its status.
@@ -754,6 +756,44 @@ TEST(EndToEnd, AModeStepStoredByAnEarlierStreamIsNotOverwritten) {
   SONDE_ASSERT_OK(steps);
   ASSERT_EQ(steps->size(), 1u);
   EXPECT_EQ(steps->front().step(), 0);
+}
+
+// Workers' mode steps need not agree at a global step: here worker 1 took a
+// TRAIN step at global step 1 that worker 0 did not. A global step read of
+// one worker is that worker's own step, never the TRAIN step another worker
+// stored at it; a global step the worker has no point at is NotFound.
+TEST(EndToEnd, AGlobalStepReadOfAWorkerIsThatWorkersOwnStep) {
+  InProcessCollector collector;
+  // (global step, TRAIN step, value) of each worker.
+  const std::vector<std::vector<std::array<int64_t, 3>>> steps = {
+      {{0, 0, 0}, {2, 1, 2}},                // worker 0
+      {{0, 0, 100}, {1, 1, 101}, {2, 2, 102}},  // worker 1
+  };
+  for (int32_t worker = 0; worker < 2; ++worker) {
+    RawStream s(collector.address());
+    ASSERT_TRUE(s.Hello("skew", worker, 2));
+    for (const auto& [step, mode_step, value] : steps[worker]) {
+      v1::TensorChunk header = Header("w", step, {1});
+      header.set_mode_step(mode_step);
+      s.Send(Chunk(SplitIntoChunks(header, Bytes({static_cast<float>(value)}), 1024)[0]));
+      s.Send(StepEnd(step, mode_step));
+    }
+    grpc::Status st = s.Finish();
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  auto q = QueryClient::Connect(collector.address());
+  for (int32_t worker = 0; worker < 2; ++worker) {
+    for (const auto& [step, mode_step, value] : steps[worker]) {
+      auto read = q->ReadTensor("skew", "w", step, v1::MODE_GLOBAL, worker);
+      SONDE_ASSERT_OK(read);
+      EXPECT_EQ(read->bytes, Bytes({static_cast<float>(value)}))
+          << "worker " << worker << " global step " << step;
+      EXPECT_EQ(read->header.step(), step);
+      EXPECT_EQ(read->header.mode_step(), mode_step);
+    }
+  }
+  EXPECT_THAT(q->ReadTensor("skew", "w", 1, v1::MODE_GLOBAL, 0),
+              StatusIs(absl::StatusCode::kNotFound, "worker 0 stored no step at global step 1"));
 }
 
 TEST(EndToEnd, AnUnreachableCollectorNeverBlocksTraining) {
