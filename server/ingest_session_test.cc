@@ -1326,6 +1326,60 @@ TEST_F(IngestSessionTest, DroppedTensorsAndStepsReportedByTheClientAreStoredAsGa
   EXPECT_EQ((*steps)[1].tensor_count(), 0u);
 }
 
+// A client whose job end was stored but not acknowledged (the stream
+// broke, or the collector restarted) reconnects and sends it again: its
+// dropped steps are counted once. A new client for the worker after that
+// end is a new session, whose own end counts.
+TEST_F(IngestSessionTest, AJobEndResentAfterAReconnectIsCountedOnce) {
+  auto end_job = [](Worker& w, uint64_t steps_dropped) -> absl::StatusOr<v1::Ack> {
+    v1::ClientMessage end = JobEndMessage("finished");
+    end.mutable_job_end()->set_steps_dropped(steps_dropped);
+    absl::StatusOr<Next> next = w.Send(end);
+    if (!next.ok()) return next.status();
+    return w.session().EndJob();
+  };
+  Worker other(registry_.get());  // worker 1 keeps the job running throughout
+  ASSERT_THAT(other.Join(ClientHello("resent-end", 50, 1, 2)), IsOk());
+  {
+    Worker first(registry_.get());
+    ASSERT_THAT(first.Join(ClientHello("resent-end", 21, 0, 2)), IsOk());
+    ASSERT_THAT(end_job(first, 2), IsOk());
+  }  // the ack was lost
+  {
+    Worker again(registry_.get());
+    ASSERT_THAT(again.Join(ClientHello("resent-end", 21, 0, 2)), IsOk());
+    ASSERT_THAT(end_job(again, 2), IsOk());
+  }
+  other.Close();      // before the registry goes: its stream goes with it
+  StartRegistry({});  // and again after a collector restart
+  {
+    Worker after_restart(registry_.get());
+    ASSERT_THAT(after_restart.Join(ClientHello("resent-end", 21, 0, 2)), IsOk());
+    ASSERT_THAT(end_job(after_restart, 2), IsOk());
+  }
+  auto info = store_->GetJob("resent-end");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->steps_dropped(), 2u);
+  EXPECT_EQ(std::vector<int32_t>(info->ended_workers().begin(), info->ended_workers().end()),
+            (std::vector<int32_t>{0}));
+  EXPECT_NE(info->status(), v1::JOB_STATUS_FINISHED);
+
+  // Another client takes the ended worker over: a new session, counted.
+  Worker fresh(registry_.get());
+  ASSERT_THAT(fresh.Join(ClientHello("resent-end", 22, 0, 2)), IsOk());
+  info = store_->GetJob("resent-end");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->ended_workers_size(), 0);
+  ASSERT_THAT(end_job(fresh, 1), IsOk());
+  Worker last(registry_.get());
+  ASSERT_THAT(last.Join(ClientHello("resent-end", 50, 1, 2)), IsOk());
+  ASSERT_THAT(end_job(last, 0), IsOk());
+  info = store_->GetJob("resent-end");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->steps_dropped(), 3u);
+  EXPECT_EQ(info->status(), v1::JOB_STATUS_FINISHED);
+}
+
 // ---------------------------------------------------------------------------
 // 6. Two workers and rules.
 

@@ -167,9 +167,18 @@ std::optional<v1::Action> StopDecided(const std::vector<v1::RuleResult>& results
 }
 
 void AttachWorker(v1::JobInfo& info, int32_t worker, uint64_t client_id) {
+  auto owner = info.worker_client_id().find(worker);
+  // The client whose job end was counted, back after a lost ack: it only
+  // resends what it sent before, that end included, which must count once
+  // (its dropped steps would count twice). Another client, or one without
+  // an id (it cannot be told from a new one), starts a new session.
+  const bool resending_end =
+      client_id != 0 && owner != info.worker_client_id().end() && owner->second == client_id;
   (*info.mutable_worker_client_id())[worker] = client_id;
   auto* ended = info.mutable_ended_workers();
-  ended->erase(std::remove(ended->begin(), ended->end(), worker), ended->end());
+  if (!resending_end) {
+    ended->erase(std::remove(ended->begin(), ended->end(), worker), ended->end());
+  }
   auto* workers = info.mutable_workers();
   if (std::find(workers->begin(), workers->end(), worker) == workers->end()) {
     info.add_workers(worker);

@@ -80,8 +80,9 @@ v1::JobInfo StartRegistered(const v1::JobInfo& registered, const v1::JobInfo& fr
 std::optional<v1::Action> StopDecided(const std::vector<v1::RuleResult>& results);
 
 // `worker` streams again from client `client_id`: it is a worker of the job
-// (once, sorted), its owner is that client, it has not ended, and the job
-// runs.
+// (once, sorted), its owner is that client, and the job runs. It has not
+// ended unless its end came from this same client (nonzero id): that client
+// is back to resend the end, which AddWorkerEnd then counts once.
 void AttachWorker(v1::JobInfo& info, int32_t worker, uint64_t client_id);
 
 // The worker's last stored global step; -1 if none.

@@ -190,6 +190,27 @@ TEST(JobRecord, AWorkerThatComesBackRunsAgain) {
   EXPECT_EQ(WorkerLastStep(info, 0), 4);
 }
 
+TEST(JobRecord, TheClientWhoseEndWasCountedStaysEndedWhenItComesBackToResendIt) {
+  v1::JobInfo info;
+  info.set_world_size(2);
+  AttachWorker(info, 0, 7);
+  AddWorkerEnd(info, 0, "finished", 2);
+  AttachWorker(info, 0, 7);  // reconnects to resend the job end it was not told was stored
+  AddWorkerEnd(info, 0, "finished", 2);
+  EXPECT_EQ(info.steps_dropped(), 2u);
+  EXPECT_EQ(std::vector<int32_t>(info.ended_workers().begin(), info.ended_workers().end()),
+            (std::vector<int32_t>{0}));
+  // A client without an id cannot be told from a new one: it runs again.
+  AttachWorker(info, 0, 0);
+  EXPECT_EQ(info.ended_workers_size(), 0);
+  AddWorkerEnd(info, 0, "finished", 1);
+  // Another client is a new session: it runs again, and its end counts.
+  AttachWorker(info, 0, 8);
+  EXPECT_EQ(info.ended_workers_size(), 0);
+  AddWorkerEnd(info, 0, "finished", 1);
+  EXPECT_EQ(info.steps_dropped(), 4u);
+}
+
 TEST(JobRecord, HellosAreCheckedBeforeAnyJobSeesThem) {
   v1::Hello hello;
   hello.set_job("j");
