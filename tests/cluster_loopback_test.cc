@@ -314,7 +314,13 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, expected);  // each job once, from its owner
   // The exploding loss of job-0: its StopTraining fired once and came back.
+  // (Asked again for a while: the member asked may be one the last round
+  // restarted, still catching up with the others.)
   auto fired = etcd_client_->List(absl::StrCat(kPrefix, "/actions/job-0/"));
+  WaitUntil([&] {
+    fired = etcd_client_->List(absl::StrCat(kPrefix, "/actions/job-0/"));
+    return fired.ok() && !fired->empty();
+  }, absl::Seconds(30));
   SONDE_ASSERT_OK(fired);
   EXPECT_EQ(fired->size(), 1u);
   EXPECT_TRUE(hooks[0]->should_stop());
@@ -338,14 +344,24 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
   RecordProperty("warm_takeovers", warm);
   RecordProperty("cold_takeovers", cold);
   EXPECT_GE(warm, 1) << "no standby took a partition over; the nodes said:\n" << placements;
+  // A node or gateway the last round restarted may still be starting (on a
+  // busy machine, seconds): ask until it serves.
+  auto metrics_of = [](const std::string& address) {
+    testing::HttpReply reply;
+    WaitUntil([&] {
+      reply = testing::HttpGetWithin(address, "/metrics", 5);
+      return reply.status == 200;
+    }, absl::Seconds(60));
+    return reply;
+  };
   for (auto& n : nodes_) {
-    testing::HttpReply metrics = testing::HttpGetWithin(n->metrics_address(), "/metrics", 5);
+    testing::HttpReply metrics = metrics_of(n->metrics_address());
     EXPECT_EQ(metrics.status, 200) << n->metrics_address();
     EXPECT_NE(metrics.body.find("sonde_cluster_takeovers_total{"), std::string::npos);
     EXPECT_NE(metrics.body.find("sonde_cluster_partitions{"), std::string::npos);
   }
   for (auto& g : gateways_) {
-    testing::HttpReply metrics = testing::HttpGetWithin(g->metrics_address(), "/metrics", 5);
+    testing::HttpReply metrics = metrics_of(g->metrics_address());
     EXPECT_EQ(metrics.status, 200) << g->metrics_address();
     EXPECT_NE(metrics.body.find("sonde_gateway_entries_appended_total"), std::string::npos);
     EXPECT_NE(metrics.body.find("sonde_gateway_hello_latency_seconds_bucket"), std::string::npos);
