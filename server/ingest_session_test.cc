@@ -1283,8 +1283,9 @@ TEST_F(IngestSessionTest, SameClientReconnectingReplacesItsStaleStream) {
   Worker fresh(registry_.get());
   ASSERT_THAT(fresh.Join(ClientHello("takeover", 9)), IsOk());
   EXPECT_THAT(stale.stream().aborted(), StatusIs(absl::StatusCode::kAborted, "replaced"));
-  // The old stream can no longer commit; the new one can.
+  // The old stream can no longer commit, nor end the job; the new one can.
   EXPECT_THAT(stale.EndStep(0, 1), StatusIs(absl::StatusCode::kAborted, "newer stream"));
+  EXPECT_THAT(stale.EndJob(), StatusIs(absl::StatusCode::kAborted, "newer stream"));
   SONDE_ASSERT_OK(fresh.SendTensor(Header("w", 0, {10}), F32Bytes(kWeights)));
   auto ack = fresh.EndStep(0, 1);
   ASSERT_THAT(ack, IsOk());

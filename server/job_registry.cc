@@ -651,18 +651,23 @@ absl::StatusOr<CommitResult> JobRegistry::CommitStep(const std::string& job_name
 }
 
 absl::Status JobRegistry::EndJob(const std::string& job_name, int32_t worker,
-                                 const std::string& reason, uint64_t steps_dropped) {
-  const absl::Status s = MarkWorkerEnded(job_name, worker, reason, steps_dropped);
+                                 const StreamHandle* stream, const std::string& reason,
+                                 uint64_t steps_dropped) {
+  const absl::Status s = MarkWorkerEnded(job_name, worker, stream, reason, steps_dropped);
   PublishIfEnded(job_name);
   return s;
 }
 
 absl::Status JobRegistry::MarkWorkerEnded(const std::string& job_name, int32_t worker,
-                                          const std::string& reason, uint64_t steps_dropped) {
+                                          const StreamHandle* stream, const std::string& reason,
+                                          uint64_t steps_dropped) {
   SONDE_ASSIGN_OR_RETURN(LiveJob * job, FindLive(job_name));
   absl::MutexLock commit(&job->commit_mu);
   absl::MutexLock lock(&mu_);
   job->AssertHeld();
+  // A stream its client has replaced ends nothing: the client resends its
+  // job end on the new one.
+  SONDE_RETURN_IF_ERROR(CheckStreamOwnerLocked(*job, job_name, worker, stream));
   // On a copy, kept once stored: a failed write (the client resends its
   // job end) must not count the end's dropped steps twice. Stored before
   // the job end is acknowledged: which workers ended must survive a

@@ -127,9 +127,10 @@ class JobRegistry {
   absl::Status StoreProfile(const std::string& job, int32_t worker, const StreamHandle* stream,
                             v1::ProfileBatch batch);
   // The worker finished the job. When every worker that joined has ended,
-  // the job ends and rules run their end-of-training evaluation.
-  absl::Status EndJob(const std::string& job, int32_t worker, const std::string& reason,
-                      uint64_t steps_dropped = 0);
+  // the job ends and rules run their end-of-training evaluation. Aborted
+  // when `stream` no longer streams the worker (as CommitStep).
+  absl::Status EndJob(const std::string& job, int32_t worker, const StreamHandle* stream,
+                      const std::string& reason, uint64_t steps_dropped = 0);
 
   // Rule results of a job: the live ones for a job this collector runs,
   // else what the store has.
@@ -221,8 +222,9 @@ class JobRegistry {
   // Leave and EndJob without telling watchers (they do, after).
   void RemoveStream(const std::string& job, int32_t worker, StreamHandle* stream)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status MarkWorkerEnded(const std::string& job, int32_t worker, const std::string& reason,
-                               uint64_t steps_dropped) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status MarkWorkerEnded(const std::string& job, int32_t worker, const StreamHandle* stream,
+                               const std::string& reason, uint64_t steps_dropped)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Notify(const std::string& job, const v1::RuleResult& result);
   // Tells the job's watchers it ended, if it is watched and no longer
   // active. Called without locks after anything that may end a job.
