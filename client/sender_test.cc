@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -303,6 +304,25 @@ QueuedTensor DeviceTensor(Sender& sender, const std::string& name, int64_t step)
   return t;
 }
 
+// Records the device tensors a sender lets go of, doing with each what
+// DeviceCapture::Abandon does with downloaded values: their charge on the
+// memory budget goes back.
+struct AbandonedDevice {
+  absl::Mutex mu;
+  std::vector<const PendingDeviceTensor*> tensors ABSL_GUARDED_BY(mu);
+  Sender* sender = nullptr;  // set once the sender exists
+
+  std::function<void(const std::shared_ptr<PendingDeviceTensor>&)> Callback() {
+    return [this](const std::shared_ptr<PendingDeviceTensor>& p) {
+      sender->ReleaseHost(p->host_reserved);
+      p->host_reserved = 0;
+      p->values.reset();
+      absl::MutexLock lock(&mu);
+      tensors.push_back(p.get());
+    };
+  }
+};
+
 // A spilled device tensor's record that does not read back: the sender
 // lets go of its results at once (abandon_device; the capture frees the
 // snapshot, or gives back the values' charge on the memory budget, as
@@ -314,19 +334,10 @@ TEST(Sender, ALostSpilledDeviceTensorLetsGoOfItsResults) {
   TempDir spill;
   SenderOptions o = SpillingOptions(collector.address(), "lost-device", spill.path());
   o.await_device = [](const std::shared_ptr<PendingDeviceTensor>& p) { return p->status; };
-  absl::Mutex mu;
-  std::vector<const PendingDeviceTensor*> abandoned;
-  Sender* sender_ptr = nullptr;
-  o.abandon_device = [&](const std::shared_ptr<PendingDeviceTensor>& p) {
-    // What DeviceCapture::Abandon does with downloaded values.
-    sender_ptr->ReleaseHost(p->host_reserved);
-    p->host_reserved = 0;
-    p->values.reset();
-    absl::MutexLock lock(&mu);
-    abandoned.push_back(p.get());
-  };
+  AbandonedDevice abandoned;
+  o.abandon_device = abandoned.Callback();
   Sender sender(o);
-  sender_ptr = &sender;
+  abandoned.sender = &sender;
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(sender.EnqueueTensor(Tensor(absl::StrCat("w", i), 0)));
   sender.EnqueueStepEnd(0, v1::MODE_GLOBAL, 0, 0.1);
   QueuedTensor lost = DeviceTensor(sender, "d0", 1);
@@ -342,9 +353,9 @@ TEST(Sender, ALostSpilledDeviceTensorLetsGoOfItsResults) {
   ASSERT_NO_FATAL_FAILURE(SendSteps(sender, 2, 3));
   ASSERT_TRUE(::sonde::testing::WaitUntil([&] { return sender.counters().steps_acked >= 4; }));
   {
-    absl::MutexLock lock(&mu);
-    ASSERT_EQ(abandoned.size(), 1u);
-    EXPECT_EQ(abandoned[0], lost_pending);
+    absl::MutexLock lock(&abandoned.mu);
+    ASSERT_EQ(abandoned.tensors.size(), 1u);
+    EXPECT_EQ(abandoned.tensors[0], lost_pending);
   }
   // Everything is stored: nothing is held against the budget.
   EXPECT_EQ(sender.counters().memory_bytes, 0u);
@@ -376,19 +387,12 @@ TEST(Sender, DeviceTensorsLeftAtTheEndAreLetGoOfOnce) {
   TempDir spill;
   SenderOptions o = SpillingOptions(collector.address(), "left-device", spill.path());
   o.await_device = [](const std::shared_ptr<PendingDeviceTensor>& p) { return p->status; };
-  absl::Mutex mu;
-  std::vector<const PendingDeviceTensor*> abandoned;
-  Sender* sender_ptr = nullptr;
-  o.abandon_device = [&](const std::shared_ptr<PendingDeviceTensor>& p) {
-    sender_ptr->ReleaseHost(p->host_reserved);
-    p->host_reserved = 0;
-    absl::MutexLock lock(&mu);
-    abandoned.push_back(p.get());
-  };
+  AbandonedDevice abandoned;
+  o.abandon_device = abandoned.Callback();
   std::vector<const PendingDeviceTensor*> device;
   {
     Sender sender(o);
-    sender_ptr = &sender;
+    abandoned.sender = &sender;
     auto enqueue_device = [&](const std::string& name) {
       QueuedTensor t = DeviceTensor(sender, name, 0);
       device.push_back(t.pending.get());
@@ -405,10 +409,10 @@ TEST(Sender, DeviceTensorsLeftAtTheEndAreLetGoOfOnce) {
     EXPECT_FALSE(sender.Close("done", absl::Milliseconds(200)).ok());
     EXPECT_EQ(sender.counters().tensors_dropped, 7u);
   }
-  absl::MutexLock lock(&mu);
-  std::sort(abandoned.begin(), abandoned.end());
+  absl::MutexLock lock(&abandoned.mu);
+  std::sort(abandoned.tensors.begin(), abandoned.tensors.end());
   std::sort(device.begin(), device.end());
-  EXPECT_EQ(abandoned, device);
+  EXPECT_EQ(abandoned.tensors, device);
 }
 
 }  // namespace
