@@ -44,7 +44,10 @@ absl::StatusOr<std::unique_ptr<DeviceCapture>> DeviceCapture::Create(
 
 DeviceCapture::DeviceCapture(DeviceCaptureOptions options, std::unique_ptr<DeviceStats> engine,
                              std::unique_ptr<ValueSpill> spill)
-    : options_(std::move(options)), engine_(std::move(engine)), spill_(std::move(spill)) {
+    : options_(std::move(options)),
+      engine_(std::move(engine)),
+      spill_(std::move(spill)),
+      values_pool_(ValuePool::Create(options_.value_pool_bytes)) {
   pump_ = std::thread([this] { Pump(); });
   if (spill_ != nullptr) writer_ = std::thread([this] { WriteSpills(); });
 }
@@ -296,7 +299,7 @@ void DeviceCapture::GrantDownloadsLocked() {
       continue;
     }
     if (options_.reserve_host) p->host_reserved = p->values_bytes;
-    p->values.reset(new char[std::max<uint64_t>(p->values_bytes, 1)]);
+    p->values = values_pool_->Take(p->values_bytes);
     absl::Status s = engine_->Download(it->first, p->values.get());
     if (s.ok()) {
       downloading_[it->first] = std::move(it->second);
@@ -339,7 +342,7 @@ void DeviceCapture::GrantSpillsLocked() {
       options_.reserve_host(p.values_bytes, /*force=*/true);
       p.host_reserved = p.values_bytes;
     }
-    p.values.reset(new char[std::max<uint64_t>(p.values_bytes, 1)]);
+    p.values = values_pool_->Take(p.values_bytes);
     absl::Status s = engine_->Download(ticket, p.values.get());
     if (s.ok()) {
       p.spilling = true;
@@ -417,7 +420,7 @@ void DeviceCapture::ReadBackLocked(PendingDeviceTensor& p) {
   const ValueSpill::Record record = p.spilled;
   p.values_on_disk = false;
   mu_.Unlock();
-  std::unique_ptr<char[]> values(new char[std::max<uint64_t>(record.bytes, 1)]);
+  ValuePool::Buffer values = values_pool_->Take(record.bytes);
   absl::Status s = spill_->Read(record, values.get());
   spill_->Release(record);
   mu_.Lock();
@@ -596,7 +599,9 @@ void DeviceCapture::AbandonLocked(const std::shared_ptr<PendingDeviceTensor>& pe
 
 DeviceCapture::Counters DeviceCapture::counters() const {
   absl::MutexLock lock(&mu_);
-  return counters_;
+  Counters c = counters_;
+  c.value_buffers_reused = values_pool_->reused();
+  return c;
 }
 
 }  // namespace sonde

@@ -46,6 +46,7 @@
 #include "absl/types/span.h"
 #include "client/backpressure.h"
 #include "client/spill_budget.h"
+#include "client/value_pool.h"
 #include "client/value_spill.h"
 #include "cuda/device_stats.h"
 
@@ -67,8 +68,9 @@ struct PendingDeviceTensor {
   StatsAccumulator stats;
   HistogramCounts histogram;
   // The values (values_bytes of them), once values_ok(). Not zeroed when
-  // allocated: the download writes every byte.
-  std::unique_ptr<char[]> values;
+  // allocated: the download writes every byte. From the capture's pool,
+  // back to it when freed.
+  ValuePool::Buffer values;
   // Bytes charged to the sender's memory budget for `bytes` (the sender
   // gives them back when it has taken the values).
   uint64_t host_reserved = 0;
@@ -110,6 +112,10 @@ struct DeviceCaptureOptions {
   std::function<void(uint64_t bytes)> spilled;
   // How often the pump looks at the device while work is in flight.
   absl::Duration poll = absl::Microseconds(50);
+  // Freed values' host buffers kept for the next downloads (ValuePool):
+  // memory already faulted in, so a download is not held to the speed of
+  // page faults. The hook gives its max_queue_bytes.
+  uint64_t value_pool_bytes = 256 << 20;
 };
 
 class DeviceCapture {
@@ -178,6 +184,7 @@ class DeviceCapture {
     absl::Duration enqueue_time;
     absl::Duration engine_time;
     absl::Duration handover_time;
+    uint64_t value_buffers_reused = 0;  // downloads into a kept buffer (ValuePool)
   };
   Counters counters() const;
   int last_batch_launches() const { return engine_->LastBatchLaunches(); }
@@ -226,6 +233,7 @@ class DeviceCapture {
   const std::unique_ptr<DeviceStats> engine_;
   // The policy is kSpill and the file could be made; null otherwise.
   const std::unique_ptr<ValueSpill> spill_;
+  const std::shared_ptr<ValuePool> values_pool_;
 
   mutable absl::Mutex mu_;
   // Statistics tickets and the tensors of their batch, in order.

@@ -3,6 +3,7 @@
 // first, the backpressure policies, and losses that carry their reason.
 #include "client/device_capture.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -182,6 +183,37 @@ TEST(DeviceCaptureTest, DownloadsKeepToTheHostBudgetAndTheAwaitedTensorGoesFirst
   EXPECT_EQ(std::memcmp(e.pending[1]->values.get(), tensors[1].data(), 80000), 0);
   EXPECT_EQ(rig.engine->snapshot_bytes_used(), 0u);
   EXPECT_EQ((*capture)->counters().bytes_downloaded, 240000u);
+}
+
+// Values taken by the sender give their host buffers back: the next
+// step's downloads are written into them (already faulted in), and the
+// values are the new ones.
+TEST(DeviceCaptureTest, TheNextStepsValuesReuseTheHostBuffersOfTheLast) {
+  Rig rig;
+  rig.options.value_pool_bytes = 1 << 20;
+  auto capture = DeviceCapture::Create(std::move(rig.options));
+  SONDE_ASSERT_OK(capture);
+  std::vector<const char*> first_buffers;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::vector<float>> tensors(3, std::vector<float>(20000, 1.0f + step));
+    DeviceCapture::Enqueued e = (*capture)->Enqueue(Requests(tensors, true), nullptr, nullptr);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      SONDE_ASSERT_OK((*capture)->Await(e.pending[i], absl::Seconds(10)));
+      ASSERT_TRUE(e.pending[i]->values_ok());
+      EXPECT_EQ(std::memcmp(e.pending[i]->values.get(), tensors[i].data(), 80000), 0) << step;
+      if (step == 0) first_buffers.push_back(e.pending[i]->values.get());
+      if (step == 1) {
+        EXPECT_NE(std::find(first_buffers.begin(), first_buffers.end(),
+                            e.pending[i]->values.get()),
+                  first_buffers.end());
+      }
+    }
+    for (auto& p : e.pending) {
+      rig.Release(p->host_reserved);  // what the sender does once it has them
+      p->values.reset();
+    }
+  }
+  EXPECT_EQ((*capture)->counters().value_buffers_reused, 3u);
 }
 
 TEST(DeviceCaptureTest, BlockWaitsOnceForABusyDeviceThenGivesUpAtOnceUntilItCatchesUp) {

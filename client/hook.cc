@@ -504,6 +504,7 @@ absl::Status Hook::SaveDeviceTensorsLocked(const std::vector<const NamedTensor*>
     co.max_block = options_.backpressure.max_block;
     co.spill_dir = options_.backpressure.spill_dir;
     co.max_spill_bytes = options_.backpressure.max_spill_bytes;
+    co.value_pool_bytes = options_.max_queue_bytes;
     co.spill_budget = spill_budget_;
     Sender* sender = sender_.get();
     co.reserve_host = [sender](uint64_t bytes, bool force) {

@@ -291,7 +291,7 @@ QueuedTensor DeviceTensor(Sender& sender, const std::string& name, int64_t step)
   p->want_values = true;
   p->values_dtype = v1::DTYPE_F32;
   p->values_bytes = t.bytes.size();
-  p->values = std::make_unique<char[]>(t.bytes.size());
+  p->values = ValuePool::Buffer(new char[t.bytes.size()]);  // no pool: freed when done
   std::memcpy(p->values.get(), t.bytes.data(), t.bytes.size());
   EXPECT_TRUE(CpuAccumulate(&p->stats, nullptr, t.bytes.data(), v1::DTYPE_F32, kFloats).ok());
   p->stats_done = true;
