@@ -152,9 +152,9 @@ bool CollectionSet::DueAt(const std::string& c, const Collection* coll, v1::Mode
                      [&](const SaveConfig& r) { return r.ShouldSave(mode, mode_step); });
 }
 
-bool CollectionSet::AnyDue(v1::Mode mode, int64_t mode_step) const {
-  for (const std::string& c : included_) {
-    if (DueAt(c, Find(c), mode, mode_step)) return true;
+bool CollectionSet::AnyDue(v1::Mode mode, int64_t mode_step) {
+  for (const auto& [c, info] : DueMemo(mode, mode_step)) {
+    if (info.due) return true;
   }
   return false;
 }

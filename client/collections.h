@@ -69,7 +69,7 @@ class CollectionSet {
   // Could any tensor be saved at this mode step? False only when no
   // included collection's save config says this step: callers use it to
   // skip all per-tensor work on steps that save nothing.
-  bool AnyDue(v1::Mode mode, int64_t mode_step) const;
+  bool AnyDue(v1::Mode mode, int64_t mode_step);
   // The included collections due at this mode step.
   std::vector<std::string> DueCollections(v1::Mode mode, int64_t mode_step) const;
   // The collections a tensor of this name belongs to by name or regex

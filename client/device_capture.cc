@@ -208,8 +208,7 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
                   [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                     return engine_call([&]() { return engine_->EnqueueStats(refs, stream); });
                   },
-                  deadline,
-                                 &stats_stalled_, hand_over);
+                  deadline, &stats_stalled_, hand_over);
     if (!ticket.ok()) {
       out.dropped += static_cast<uint32_t>(j - i);
       counters_.tensors_dropped += j - i;
@@ -256,8 +255,7 @@ DeviceCapture::Enqueued DeviceCapture::Enqueue(absl::Span<const Request> request
           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
             return engine_call([&]() { return engine_->EnqueueSnapshot(r.ref, transfer, stream); });
           },
-          deadline,
-          &snapshots_stalled_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          deadline, &snapshots_stalled_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
             hand_over();
             waiting = true;
             snapshot_wanted_ += p.values_bytes;

@@ -8,6 +8,7 @@ void ValuePool::Return::operator()(char* buffer) const {
   if (buffer == nullptr) return;
   if (pool != nullptr) {
     pool->Keep(buffer, capacity);
+    pool.reset();
   } else {
     delete[] buffer;
   }

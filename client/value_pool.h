@@ -24,8 +24,10 @@ class ValuePool : public std::enable_shared_from_this<ValuePool> {
  public:
   // Gives a buffer back to its pool (or frees it, past the pool's limit or
   // without a pool).
+  // (unique_ptr::reset keeps its deleter: this one lets go of the pool
+  // once it has given its buffer back.)
   struct Return {
-    std::shared_ptr<ValuePool> pool;
+    mutable std::shared_ptr<ValuePool> pool;
     uint64_t capacity = 0;
     void operator()(char* buffer) const;
   };

@@ -38,14 +38,19 @@ TEST(ValuePool, KeepsNoMoreThanItsLimit) {
 
 TEST(ValuePool, BuffersOutliveTheirOwnersReference) {
   ValuePool::Buffer kept;
+  std::weak_ptr<ValuePool> watch;
   {
     std::shared_ptr<ValuePool> pool = ValuePool::Create(1 << 20);
+    watch = pool;
     kept = pool->Take(64);
   }
+  EXPECT_FALSE(watch.expired());  // the buffer holds its pool
   std::memset(kept.get(), 1, 64);
-  kept.reset();  // back to the pool, which goes with it
+  kept.reset();  // back to the pool, which then goes
+  EXPECT_TRUE(watch.expired());
   ValuePool::Buffer none;  // no pool: nothing to free
   none.reset();
+  EXPECT_EQ(none.get(), nullptr);
 }
 
 }  // namespace

@@ -478,8 +478,8 @@ absl::StatusOr<std::optional<v1::Ack>> IngestSession::StoreProfile() {
 }
 
 absl::StatusOr<v1::Ack> IngestSession::EndJob() {
-  SONDE_RETURN_IF_ERROR(registry_->EndJob(hello_.job(), hello_.worker(), stream_,
-                                         job_end_.reason(), job_end_.steps_dropped()));
+  SONDE_RETURN_IF_ERROR(registry_->EndJob(hello_.job(), hello_.worker(), stream_, job_end_.reason(),
+                                          job_end_.steps_dropped()));
   if (job_end_.has_counters()) {
     ClientCounterMetrics::Get().Report(hello_.job(), hello_.worker(), hello_.client_id(),
                                        job_end_.counters());

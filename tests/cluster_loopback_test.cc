@@ -316,7 +316,7 @@ TEST_F(ClusterLoopbackTest, NothingAcknowledgedIsLostWhileNodesAndLogServersAreK
   // The exploding loss of job-0: its StopTraining fired once and came back.
   // (Asked again for a while: the member asked may be one the last round
   // restarted, still catching up with the others.)
-  auto fired = etcd_client_->List(absl::StrCat(kPrefix, "/actions/job-0/"));
+  absl::StatusOr<std::vector<cluster::KeyValue>> fired;
   WaitUntil([&] {
     fired = etcd_client_->List(absl::StrCat(kPrefix, "/actions/job-0/"));
     return fired.ok() && !fired->empty();
