@@ -135,7 +135,6 @@ def _from_numpy(value):
     return torch.from_numpy(array)
 
 
-
 def _timed(method):
     """Adds the method's time to the hook's _hook_seconds: where a step's
     time goes, for benchmarks (counters()["hook_seconds"]). Only on methods
